@@ -1,0 +1,41 @@
+# Everything the project needs is installed from here: a virtualenv with the Python packages and,
+# on first use, the control plane binaries built from their pinned Go modules (cached by version).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: help install binaries test unit lint demo cluster clean
+
+help:  ## list targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)  ## create the virtualenv and install the project with its test tools
+
+binaries: install  ## build (or reuse) etcd, kube-apiserver, kubectl, ... from their Go modules
+	$(BIN)/localkube build
+
+test: binaries  ## lint, then run every test (unit and against the local control plane)
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+
+unit: install  ## only the tests that need no cluster
+	$(BIN)/pytest -m 'not cluster'
+
+lint: install  ## ruff
+	$(BIN)/ruff check .
+
+demo: binaries  ## start a local control plane with the CRDs and example summarizers (Ctrl-C stops it)
+	$(BIN)/localkube up --full --crds crds --apply examples
+
+cluster: binaries  ## start a bare local control plane for debugging (prints the kubeconfig path)
+	$(BIN)/localkube up
+
+clean:  ## remove the virtualenv (the binary cache under ~/.cache/node-workload-summary stays)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

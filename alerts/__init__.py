@@ -1,0 +1,1 @@
+"""Prometheus alert rules generated from one source (plain rules file and PrometheusRule)."""

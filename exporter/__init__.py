@@ -1,0 +1,1 @@
+"""Prometheus exporter: bounded-cardinality gauges per node group and per root workload."""

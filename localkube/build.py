@@ -1,0 +1,224 @@
+"""Build the control plane binaries from their Go modules and cache them by version.
+
+The pinned versions live in the wrapper modules under ``gomod/`` (their ``require`` line); the
+binaries land in ``$NWS_CACHE_DIR/bin/<component>-<version>-<hash>/`` and are rebuilt only when a
+wrapper's go.mod/go.sum or the Go toolchain changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+GOMOD_DIR = Path(__file__).parent / "gomod"
+
+
+class BuildError(RuntimeError):
+    """A binary could not be built (missing Go toolchain, failed compile)."""
+
+
+@dataclass(frozen=True)
+class Binary:
+    name: str  # file name in the cache directory
+    package: str  # Go package to build
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str  # wrapper module directory under gomod/
+    module: str  # the Go module whose version is pinned
+    binaries: tuple[Binary, ...]
+    tags: str = ""
+    # Files copied out of the module's source tree into the cache dir as one YAML stream.
+    bundles: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    @property
+    def dir(self) -> Path:
+        return GOMOD_DIR / self.name
+
+    @property
+    def version(self) -> str:
+        text = (self.dir / "go.mod").read_text()
+        match = re.search(rf"^(?:require)?\s+{re.escape(self.module)} (v\S+)", text, re.M)
+        if not match:
+            raise BuildError(f"{self.dir}/go.mod has no 'require {self.module} <version>' line")
+        return match.group(1)
+
+    def ldflags(self) -> str:
+        if self.name != "kubernetes":
+            return "-s -w"
+        v = self.version
+        major, minor = v.lstrip("v").split(".")[:2]
+        base = "k8s.io/component-base/version"
+        return (
+            f"-s -w -X {base}.gitVersion={v} -X {base}.gitMajor={major} -X {base}.gitMinor={minor}"
+            f" -X {base}.gitTreeState=clean"
+        )
+
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        "etcd",
+        "go.etcd.io/etcd/server/v3",
+        (Binary("etcd", "go.etcd.io/etcd/server/v3"),),
+    ),
+    Component(
+        "kubernetes",
+        "k8s.io/kubernetes",
+        tuple(
+            Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}")
+            for cmd in ("kube-apiserver", "kubectl", "kube-controller-manager", "kube-scheduler")
+        ),
+        tags="selinux,notest",
+    ),
+    Component(
+        "kwok",
+        "sigs.k8s.io/kwok",
+        (Binary("kwok", "sigs.k8s.io/kwok/cmd/kwok"),),
+        # KWOK's own default stages (what kwokctl loads), plus its chaos stages so tests can make
+        # a node NotReady or a pod Failed with a label.
+        bundles=(
+            (
+                "kwok-stages.yaml",
+                tuple(
+                    f"kustomize/stage/{path}.yaml"
+                    for path in (
+                        "node/fast/node-initialize",
+                        "node/heartbeat-with-lease/node-heartbeat-with-lease",
+                        "node/chaos/node-not-ready",
+                        "pod/fast/pod-ready",
+                        "pod/fast/pod-complete",
+                        "pod/fast/pod-delete",
+                        "pod/chaos/pod-container-running-failed",
+                    )
+                ),
+            ),
+        ),
+    ),
+)
+
+
+def cache_root() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "node-workload-summary"
+    return Path(os.environ.get("NWS_CACHE_DIR", default))
+
+
+def go_binary() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise BuildError(
+            "the Go toolchain ('go') is not on PATH: it is needed once to build kube-apiserver, "
+            "etcd, kubectl and KWOK from their Go modules (Go >= 1.26, see localkube/gomod/*/go.mod)"
+        )
+    return go
+
+
+def _go_version(go: str) -> str:
+    return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def output_dir(component: Component, go_version: str) -> Path:
+    digest = hashlib.sha256(go_version.encode())
+    for name in ("go.mod", "go.sum"):
+        digest.update((component.dir / name).read_bytes())
+    return cache_root() / "bin" / f"{component.name}-{component.version}-{digest.hexdigest()[:10]}"
+
+
+def _say(msg: str) -> None:
+    print(f"[localkube] {msg}", file=sys.stderr, flush=True)
+
+
+def _build_one(go: str, component: Component, binary: Binary, dest: Path) -> None:
+    cmd = [go, "build", "-trimpath", "-o", str(dest), "-ldflags", component.ldflags()]
+    if component.tags:
+        cmd += ["-tags", component.tags]
+    cmd.append(binary.package)
+    env = {**os.environ, "CGO_ENABLED": "0"}
+    started = time.monotonic()
+    done = threading.Event()
+
+    def ticker() -> None:
+        while not done.wait(30):
+            _say(f"  still building {binary.name}: {time.monotonic() - started:.0f}s")
+
+    threading.Thread(target=ticker, daemon=True).start()
+    try:
+        proc = subprocess.run(cmd, cwd=component.dir, env=env, capture_output=True, text=True)
+    finally:
+        done.set()
+    if proc.returncode != 0:
+        raise BuildError(f"building {binary.name} failed:\n{proc.stderr[-4000:]}")
+    _say(f"  built {binary.name} in {time.monotonic() - started:.0f}s")
+
+
+def _write_bundles(go: str, component: Component, out: Path) -> None:
+    if not component.bundles:
+        return
+    source = subprocess.run(
+        [go, "list", "-m", "-f", "{{.Dir}}", component.module],
+        cwd=component.dir, capture_output=True, text=True, check=True,
+    ).stdout.strip()
+    for name, files in component.bundles:
+        docs = [(Path(source) / f).read_text().strip() for f in files]
+        tmp = out / f".{name}.tmp"
+        tmp.write_text("\n---\n".join(docs) + "\n")
+        tmp.rename(out / name)
+
+
+def ensure_binaries(components: tuple[Component, ...] = COMPONENTS) -> dict[str, Path]:
+    """Return {binary or bundle name: path}, building whatever is not cached yet."""
+    paths: dict[str, Path] = {}
+    go: str | None = None
+    go_version = ""
+    for component in components:
+        if go is None:
+            go = go_binary()
+            go_version = _go_version(go)
+        out = output_dir(component, go_version)
+        missing = [b for b in component.binaries if not (out / b.name).exists()]
+        missing_bundles = any(not (out / name).exists() for name, _ in component.bundles)
+        if missing or missing_bundles:
+            _say(f"building {component.name} {component.version} ({len(missing)} binaries) into {out}")
+            out.mkdir(parents=True, exist_ok=True)
+            for binary in missing:
+                tmp = out / f".{binary.name}.tmp"
+                _build_one(go, component, binary, tmp)
+                tmp.rename(out / binary.name)  # atomic: a killed build never leaves a half binary
+            _write_bundles(go, component, out)
+        for binary in component.binaries:
+            paths[binary.name] = out / binary.name
+        for name, _ in component.bundles:
+            paths[name] = out / name
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m localkube.build",
+        description="Build (or reuse cached) etcd, kube-apiserver, kube-controller-manager, "
+        "kube-scheduler, kubectl and kwok from the pinned Go modules, and print their paths.",
+    )
+    parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        paths = ensure_binaries()
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for name, path in paths.items():
+        print(f"{name}\t{path}")
+    _say(f"binaries ready in {time.monotonic() - started:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""`localkube`: build the control plane binaries, or start a local control plane by hand."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .build import BuildError
+from .build import main as build_main
+from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
+
+
+def _up(args: argparse.Namespace) -> int:
+    options = Options(
+        controller_manager=args.controllers or args.full,
+        scheduler=args.scheduler or args.full,
+        kwok=args.kwok or args.full,
+        workdir=Path(args.workdir) if args.workdir else None,
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    # If whatever started us (make, a test's timeout) dies, shut down as on Ctrl-C.
+    set_parent_death_signal(signal.SIGTERM)
+    cluster = LocalCluster(options)
+    started = time.monotonic()
+    print("[localkube] starting etcd and kube-apiserver ...", file=sys.stderr, flush=True)
+    try:
+        cluster.start()
+        for path in args.crds:
+            cluster.install_crds(Path(path))
+        for path in args.apply:
+            cluster.kubectl("apply", "-f", path)
+    except (ClusterError, BuildError) as err:
+        cluster.stop()
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    running = ", ".join(cluster.processes)
+    print(f"""
+Local control plane is up in {time.monotonic() - started:.1f}s ({running}).
+
+  kubeconfig: {cluster.kubeconfig}
+  server:     {cluster.server}
+  logs:       {cluster.workdir / 'logs'}
+
+  export KUBECONFIG={cluster.kubeconfig}
+  alias kubectl={cluster.kubectl_path}
+  kubectl get nodesummarizers,workloadsummarizers
+  kubectl get nodesummaries
+  kubectl get workloads.ux -A
+
+Press Ctrl-C to stop (every process is stopped and the working directory removed).""", flush=True)
+    try:
+        while not stop.wait(1):
+            dead = [p.name for p in cluster.processes.values() if not p.running()]
+            if dead:
+                print(f"error: {', '.join(dead)} exited; see {cluster.workdir / 'logs'}", file=sys.stderr)
+                return 1
+    finally:
+        print("[localkube] stopping ...", file=sys.stderr, flush=True)
+        cluster.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="localkube",
+        description="A real Kubernetes control plane on loopback, built from pinned Go modules.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build or reuse the cached binaries and print their paths")
+    up = sub.add_parser(
+        "up",
+        help="start etcd + kube-apiserver (and optionally more) and wait for Ctrl-C",
+        description="Start a local control plane, print its kubeconfig path, and run until Ctrl-C.",
+    )
+    up.add_argument("--controllers", action="store_true", help="also run kube-controller-manager")
+    up.add_argument("--scheduler", action="store_true", help="also run kube-scheduler")
+    up.add_argument("--kwok", action="store_true",
+                    help="also run KWOK: nodes annotated kwok.x-k8s.io/node=fake get fake kubelets")
+    up.add_argument("--full", action="store_true", help="same as --controllers --scheduler --kwok")
+    up.add_argument("--crds", action="append", default=[], metavar="PATH",
+                    help="install the CRDs in PATH and wait until they are Established (repeatable)")
+    up.add_argument("--apply", action="append", default=[], metavar="PATH",
+                    help="kubectl apply -f PATH after start (repeatable)")
+    up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        return build_main([])
+    return _up(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Reconciler: NodeSummary and WorkloadSummary objects from the cluster index's aggregates."""
