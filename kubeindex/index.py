@@ -1,0 +1,430 @@
+"""The cluster index: nodes, pods and owners in, node-group and root-workload aggregates out.
+
+All updates are incremental. A pod event subtracts the pod's previous contribution and adds the
+new one (O(groups of its node)); a node event moves the node's own facts and the running sums of
+its pods between groups (O(resources), O(pods on the node) only when its groups change); an owner
+event costs O(depth) plus the pods whose root workload really changed (see owners.py).
+
+Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
+(the exporter's renderer, the reconciler) redo only what changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from .objects import Node, Pod, PodSpec, WorkloadType
+from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
+from .quantity import parse_or_zero
+
+GroupKey = tuple[str, str]  # (summarizer name, label value)
+PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+TERMINATED = frozenset({"Succeeded", "Failed"})
+READY_STATES = ("Ready", "NotReady", "Unknown")
+
+_generation = itertools.count(1)
+K = TypeVar("K")
+
+
+def _add(target: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
+    for key, value in items:
+        total = target.get(key, 0) + sign * value
+        if total:
+            target[key] = total
+        else:
+            target.pop(key, None)
+
+
+def _bump(target: dict[K, int], key: K, sign: int) -> None:
+    _add(target, ((key, 1),), sign)
+
+
+@dataclass(eq=False)
+class GroupAgg:
+    """One node group: the nodes of one NodeSummarizer that carry one value of its label."""
+
+    summarizer: str
+    value: str
+    nodes: int = 0
+    conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
+    unschedulable: int = 0
+    allocatable: dict[str, int] = field(default_factory=dict)  # resource -> nano-units
+    capacity: dict[str, int] = field(default_factory=dict)
+    pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the group's nodes
+    requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
+    node_names: set[str] = field(default_factory=set)
+    generation: int = 0
+
+
+@dataclass(eq=False)
+class WorkloadAgg:
+    """One root workload: a configured owner with no configured owner above it, or a pod label."""
+
+    uid: str
+    namespace: str
+    name: str
+    group: str
+    kind: str
+    is_object: bool = True  # False for a workload named by a pod label
+    pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
+    node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
+    group_nodes: dict[GroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
+    generation: int = 0
+
+
+class NodeEntry:
+    __slots__ = ("allocatable", "capacity", "groups", "labels", "name", "pod_phases", "pod_requests",
+                 "pods", "present", "ready", "unschedulable")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.present = False  # False while only pods name it (the node event may come later)
+        self.labels: dict[str, str] = {}
+        self.ready = "Unknown"
+        self.unschedulable = False
+        self.allocatable: tuple[tuple[str, int], ...] = ()
+        self.capacity: tuple[tuple[str, int], ...] = ()
+        self.groups: tuple[GroupKey, ...] = ()
+        self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
+        self.pod_requests: dict[str, int] = {}
+        self.pods: set[str] = set()  # pod keys
+
+
+class PodEntry:
+    __slots__ = ("key", "label_workload", "node", "phase", "requests", "status", "uid", "workload")
+
+    def __init__(self, key: str, uid: str, node: str, phase: str, requests: tuple[tuple[str, int], ...],
+                 label_workload: tuple[str, str] | None) -> None:
+        self.key = key
+        self.uid = uid
+        self.node = node
+        self.phase = phase
+        self.requests = requests  # effective requests; () once terminated
+        self.label_workload = label_workload  # (label, value) naming a workload, if configured
+        self.workload: str | None = None
+        self.status = ""  # owners.OK / NONE / a failure: why there is (no) workload
+
+
+_interned: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+
+
+def _intern(vector: dict[str, int]) -> tuple[tuple[str, int], ...]:
+    """Most pods share a few request vectors: store one tuple per distinct vector."""
+    key = tuple(sorted((k, v) for k, v in vector.items() if v))
+    return _interned.setdefault(key, key) if len(_interned) < 100_000 else key
+
+
+def _parse(resources: dict[str, str]) -> dict[str, int]:
+    return {name: parse_or_zero(q) for name, q in resources.items()}
+
+
+def effective_requests(spec: PodSpec) -> dict[str, int]:
+    """What the scheduler reserves for a pod: max(sum of containers + sidecars, largest init
+    container step) + overhead, per resource."""
+    sidecars: dict[str, int] = {}
+    init_peak: dict[str, int] = {}
+    for c in spec.initContainers:
+        req = _parse(c.resources.requests)
+        if c.restartPolicy == "Always":
+            _add(sidecars, req.items(), 1)
+            for r, v in sidecars.items():
+                init_peak[r] = max(init_peak.get(r, 0), v)
+        else:
+            for r in req.keys() | sidecars.keys():
+                init_peak[r] = max(init_peak.get(r, 0), req.get(r, 0) + sidecars.get(r, 0))
+    total = dict(sidecars)
+    for c in spec.containers:
+        _add(total, _parse(c.resources.requests).items(), 1)
+    result = {r: max(total.get(r, 0), init_peak.get(r, 0)) for r in total.keys() | init_peak.keys()}
+    _add(result, _parse(spec.overhead).items(), 1)
+    return result
+
+
+@dataclass(frozen=True)
+class WorkloadTypeInfo:
+    """How a configured kind is shown: from the first summarizer (by name) that lists it."""
+
+    summarizer: str
+    group: str
+    kind: str
+    version: str | None
+    short_type: str | None
+
+
+OwnerKindListener = Callable[[str, str], None]  # (apiVersion, kind) of an owner kind seen first
+
+
+class ClusterIndex:
+    def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
+                 max_depth: int = 10) -> None:
+        self.nodes: dict[str, NodeEntry] = {}
+        self.pods: dict[str, PodEntry] = {}
+        self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
+        self.groups: dict[GroupKey, GroupAgg] = {}
+        self.workloads: dict[str, WorkloadAgg] = {}
+        self.node_summarizers: dict[str, str] = {}  # name -> labelKey
+        self.workload_summarizers: dict[str, list[WorkloadType]] = {}
+        self.workload_types: dict[GroupKind, WorkloadTypeInfo] = {}
+        self.unresolved: dict[str, int] = {}  # reason -> pods without a workload
+        self.workload_pod_labels = tuple(workload_pod_labels)
+        self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
+        self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
+        self._on_owner_kind = on_owner_kind
+
+    # ---------------------------------------------------------------------------- configuration
+
+    def set_node_summarizer(self, name: str, label_key: str) -> None:
+        if self.node_summarizers.get(name) == label_key:
+            return
+        self.node_summarizers[name] = label_key
+        self._regroup_all()
+
+    def delete_node_summarizer(self, name: str) -> None:
+        if self.node_summarizers.pop(name, None) is not None:
+            self._regroup_all()
+
+    def set_workload_summarizer(self, name: str, types: list[WorkloadType]) -> None:
+        if self.workload_summarizers.get(name) == types:
+            return
+        self.workload_summarizers[name] = list(types)
+        self._reconfigure_workloads()
+
+    def delete_workload_summarizer(self, name: str) -> None:
+        if self.workload_summarizers.pop(name, None) is not None:
+            self._reconfigure_workloads()
+
+    def _reconfigure_workloads(self) -> None:
+        types: dict[GroupKind, WorkloadTypeInfo] = {}
+        for name in sorted(self.workload_summarizers):
+            for t in self.workload_summarizers[name]:
+                types.setdefault((t.group, t.kind), WorkloadTypeInfo(name, t.group, t.kind, t.version, t.shortType))
+        self.workload_types = types
+        self.graph.set_configured(types)  # redoes only the vertices of kinds that changed
+
+    # ---------------------------------------------------------------------------- nodes
+
+    def _groups_for(self, labels: dict[str, str]) -> tuple[GroupKey, ...]:
+        return tuple((s, labels[k]) for s, k in self.node_summarizers.items() if k in labels)
+
+    def upsert_node(self, node: Node) -> None:
+        name = node.metadata.name
+        entry = self.nodes.get(name)
+        if entry is None:
+            entry = self.nodes[name] = NodeEntry(name)
+        for g in entry.groups:
+            self._node_into_group(entry, g, -1)
+        old_groups = entry.groups
+        entry.present = True
+        entry.labels = node.metadata.labels
+        entry.ready = node.ready()
+        entry.unschedulable = node.spec.unschedulable
+        entry.allocatable = _intern(_parse(node.status.allocatable))
+        entry.capacity = _intern(_parse(node.status.capacity))
+        entry.groups = self._groups_for(entry.labels)
+        for g in entry.groups:
+            self._node_into_group(entry, g, +1)
+        if entry.groups != old_groups:
+            self._move_node_workloads(entry, old_groups, entry.groups)
+
+    def delete_node(self, name: str) -> None:
+        entry = self.nodes.get(name)
+        if entry is None or not entry.present:
+            return
+        for g in entry.groups:
+            self._node_into_group(entry, g, -1)
+        self._move_node_workloads(entry, entry.groups, ())
+        entry.present, entry.groups, entry.labels = False, (), {}
+        if not entry.pods:
+            del self.nodes[name]
+
+    def _regroup_all(self) -> None:
+        for entry in self.nodes.values():
+            if not entry.present:
+                continue
+            new = self._groups_for(entry.labels)
+            if new == entry.groups:
+                continue
+            old = entry.groups
+            for g in old:
+                self._node_into_group(entry, g, -1)
+            entry.groups = new
+            for g in new:
+                self._node_into_group(entry, g, +1)
+            self._move_node_workloads(entry, old, new)
+
+    def _node_into_group(self, entry: NodeEntry, key: GroupKey, sign: int) -> None:
+        agg = self.groups.get(key)
+        if agg is None:
+            agg = self.groups[key] = GroupAgg(*key)
+        agg.nodes += sign
+        _bump(agg.conditions, entry.ready, sign)
+        agg.unschedulable += sign * entry.unschedulable
+        _add(agg.allocatable, entry.allocatable, sign)
+        _add(agg.capacity, entry.capacity, sign)
+        _add(agg.pods, entry.pod_phases.items(), sign)
+        _add(agg.requested, entry.pod_requests.items(), sign)
+        if sign > 0:
+            agg.node_names.add(entry.name)
+        else:
+            agg.node_names.discard(entry.name)
+        agg.generation = next(_generation)
+        if agg.nodes == 0:
+            del self.groups[key]
+
+    def _move_node_workloads(self, entry: NodeEntry, old: tuple[GroupKey, ...], new: tuple[GroupKey, ...]) -> None:
+        """The node's groups changed: every workload with pods on it moves its distinct-node counts."""
+        removed = [g for g in old if g not in new]
+        added = [g for g in new if g not in old]
+        if not (removed or added):
+            return
+        for uid in {self.pods[k].workload for k in entry.pods}:
+            if uid is None:
+                continue
+            agg = self.workloads[uid]
+            _add(agg.group_nodes, ((g, 1) for g in removed), -1)
+            _add(agg.group_nodes, ((g, 1) for g in added), +1)
+            agg.generation = next(_generation)
+
+    # ---------------------------------------------------------------------------- pods
+
+    def upsert_pod(self, pod: Pod) -> None:
+        meta = pod.metadata
+        key = f"{meta.namespace}/{meta.name}"
+        old = self.pods.pop(key, None)  # out of the table first: graph callbacks must not see it
+        if old is not None:
+            self._detach_pod(old)
+            if old.uid != meta.uid:  # deleted and recreated under the same name (StatefulSet)
+                self.graph.delete(old.uid)
+        ref = meta.controller_ref()
+        if ref is not None:
+            self._saw_owner_kind(ref.apiVersion, ref.kind)
+        res = self.graph.upsert(meta.uid, POD, meta.namespace, key, ref.uid if ref else None)
+        phase = pod.status.phase if pod.status.phase in PHASES else "Unknown"
+        requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
+        entry = PodEntry(key, meta.uid, pod.spec.nodeName, phase, requests, self._label_workload(meta.labels))
+        entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.label_workload)
+        self.pods[key] = entry
+        self._attach_pod(entry)
+
+    def delete_pod(self, key: str) -> None:
+        entry = self.pods.pop(key, None)
+        if entry is None:
+            return
+        self._detach_pod(entry)
+        self.graph.delete(entry.uid)
+
+    def _label_workload(self, labels: dict[str, str]) -> tuple[str, str] | None:
+        for label in self.workload_pod_labels:
+            value = labels.get(label)
+            if value:
+                return label, value
+        return None
+
+    def _pod_workload(self, res: Resolution, namespace: str,
+                      label_workload: tuple[str, str] | None) -> tuple[str | None, str]:
+        """The pod's root workload; a configured pod label names one where no owner does."""
+        if res.workload is not None:
+            return res.workload, res.status
+        if label_workload is not None and res.status not in FAILURES:
+            label, value = label_workload
+            uid = f"label:{label}:{namespace}/{value}"
+            if uid not in self.workloads:
+                self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", label, is_object=False)
+            return uid, res.status
+        return None, res.status
+
+    def _attach_pod(self, entry: PodEntry) -> None:
+        self._pod_on_node(entry, +1)
+        self._pod_in_workload(entry, +1)
+
+    def _detach_pod(self, entry: PodEntry) -> None:
+        self._pod_on_node(entry, -1)
+        self._pod_in_workload(entry, -1)
+
+    def _pod_on_node(self, entry: PodEntry, sign: int) -> None:
+        if not entry.node:
+            return
+        node = self.nodes.get(entry.node)
+        if node is None:
+            node = self.nodes[entry.node] = NodeEntry(entry.node)
+        _bump(node.pod_phases, entry.phase, sign)
+        _add(node.pod_requests, entry.requests, sign)
+        if sign > 0:
+            node.pods.add(entry.key)
+        else:
+            node.pods.discard(entry.key)
+        for g in node.groups:
+            agg = self.groups[g]
+            _bump(agg.pods, entry.phase, sign)
+            _add(agg.requested, entry.requests, sign)
+            agg.generation = next(_generation)
+        if not node.present and not node.pods:
+            del self.nodes[entry.node]
+
+    def _pod_in_workload(self, entry: PodEntry, sign: int) -> None:
+        if entry.workload is None:
+            _bump(self.unresolved, entry.status, sign)
+            return
+        agg = self.workloads[entry.workload]
+        _bump(agg.pods, entry.phase, sign)
+        if entry.node:
+            before = agg.node_pods.get(entry.node, 0)
+            _bump(agg.node_pods, entry.node, sign)
+            after = before + sign
+            if (before == 0) != (after == 0):  # the workload starts or stops using this node
+                node = self.nodes.get(entry.node)
+                _add(agg.group_nodes, ((g, 1) for g in (node.groups if node else ())), sign)
+        agg.generation = next(_generation)
+        if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
+            del self.workloads[agg.uid]
+
+    # ---------------------------------------------------------------------------- owners
+
+    def upsert_owner(self, gk: GroupKind, namespace: str, name: str, uid: str,
+                     controller: tuple[str, str, str] | None) -> None:
+        """An owner object (metadata only). ``controller`` is its controller ownerReference as
+        (apiVersion, kind, uid)."""
+        key = f"{namespace}/{name}" if namespace else name
+        previous = self.owner_uids.get((gk, key))
+        if previous is not None and previous != uid:
+            self.graph.delete(previous)
+        self.owner_uids[(gk, key)] = uid
+        if controller is not None:
+            self._saw_owner_kind(controller[0], controller[1])
+        self.graph.upsert(uid, gk, namespace, key, controller[2] if controller else None)
+
+    def delete_owner(self, gk: GroupKind, key: str) -> None:
+        uid = self.owner_uids.pop((gk, key), None)
+        if uid is not None:
+            self.graph.delete(uid)
+
+    def _saw_owner_kind(self, api_version: str, kind: str) -> None:
+        if (api_version, kind) not in self.owner_kinds:
+            self.owner_kinds.add((api_version, kind))
+            if self._on_owner_kind is not None:
+                self._on_owner_kind(api_version, kind)
+
+    def _is_root(self, uid: str) -> bool:
+        res = self.graph.resolution(uid)
+        return res is not None and res.workload == uid
+
+    def _on_resolution(self, vertex: Vertex, old: Resolution, new: Resolution) -> None:
+        """The graph changed a vertex's answer: keep roots and pods' workloads in step."""
+        if vertex.gk == POD:
+            entry = self.pods.get(vertex.key)
+            if entry is not None and entry.uid == vertex.uid:  # not the pod being upserted right now
+                self._pod_in_workload(entry, -1)
+                entry.workload, entry.status = self._pod_workload(new, vertex.namespace, entry.label_workload)
+                self._pod_in_workload(entry, +1)
+            return
+        was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid
+        if is_root and not was_root:
+            namespace, _, name = vertex.key.rpartition("/")
+            self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk))
+        elif was_root and not is_root:
+            agg = self.workloads.get(vertex.uid)
+            if agg is not None and not agg.pods:
+                del self.workloads[vertex.uid]

@@ -1,0 +1,168 @@
+"""Typed projections of API objects: only the fields the index uses, decoded straight from the
+response bytes by msgspec (unknown fields such as managedFields are skipped, never materialized).
+"""
+
+from __future__ import annotations
+
+import msgspec
+from msgspec import Struct, field
+
+
+class OwnerReference(Struct, frozen=True):
+    apiVersion: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool = False
+
+    @property
+    def group(self) -> str:
+        return self.apiVersion.rpartition("/")[0]
+
+
+class ObjectMeta(Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    ownerReferences: list[OwnerReference] = field(default_factory=list)
+    deletionTimestamp: str | None = None
+
+    def controller_ref(self) -> OwnerReference | None:
+        for ref in self.ownerReferences:
+            if ref.controller:
+                return ref
+        return None
+
+
+# -- Nodes ---------------------------------------------------------------------------------------
+
+class NodeCondition(Struct):
+    type: str
+    status: str = "Unknown"
+
+
+class NodeSpec(Struct):
+    unschedulable: bool = False
+
+
+class NodeStatus(Struct):
+    allocatable: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, str] = field(default_factory=dict)
+    conditions: list[NodeCondition] = field(default_factory=list)
+
+
+class Node(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: NodeSpec = field(default_factory=NodeSpec)
+    status: NodeStatus = field(default_factory=NodeStatus)
+
+    def ready(self) -> str:
+        """"Ready", "NotReady" or "Unknown" from the Ready condition (no condition: Unknown)."""
+        for cond in self.status.conditions:
+            if cond.type == "Ready":
+                return {"True": "Ready", "False": "NotReady"}.get(cond.status, "Unknown")
+        return "Unknown"
+
+
+# -- Pods ----------------------------------------------------------------------------------------
+
+class Resources(Struct):
+    requests: dict[str, str] = field(default_factory=dict)
+
+
+class Container(Struct):
+    resources: Resources = field(default_factory=Resources)
+    restartPolicy: str | None = None  # "Always" on an init container marks a sidecar
+
+
+class PodSpec(Struct):
+    nodeName: str = ""
+    containers: list[Container] = field(default_factory=list)
+    initContainers: list[Container] = field(default_factory=list)
+    overhead: dict[str, str] = field(default_factory=dict)
+
+
+class PodStatus(Struct):
+    phase: str = "Pending"
+
+
+class Pod(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: PodSpec = field(default_factory=PodSpec)
+    status: PodStatus = field(default_factory=PodStatus)
+
+
+# -- Owners (metadata only) and summarizers ------------------------------------------------------
+
+class PartialObject(Struct):
+    """PartialObjectMetadata: what a metadata-only list/watch of an owner kind returns."""
+
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+
+
+class WorkloadType(Struct, frozen=True):
+    kind: str
+    group: str = ""
+    version: str | None = None
+    shortType: str | None = None
+
+
+class NodeSummarizerSpec(Struct):
+    labelKey: str = ""
+
+
+class NodeSummarizer(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: NodeSummarizerSpec = field(default_factory=NodeSummarizerSpec)
+
+
+class WorkloadSummarizerSpec(Struct):
+    workloadTypes: list[WorkloadType] = field(default_factory=list)
+
+
+class WorkloadSummarizer(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: WorkloadSummarizerSpec = field(default_factory=WorkloadSummarizerSpec)
+
+
+# -- List and watch envelopes --------------------------------------------------------------------
+
+class ListMeta(Struct):
+    resourceVersion: str = ""
+    # `continue` is a keyword: rename the attribute.
+    continue_: str = field(default="", name="continue")
+
+
+class RawList(Struct):
+    """A LIST page with the items left undecoded, so each item decodes with its own type."""
+
+    metadata: ListMeta = field(default_factory=ListMeta)
+    items: list[msgspec.Raw] = field(default_factory=list)
+
+
+class RawEvent(Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class Status(Struct):
+    """metav1.Status, as in a watch ERROR event or an error response."""
+
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+class BookmarkMeta(Struct):
+    resourceVersion: str = ""
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+class Bookmark(Struct):
+    metadata: BookmarkMeta = field(default_factory=BookmarkMeta)
+
+
+def object_key(meta: ObjectMeta) -> str:
+    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name

@@ -1,0 +1,149 @@
+"""A from-scratch recomputation of the index's aggregates: slow, obvious, independent of the
+incremental code, so tests can compare the two after any sequence of events."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from kubeindex.index import TERMINATED, ClusterIndex, effective_requests
+from kubeindex.objects import Node, Pod
+from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
+from kubeindex.quantity import parse_or_zero
+
+
+@dataclass
+class Owner:
+    uid: str
+    group: str
+    kind: str
+    namespace: str
+    name: str
+    parent: str | None  # controller ownerReference UID
+
+
+@dataclass
+class World:
+    """The truth: the objects as they are now."""
+
+    nodes: dict[str, Node]
+    pods: dict[str, Pod]
+    owners: dict[str, Owner]  # uid -> owner
+    node_summarizers: dict[str, str]
+    configured: set[tuple[str, str]]
+    pod_labels: tuple[str, ...] = ()
+    max_depth: int = 10
+
+
+def _clean(counter: Counter) -> dict:
+    return {k: v for k, v in counter.items() if v}
+
+
+def walk(world: World, uid: str) -> tuple[str | None, str]:
+    """Follow controller references up from ``uid`` (a pod or an owner) as the spec says."""
+    parents: dict[str, str | None] = {o.uid: o.parent for o in world.owners.values()}
+    kinds: dict[str, tuple[str, str]] = {o.uid: (o.group, o.kind) for o in world.owners.values()}
+    for pod in world.pods.values():
+        ref = pod.metadata.controller_ref()
+        parents[pod.metadata.uid] = ref.uid if ref else None
+        kinds[pod.metadata.uid] = ("", "Pod")
+    visited = {uid}
+    current = uid
+    top = uid if kinds[uid] in world.configured else None
+    hops = 0
+    while True:
+        parent = parents[current]
+        if parent is None:
+            return top, OK if top else NONE
+        hops += 1
+        if hops > world.max_depth:
+            return None, TOO_DEEP
+        if parent not in parents:
+            return None, MISSING
+        if parent in visited:
+            return None, CYCLE
+        visited.add(parent)
+        current = parent
+        if kinds[current] in world.configured:
+            top = current
+
+
+def recompute(world: World) -> tuple[dict, dict, dict]:
+    groups: dict = {}
+    node_groups: dict[str, list] = {}
+    for node in world.nodes.values():
+        keys = [(s, node.metadata.labels[k]) for s, k in world.node_summarizers.items() if k in node.metadata.labels]
+        node_groups[node.metadata.name] = keys
+        for key in keys:
+            g = groups.setdefault(key, {"nodes": 0, "conditions": Counter(), "unschedulable": 0,
+                                        "allocatable": Counter(), "capacity": Counter(), "pods": Counter(),
+                                        "requested": Counter(), "node_names": set()})
+            g["nodes"] += 1
+            g["conditions"][node.ready()] += 1
+            g["unschedulable"] += int(node.spec.unschedulable)
+            for r, q in node.status.allocatable.items():
+                g["allocatable"][r] += parse_or_zero(q)
+            for r, q in node.status.capacity.items():
+                g["capacity"][r] += parse_or_zero(q)
+            g["node_names"].add(node.metadata.name)
+    workloads: dict = {}
+    unresolved: Counter = Counter()
+
+    def workload(uid: str, namespace: str, name: str, group: str, kind: str) -> dict:
+        return workloads.setdefault(uid, {"id": (namespace, name, group, kind), "pods": Counter(),
+                                          "nodes": {}})
+
+    for owner in world.owners.values():
+        top, status = walk(world, owner.uid)
+        if top == owner.uid:
+            workload(owner.uid, owner.namespace, owner.name, owner.group, owner.kind)
+    for pod in world.pods.values():
+        phase = pod.status.phase
+        node = pod.spec.nodeName
+        for key in node_groups.get(node, []) if node else []:
+            groups[key]["pods"][phase] += 1
+            if phase not in TERMINATED:
+                for r, v in effective_requests(pod.spec).items():
+                    groups[key]["requested"][r] += v
+        top, status = walk(world, pod.metadata.uid)
+        if top is None and status == NONE:
+            label = next(((k, pod.metadata.labels[k]) for k in world.pod_labels if pod.metadata.labels.get(k)), None)
+            if label:
+                ns = pod.metadata.namespace
+                top = f"label:{label[0]}:{ns}/{label[1]}"
+                workload(top, ns, label[1], "", label[0])
+        if top is None:
+            unresolved[status] += 1
+            continue
+        if top not in workloads:
+            o = world.owners[top]
+            workload(top, o.namespace, o.name, o.group, o.kind)
+        w = workloads[top]
+        w["pods"][phase] += 1
+        if node:
+            for key in node_groups.get(node, []):
+                w["nodes"].setdefault(key, set()).add(node)
+    norm_groups = {
+        k: (g["nodes"], _clean(g["conditions"]), g["unschedulable"], _clean(g["allocatable"]),
+            _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]))
+        for k, g in groups.items()
+    }
+    norm_workloads = {
+        uid: (w["id"], _clean(w["pods"]), {k: len(v) for k, v in w["nodes"].items()})
+        for uid, w in workloads.items()
+    }
+    return norm_groups, norm_workloads, _clean(unresolved)
+
+
+def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict]:
+    """The incremental index's aggregates in the same normalized shape."""
+    groups = {
+        k: (g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
+            dict(g.pods), dict(g.requested), sorted(g.node_names))
+        for k, g in index.groups.items()
+    }
+    workloads = {
+        uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.group_nodes))
+        for uid, w in index.workloads.items()
+    }
+    return groups, workloads, dict(index.unresolved)

@@ -1,0 +1,320 @@
+"""Unit tests of the cluster index (no cluster): owner chains, and incremental == from scratch."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kubeindex.index import ClusterIndex, effective_requests
+from kubeindex.objects import (
+    Container,
+    Node,
+    NodeCondition,
+    NodeSpec,
+    NodeStatus,
+    ObjectMeta,
+    OwnerReference,
+    Pod,
+    PodSpec,
+    PodStatus,
+    Resources,
+    WorkloadType,
+)
+from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
+from kubeindex.quantity import NANO
+from tests.reference import Owner, World, recompute, snapshot
+
+API_VERSIONS = {"apps": "apps/v1", "batch": "batch/v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2",
+                "leaderworkerset.x-k8s.io": "leaderworkerset.x-k8s.io/v1", "": "v1"}
+
+
+def ref(owner: Owner | tuple[str, str, str], name: str = "") -> OwnerReference:
+    """A controller reference to an owner, or to (group, kind, uid)."""
+    if isinstance(owner, Owner):
+        return OwnerReference(API_VERSIONS[owner.group], owner.kind, owner.name, owner.uid, controller=True)
+    group, kind, uid = owner
+    return OwnerReference(API_VERSIONS[group], kind, name or uid, uid, controller=True)
+
+
+def make_node(name: str, labels: dict[str, str], ready: str = "True", unschedulable: bool = False,
+              allocatable: dict[str, str] | None = None) -> Node:
+    alloc = allocatable if allocatable is not None else {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    return Node(
+        ObjectMeta(name=name, uid=f"uid-{name}", labels=dict(labels)),
+        NodeSpec(unschedulable=unschedulable),
+        NodeStatus(allocatable=alloc, capacity=alloc, conditions=[NodeCondition("Ready", ready)]),
+    )
+
+
+def make_pod(name: str, uid: str, node: str = "", phase: str = "Running", owner: OwnerReference | None = None,
+             cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns") -> Pod:
+    return Pod(
+        ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels or {},
+                   ownerReferences=[owner] if owner else []),
+        PodSpec(nodeName=node, containers=[Container(Resources({"cpu": cpu, "memory": "64Mi"}))]),
+        PodStatus(phase=phase),
+    )
+
+
+def add_owner(index: ClusterIndex, owner: Owner) -> None:
+    parent = None
+    if owner.parent:
+        parent = ("v1", "Pod", owner.parent) if owner.parent.startswith("pod") else ("x/v1", "X", owner.parent)
+    index.upsert_owner((owner.group, owner.kind), owner.namespace, owner.name, owner.uid, parent)
+
+
+def configured(*pairs: tuple[str, str]) -> list[WorkloadType]:
+    return [WorkloadType(kind=k, group=g) for g, k in pairs]
+
+
+# -- owner chains ------------------------------------------------------------------------------
+
+
+def test_deployment_replicaset_pod() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    deploy = Owner("d1", "apps", "Deployment", "ns", "web", None)
+    rs = Owner("rs1", "apps", "ReplicaSet", "ns", "web-abc", "d1")
+    for o in (deploy, rs):
+        add_owner(index, o)
+    for i in range(3):
+        index.upsert_pod(make_pod(f"web-abc-{i}", f"p{i}", owner=ref(rs)))
+    (wl,) = index.workloads.values()
+    assert (wl.namespace, wl.name, wl.group, wl.kind) == ("ns", "web", "apps", "Deployment")
+    assert wl.pods == {"Running": 3}
+
+
+def test_jobset_job_pod_and_pods_arriving_before_owners() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("jobset.x-k8s.io", "JobSet"), ("batch", "Job")))
+    js = Owner("js1", "jobset.x-k8s.io", "JobSet", "ns", "train", None)
+    job = Owner("job1", "batch", "Job", "ns", "train-workers-0", "js1")
+    index.upsert_pod(make_pod("train-workers-0-0", "p0", node="n1", owner=ref(job)))
+    assert index.unresolved == {MISSING: 1}  # owner not seen yet: unresolved, not a crash
+    add_owner(index, job)
+    assert index.unresolved == {MISSING: 1} and index.workloads == {}  # the Job's owner is still unknown
+    add_owner(index, js)
+    (wl,) = index.workloads.values()  # the Job is configured too, but the TOPMOST configured kind wins
+    assert (wl.name, wl.kind, wl.pods) == ("train", "JobSet", {"Running": 1})
+    assert index.unresolved == {}
+
+
+def test_leaderworkerset_chain_through_pods() -> None:
+    """Pod -> worker StatefulSet -> leader Pod -> leader StatefulSet -> LeaderWorkerSet."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("leaderworkerset.x-k8s.io", "LeaderWorkerSet"),
+                                                  ("apps", "StatefulSet")))
+    lws = Owner("lws1", "leaderworkerset.x-k8s.io", "LeaderWorkerSet", "ns", "llm", None)
+    leader_sts = Owner("sts-leader", "apps", "StatefulSet", "ns", "llm", "lws1")
+    worker_sts = Owner("sts-worker", "apps", "StatefulSet", "ns", "llm-0", "pod-leader")
+    plain_sts = Owner("sts-plain", "apps", "StatefulSet", "ns", "db", None)
+    for o in (lws, leader_sts, worker_sts, plain_sts):
+        add_owner(index, o)
+    index.upsert_pod(make_pod("llm-0", "pod-leader", node="n1", owner=ref(leader_sts)))
+    for i in (1, 2):
+        index.upsert_pod(make_pod(f"llm-0-{i}", f"pod-w{i}", node=f"n{i + 1}", owner=ref(worker_sts)))
+    index.upsert_pod(make_pod("db-0", "pod-db", node="n1", owner=ref(plain_sts)))
+    by_name = {w.name: w for w in index.workloads.values()}
+    assert set(by_name) == {"llm", "db"}
+    assert by_name["llm"].kind == "LeaderWorkerSet" and by_name["llm"].pods == {"Running": 3}
+    assert by_name["db"].kind == "StatefulSet" and by_name["db"].pods == {"Running": 1}
+    # The leader pod goes: its workers' chain is broken until it is back.
+    index.delete_pod("ns/llm-0")
+    assert index.unresolved == {MISSING: 2}
+    index.upsert_pod(make_pod("llm-0", "pod-leader", node="n1", owner=ref(leader_sts)))
+    assert index.unresolved == {} and by_name["llm"].pods == {"Running": 3}
+
+
+def test_owner_cycle_is_unresolved_not_a_hang() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("apps", "ReplicaSet")))
+    add_owner(index, Owner("a", "apps", "ReplicaSet", "ns", "a", "b"))
+    add_owner(index, Owner("b", "apps", "ReplicaSet", "ns", "b", "a"))
+    index.upsert_pod(make_pod("p", "p1", owner=ref(("apps", "ReplicaSet", "a"))))
+    assert index.unresolved == {CYCLE: 1} and index.workloads == {}
+    add_owner(index, Owner("b", "apps", "ReplicaSet", "ns", "b", None))  # the cycle is broken
+    assert index.unresolved == {} and [w.name for w in index.workloads.values()] == ["b"]
+
+
+def test_missing_owner_and_uid_mismatch() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    add_owner(index, Owner("d-new", "apps", "Deployment", "ns", "web", None))
+    # The pod's reference names "web" but carries the UID of an earlier incarnation.
+    index.upsert_pod(make_pod("p", "p1", owner=ref(("apps", "Deployment", "d-old"), name="web")))
+    assert index.unresolved == {MISSING: 1}
+    assert index.workloads["d-new"].pods == {}  # the workload exists, with no pods
+    index.upsert_pod(make_pod("q", "q1", owner=ref(("apps", "ReplicaSet", "gone"))))
+    assert index.unresolved == {MISSING: 2}
+
+
+def test_depth_limit() -> None:
+    index = ClusterIndex(max_depth=10)
+    index.set_workload_summarizer("w", configured(("apps", "ReplicaSet")))
+    for i in range(12):
+        add_owner(index, Owner(f"o{i}", "apps", "ReplicaSet", "ns", f"o{i}", f"o{i + 1}" if i < 11 else None))
+    index.upsert_pod(make_pod("deep", "p-deep", owner=ref(("apps", "ReplicaSet", "o0"))))
+    index.upsert_pod(make_pod("shallow", "p-ok", owner=ref(("apps", "ReplicaSet", "o3"))))
+    assert index.unresolved == {TOO_DEEP: 1}
+    assert index.workloads["o11"].pods == {"Running": 1}
+
+
+def test_pod_label_names_the_workload_where_no_owner_does() -> None:
+    index = ClusterIndex(workload_pod_labels=["volcano.sh/job-name"])
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    for i in range(2):
+        index.upsert_pod(make_pod(f"v{i}", f"v{i}", labels={"volcano.sh/job-name": "sim"}))
+    index.upsert_pod(make_pod("bare", "bare"))
+    (wl,) = index.workloads.values()
+    assert (wl.name, wl.kind, wl.pods) == ("sim", "volcano.sh/job-name", {"Running": 2})
+    assert index.unresolved == {NONE: 1}
+    for i in range(2):
+        index.delete_pod(f"ns/v{i}")
+    assert index.workloads == {}
+
+
+def test_effective_requests_with_init_containers_sidecars_and_overhead() -> None:
+    spec = PodSpec(
+        containers=[Container(Resources({"cpu": "500m"})), Container(Resources({"cpu": "250m", "memory": "1Gi"}))],
+        initContainers=[
+            Container(Resources({"cpu": "2"})),  # a big one-off init step
+            Container(Resources({"cpu": "100m"}), restartPolicy="Always"),  # a sidecar
+        ],
+        overhead={"cpu": "10m"},
+    )
+    got = effective_requests(spec)
+    assert got["cpu"] == (2000 + 10) * NANO // 1000  # max(500+250+100, 2000) + 10 millicores
+    assert got["memory"] == 2**30 * NANO
+
+
+def test_node_groups_exact_values() -> None:
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.upsert_node(make_node("a1", {"pool": "a"}))
+    index.upsert_node(make_node("a2", {"pool": "a"}, ready="False", unschedulable=True))
+    index.upsert_node(make_node("b1", {"pool": "b"}, allocatable={"cpu": "8", "nvidia.com/gpu": "4"}))
+    index.upsert_pod(make_pod("x", "x", node="a1", cpu="1500m"))
+    index.upsert_pod(make_pod("y", "y", node="a2", phase="Succeeded"))
+    a, b = index.groups[("pool", "a")], index.groups[("pool", "b")]
+    assert (a.nodes, a.conditions, a.unschedulable) == (2, {"Ready": 1, "NotReady": 1}, 1)
+    assert a.allocatable["cpu"] == 8 * NANO and a.pods == {"Running": 1, "Succeeded": 1}
+    assert a.requested == {"cpu": 1500 * NANO // 1000, "memory": 64 * 2**20 * NANO}
+    assert b.allocatable == {"cpu": 8 * NANO, "nvidia.com/gpu": 4 * NANO}
+    # A label change moves the node and the pods on it.
+    index.upsert_node(make_node("a1", {"pool": "b"}))
+    assert index.groups[("pool", "b")].pods == {"Running": 1} and index.groups[("pool", "a")].pods == {"Succeeded": 1}
+    index.delete_node("a2")
+    assert ("pool", "a") not in index.groups
+
+
+# -- incremental == from scratch --------------------------------------------------------------
+
+KINDS = [("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet"), ("batch", "Job"),
+         ("jobset.x-k8s.io", "JobSet"), ("leaderworkerset.x-k8s.io", "LeaderWorkerSet")]
+PHASES = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+
+
+class Scenario:
+    """Random events applied to both the index and the truth (World)."""
+
+    def __init__(self, rnd: random.Random) -> None:
+        self.rnd = rnd
+        self.world = World({}, {}, {}, {}, set(), pod_labels=("team/job",), max_depth=4)
+        self.index = ClusterIndex(workload_pod_labels=self.world.pod_labels, max_depth=4)
+        self.serial = 0
+
+    def uid(self, prefix: str) -> str:
+        self.serial += 1
+        return f"{prefix}{self.serial}"
+
+    def random_parent(self) -> str | None:
+        r = self.rnd.random()
+        candidates = list(self.world.owners) + [p.metadata.uid for p in self.world.pods.values()]
+        if r < 0.25 or not candidates:
+            return None
+        if r < 0.3:
+            return "dangling-" + str(self.rnd.randint(0, 2))
+        return self.rnd.choice(candidates)
+
+    def _parent_ref(self, uid: str | None) -> OwnerReference | None:
+        if uid is None:
+            return None
+        if uid in self.world.owners:
+            return ref(self.world.owners[uid])
+        return OwnerReference("v1", "Pod", uid, uid, controller=True)
+
+    def step(self) -> None:
+        rnd, w, idx = self.rnd, self.world, self.index
+        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "pod_del",
+                             "owner", "owner", "owner_del", "nsum", "wsum", "recreate"])
+        if action == "node":
+            name = f"n{rnd.randint(0, 5)}"
+            labels = {k: rnd.choice(["a", "b", "c"]) for k in ("pool", "zone") if rnd.random() < 0.8}
+            node = make_node(name, labels, ready=rnd.choice(["True", "False", "Unknown"]),
+                             unschedulable=rnd.random() < 0.2,
+                             allocatable={"cpu": str(rnd.randint(1, 8)), "nvidia.com/gpu": str(rnd.randint(0, 2))})
+            w.nodes[name] = node
+            idx.upsert_node(node)
+        elif action == "node_del" and w.nodes:
+            name = rnd.choice(list(w.nodes))
+            del w.nodes[name]
+            idx.delete_node(name)
+        elif action == "pod":
+            name = f"p{rnd.randint(0, 14)}"
+            existing = w.pods.get(f"ns/{name}")
+            uid = existing.metadata.uid if existing else self.uid("pod")
+            parent = self.random_parent() if not existing or rnd.random() < 0.3 else (
+                existing.metadata.ownerReferences[0].uid if existing.metadata.ownerReferences else None)
+            labels = {"team/job": rnd.choice(["x", "y"])} if rnd.random() < 0.3 else {}
+            pod = make_pod(name, uid, node=rnd.choice(["", "n0", "n1", "n2", "n3", "n4", "n5", "n9"]),
+                           phase=rnd.choice(PHASES), owner=self._parent_ref(parent),
+                           cpu=rnd.choice(["100m", "1", "250m"]), labels=labels)
+            w.pods[f"ns/{name}"] = pod
+            idx.upsert_pod(pod)
+        elif action == "pod_del" and w.pods:
+            key = rnd.choice(list(w.pods))
+            del w.pods[key]
+            idx.delete_pod(key)
+        elif action == "owner":
+            if w.owners and rnd.random() < 0.5:
+                old = w.owners[rnd.choice(list(w.owners))]
+                owner = Owner(old.uid, old.group, old.kind, old.namespace, old.name, self.random_parent())
+            else:
+                group, kind = rnd.choice(KINDS)
+                owner = Owner(self.uid("own"), group, kind, "ns", f"o{self.serial}", self.random_parent())
+            w.owners[owner.uid] = owner
+            add_owner(idx, owner)
+        elif action == "owner_del" and w.owners:
+            owner = w.owners.pop(rnd.choice(list(w.owners)))
+            idx.delete_owner((owner.group, owner.kind), f"{owner.namespace}/{owner.name}")
+        elif action == "recreate" and w.owners:  # same name, new UID: references to the old UID dangle
+            old = w.owners.pop(rnd.choice(list(w.owners)))
+            owner = Owner(self.uid("own"), old.group, old.kind, old.namespace, old.name, old.parent)
+            w.owners[owner.uid] = owner
+            add_owner(idx, owner)
+        elif action == "nsum":
+            name = rnd.choice(["s-pool", "s-zone", "s-pool2"])
+            if rnd.random() < 0.3:
+                w.node_summarizers.pop(name, None)
+                idx.delete_node_summarizer(name)
+            else:
+                key = rnd.choice(["pool", "zone"])
+                w.node_summarizers[name] = key
+                idx.set_node_summarizer(name, key)
+        elif action == "wsum":
+            name = rnd.choice(["w1", "w2"])
+            types = rnd.sample(KINDS, rnd.randint(1, 3))
+            idx.set_workload_summarizer(name, configured(*types)) if rnd.random() < 0.7 else (
+                idx.delete_workload_summarizer(name))
+            w.configured = {(t.group, t.kind) for ts in idx.workload_summarizers.values() for t in ts}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_incremental_equals_recomputation(seed: int) -> None:
+    scenario = Scenario(random.Random(seed))
+    for step in range(400):
+        scenario.step()
+        if step % 5 == 0:
+            assert snapshot(scenario.index) == recompute(scenario.world), f"seed {seed}, step {step}"
+    assert snapshot(scenario.index) == recompute(scenario.world)
