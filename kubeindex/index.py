@@ -172,7 +172,7 @@ class ClusterIndex:
         self.workload_pod_labels = tuple(workload_pod_labels)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
-        self._on_owner_kind = on_owner_kind
+        self.on_owner_kind = on_owner_kind
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -404,8 +404,8 @@ class ClusterIndex:
     def _saw_owner_kind(self, api_version: str, kind: str) -> None:
         if (api_version, kind) not in self.owner_kinds:
             self.owner_kinds.add((api_version, kind))
-            if self._on_owner_kind is not None:
-                self._on_owner_kind(api_version, kind)
+            if self.on_owner_kind is not None:
+                self.on_owner_kind(api_version, kind)
 
     def _is_root(self, uid: str) -> bool:
         res = self.graph.resolution(uid)

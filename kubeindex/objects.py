@@ -135,13 +135,6 @@ class ListMeta(Struct):
     continue_: str = field(default="", name="continue")
 
 
-class RawList(Struct):
-    """A LIST page with the items left undecoded, so each item decodes with its own type."""
-
-    metadata: ListMeta = field(default_factory=ListMeta)
-    items: list[msgspec.Raw] = field(default_factory=list)
-
-
 class RawEvent(Struct):
     type: str
     object: msgspec.Raw

@@ -1,0 +1,56 @@
+"""Every setting, from environment variables (NWS_*) and command-line flags (--*)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """node-workload-summary: node-group and root-workload summaries for large clusters.
+
+    Watches Nodes, Pods, their owners and the NodeSummarizer / WorkloadSummarizer objects once,
+    and serves Prometheus metrics per node group and per root workload on /metrics (plus /healthz
+    and /readyz). Each setting is a flag (--name) and an environment variable (NWS_NAME).
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="NWS_",
+        cli_prog_name="node-workload-summary",
+        cli_kebab_case=True,
+        cli_implicit_flags=True,
+        cli_enforce_required=False,
+        extra="ignore",
+    )
+
+    kubeconfig: str | None = Field(None, description="Path to a kubeconfig (default: $KUBECONFIG, "
+                                   "~/.kube/config, or the in-cluster service account).")
+    context: str | None = Field(None, description="kubeconfig context to use (default: the current one).")
+    listen_address: str = Field("0.0.0.0", description="Address of the HTTP server (/metrics, /healthz, /readyz).")
+    port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: pick a free one).")
+    max_workload_series: int = Field(
+        5000, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
+        "workload=\"other\" and counted in nws_workload_series_dropped_total.")
+    workload_pod_labels: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Pod labels that name a workload where no ownerReference leads to "
+        "a configured kind (e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name). "
+        "Comma-separated in the environment variable.")
+    max_owner_depth: int = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
+    page_size: int = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
+    watch_timeout_min: int = Field(300, ge=1, description="Lower bound of the randomized watch timeoutSeconds.")
+    watch_timeout_max: int = Field(600, ge=1, description="Upper bound of the randomized watch timeoutSeconds.")
+    read_timeout: float = Field(
+        120.0, gt=0, description="Seconds without any byte on a watch before the connection is "
+        "considered dead and replaced (the API server sends bookmarks about every minute).")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+
+    @field_validator("workload_pod_labels", mode="before")
+    @classmethod
+    def _split_commas(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        if isinstance(value, list):
+            return [v.strip() for item in value for v in str(item).split(",") if v.strip()]
+        return value

@@ -1,0 +1,225 @@
+"""A small asyncio client for the Kubernetes API: raw bytes in and out, nothing decoded here.
+
+Authentication comes from the official client's kubeconfig / in-cluster loaders (exec plugins,
+token files and their refresh included); requests go through one aiohttp session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import ssl
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+JSON = "application/json"
+# Metadata-only responses (owner kinds): the server strips everything but metadata.
+PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json;q=0.9"
+PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json;q=0.9"
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the API server."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @classmethod
+    def from_body(cls, status: int, body: bytes) -> ApiError:
+        try:
+            parsed = json.loads(body)
+            return cls(status, parsed.get("reason", ""), parsed.get("message", ""))
+        except (ValueError, AttributeError):
+            return cls(status, "", body[:200].decode(errors="replace"))
+
+
+@dataclass
+class Connection:
+    host: str
+    ssl_context: ssl.SSLContext | bool
+    _config: k8s_client.Configuration
+
+    def headers(self) -> dict[str, str]:
+        # get_api_key_with_prefix runs the refresh hook: rotated in-cluster tokens are picked up.
+        token = self._config.get_api_key_with_prefix("authorization")
+        return {"Authorization": token} if token else {}
+
+
+def load_connection(kubeconfig: str | None = None, context: str | None = None) -> Connection:
+    """Kubeconfig (explicit, $KUBECONFIG or ~/.kube/config), else the in-cluster service account."""
+    config = k8s_client.Configuration()
+    in_cluster = kubeconfig is None and not os.environ.get("KUBECONFIG") and "KUBERNETES_SERVICE_HOST" in os.environ
+    if in_cluster:
+        k8s_config.load_incluster_config(client_configuration=config)
+    else:
+        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=config,
+                                    persist_config=False)
+    if config.verify_ssl:
+        ctx = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+        if config.cert_file:
+            ctx.load_cert_chain(config.cert_file, config.key_file)
+        ssl_context: ssl.SSLContext | bool = ctx
+    else:
+        ssl_context = False
+    return Connection(config.host.rstrip("/"), ssl_context, config)
+
+
+@dataclass(frozen=True)
+class ApiResource:
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def path(self) -> str:
+        """Collection path across all namespaces."""
+        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        return f"{prefix}/{self.plural}"
+
+    @property
+    def name(self) -> str:
+        """Short name for logs and metric labels, e.g. "replicasets.apps"."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+class ApiClient:
+    def __init__(self, connection: Connection, qps_limit: int = 64) -> None:
+        self.connection = connection
+        self._session: aiohttp.ClientSession | None = None
+        self._limit = qps_limit
+        self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
+
+    async def __aenter__(self) -> ApiClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.connection.ssl_context, limit=self._limit)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=True)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    def _headers(self, accept: str) -> dict[str, str]:
+        return {"Accept": accept, **self.connection.headers()}
+
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                  timeout: float = 60) -> bytes:
+        async with self.session.get(
+            self.connection.host + path, params=params, headers=self._headers(accept),
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            body = await resp.read()
+            if resp.status >= 300:
+                raise ApiError.from_body(resp.status, body)
+            return body
+
+    async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
+                      content_type: str = JSON, timeout: float = 30) -> tuple[int, bytes]:
+        """Any request; returns (status, body) without raising on HTTP errors."""
+        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+        headers = self._headers(JSON)
+        if data is not None:
+            headers["Content-Type"] = content_type
+        async with self.session.request(
+            method, self.connection.host + path, data=data, params=params, headers=headers,
+            timeout=aiohttp.ClientTimeout(total=timeout),
+        ) as resp:
+            return resp.status, await resp.read()
+
+    async def stream_lines(self, path: str, params: dict[str, str], accept: str,
+                           read_timeout: float, connect_timeout: float = 15) -> AsyncIterator[bytes]:
+        """A watch: newline-delimited JSON. ``read_timeout`` bounds silence between reads, so a
+        connection that died without closing is noticed."""
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        async with self.session.get(self.connection.host + path, params=params, headers=self._headers(accept),
+                                    timeout=timeout) as resp:
+            if resp.status >= 300:
+                raise ApiError.from_body(resp.status, await resp.read())
+            buffer = bytearray()
+            async for chunk in resp.content.iter_any():
+                buffer += chunk
+                if b"\n" not in chunk:
+                    continue  # an event larger than one chunk: keep collecting
+                *lines, rest = bytes(buffer).split(b"\n")
+                buffer = bytearray(rest)
+                for line in lines:
+                    if line:
+                        yield line
+            if buffer.strip():
+                yield bytes(buffer)
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    async def _group_version(self, api_version: str, refresh: bool = False) -> dict[str, ApiResource]:
+        if api_version in self._discovery and not refresh:
+            return self._discovery[api_version]
+        path = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+        try:
+            body = json.loads(await self.get(path, timeout=15))
+        except ApiError as err:
+            if err.status != 404:
+                raise
+            body = {"resources": []}
+        group, _, version = api_version.rpartition("/")
+        kinds = {
+            r["kind"]: ApiResource(group, version, r["kind"], r["name"], r["namespaced"])
+            for r in body.get("resources", [])
+            if "/" not in r["name"] and {"list", "watch"} <= set(r.get("verbs", []))
+        }
+        self._discovery[api_version] = kinds
+        return kinds
+
+    async def resource_for(self, api_version: str, kind: str) -> ApiResource | None:
+        """The listable/watchable resource of ``kind`` in ``api_version`` (None: not served)."""
+        kinds = await self._group_version(api_version)
+        if kind not in kinds:
+            kinds = await self._group_version(api_version, refresh=True)
+        return kinds.get(kind)
+
+    async def preferred_resource(self, group: str, kind: str, version: str | None = None) -> ApiResource | None:
+        """The resource of group/kind at ``version``, or at the group's preferred version."""
+        if version:
+            return await self.resource_for(f"{group}/{version}" if group else version, kind)
+        if not group:
+            return await self.resource_for("v1", kind)
+        try:
+            body = json.loads(await self.get(f"/apis/{group}", timeout=15))
+        except ApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        versions = [body.get("preferredVersion", {}).get("groupVersion")]
+        versions += [v["groupVersion"] for v in body.get("versions", [])]
+        for api_version in dict.fromkeys(v for v in versions if v):
+            resource = await self.resource_for(api_version, kind)
+            if resource is not None:
+                return resource
+        return None
+
+
+async def sleep_jittered(attempt: int, base: float = 0.5, cap: float = 30.0) -> None:
+    """Exponential backoff with full jitter."""
+    await asyncio.sleep(random.uniform(0, min(cap, base * 2**attempt)))
