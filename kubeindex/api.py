@@ -220,6 +220,6 @@ class ApiClient:
         return None
 
 
-async def sleep_jittered(attempt: int, base: float = 0.5, cap: float = 30.0) -> None:
+async def sleep_jittered(attempt: int, base: float = 0.25, cap: float = 10.0) -> None:
     """Exponential backoff with full jitter."""
     await asyncio.sleep(random.uniform(0, min(cap, base * 2**attempt)))

@@ -56,7 +56,7 @@ class _Page(msgspec.Struct, Generic[T]):
     """A LIST page decoded in one pass into the item type."""
 
     metadata: ListMeta = msgspec.field(default_factory=ListMeta)
-    items: list[T] = msgspec.field(default_factory=list)
+    items: list[T] | None = None  # an empty metadata-only list comes as "items": null
 
 
 @dataclass
@@ -142,7 +142,7 @@ class Reflector(Generic[T]):
                     continue
                 raise
             page = self._list.decode(body)
-            await self._apply_page(page.items, seen)
+            await self._apply_page(page.items or [], seen)
             if not page.metadata.continue_:
                 self.resource_version = page.metadata.resourceVersion
                 break

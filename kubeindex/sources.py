@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from .api import ApiClient, ApiError, ApiResource
 from .index import ClusterIndex
@@ -74,7 +76,7 @@ class Sources:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
-    def _spawn(self, coro) -> asyncio.Task:  # noqa: ANN001
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
