@@ -414,10 +414,11 @@ class LocalCluster:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
 
-    def restart_apiserver(self, down_seconds: float = 0.0) -> None:
-        """Stop kube-apiserver (in-flight watches break), optionally stay down, start it again."""
+    def restart_apiserver(self, down_seconds: float = 0.0, graceful: bool = False) -> None:
+        """Restart kube-apiserver; in-flight watches break. By default it is killed, like a crash
+        (a graceful stop waits up to ~10 s for open watches to drain)."""
         proc = self.processes["kube-apiserver"]
-        proc.stop()
+        proc.stop(sig=signal.SIGTERM if graceful else signal.SIGKILL)
         time.sleep(down_seconds)
         proc.start()
         self.wait_apiserver_ready()
