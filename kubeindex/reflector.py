@@ -29,6 +29,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+def _explain(err: Exception) -> str:
+    if isinstance(err, ApiError) and err.status == 404:
+        return "404 not found: the resource is not served (are this project's CRDs installed? kubectl apply -f crds/)"
+    if isinstance(err, ApiError) and err.status in (401, 403):
+        return f"{err.status} {err.reason}: check the credentials and RBAC ({err.message.strip()})"
+    if isinstance(err, TimeoutError):
+        return "no data within the read timeout (connection presumed dead)"
+    return f"{type(err).__name__}: {str(err).strip()}"
+
+
 class Gone(Exception):
     """410: the resourceVersion is too old (compacted); only a relist recovers."""
 
@@ -114,11 +124,12 @@ class Reflector(Generic[T]):
                 need_list = True
             except (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError) as err:
                 reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
-                if isinstance(err, ApiError) and err.status in (401, 403, 404):
-                    log.error("%s: %s", self.name, err)  # RBAC or a removed resource: keep trying slowly
+                if isinstance(err, ApiError):
                     reason = f"http_{err.status}"
                 self.stats.restart(reason)
-                log.warning("%s: watch interrupted (%s: %s); retrying", self.name, reason, err)
+                if self.stats.restarts[reason] == 1 or attempt < 3:  # say it clearly, then quietly retry
+                    log.warning("%s: %s %s: %s; retrying with backoff", self.name,
+                                "LIST" if need_list else "WATCH", self.path, _explain(err))
                 await sleep_jittered(attempt)
                 attempt += 1
 

@@ -1,23 +1,8 @@
-"""Test helpers that talk to the local control plane through its REST API (admin credentials),
-and run the real exporter process against it."""
+"""Test helpers that talk to the local control plane through its REST API (admin credentials)."""
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-
-from prometheus_client.parser import text_string_to_metric_families
-
-from localkube.cluster import LocalCluster, free_port, set_parent_death_signal
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+from localkube.cluster import LocalCluster
 
 
 def ok(result: tuple[int, object]) -> dict:
@@ -87,102 +72,3 @@ def delete(cluster: LocalCluster, path: str) -> None:
     assert code in (200, 202, 404), (code, body)
 
 
-def parse(text: str) -> Samples:
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            samples[(s.name, frozenset(s.labels.items()))] = s.value
-    return samples
-
-
-def select(samples: Samples, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
-    want = set(labels.items())
-    return {lbl: v for (n, lbl), v in samples.items() if n == name and want <= lbl}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    """The one sample of ``name`` with exactly these labels, or None."""
-    return samples.get((name, frozenset(labels.items())))
-
-
-def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: float = 0.05) -> float:
-    """Poll until ``predicate()`` is truthy; returns the seconds it took."""
-    started = time.monotonic()
-    last: object = None
-    while time.monotonic() - started < timeout:
-        last = predicate()
-        if last:
-            return time.monotonic() - started
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
-
-
-@dataclass
-class Exporter:
-    """The real `node-workload-summary` process against the local control plane."""
-
-    cluster: LocalCluster
-    args: tuple[str, ...] = ()
-    proc: subprocess.Popen | None = None
-    port: int = 0
-    log: Path | None = None
-
-    def start(self) -> Exporter:
-        self.port = free_port()
-        self.log = self.cluster.workdir / "logs" / f"exporter-{self.port}.log"
-        with self.log.open("w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter.main", f"--kubeconfig={self.cluster.kubeconfig}",
-                 "--listen-address=127.0.0.1", f"--port={self.port}", *self.args],
-                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),  # never outlives pytest
-            )
-        try:
-            wait_for(lambda: self.get("/readyz")[0] == 200, timeout=60)
-        except AssertionError:
-            self.stop()
-            readyz = self.get_readyz_text()
-            raise AssertionError(f"exporter not ready within 60s: {readyz}\n{self.log_text()}") from None
-        return self
-
-    def get_readyz_text(self) -> str:
-        return self.get("/readyz")[1] if self.proc and self.proc.poll() is None else "(exited)"
-
-    def get(self, path: str, accept: str = "") -> tuple[int, str]:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log_text()}")
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers={"Accept": accept})
-        try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read().decode()
-        except OSError as err:
-            return 0, str(err)
-
-    def scrape(self) -> Samples:
-        code, text = self.get("/metrics")
-        assert code == 200, text
-        return parse(text)
-
-    def log_text(self) -> str:
-        return self.log.read_text() if self.log else ""
-
-    def pause(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()

@@ -8,20 +8,9 @@ from pathlib import Path
 import pytest
 
 from localkube.cluster import LocalCluster, Options
+from localkube.exporter import Exporter, select, value, wait_for
 from tests.conftest import CRDS
-from tests.kube import (
-    Exporter,
-    create,
-    create_node,
-    create_pod,
-    delete,
-    ok,
-    select,
-    set_node_labels,
-    set_node_status,
-    value,
-    wait_for,
-)
+from tests.kube import create, create_node, create_pod, delete, ok, set_node_labels, set_node_status
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "exp"

@@ -1,0 +1,135 @@
+"""Fill a control plane with nodes in groups and pods of Deployment -> ReplicaSet chains,
+concurrently through the API (the API server, not the client, is the bottleneck)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from kubeindex.api import ApiClient
+
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+API = "ux.sean.example.com/v1alpha1"
+
+
+def node_manifest(i: int, groups: int) -> dict:
+    group = f"pool-{i % groups}"
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": f"node-{i:05d}", "labels": {
+            POOL_LABEL: group, "kubernetes.io/hostname": f"node-{i:05d}", "topology.kubernetes.io/zone": "zone-a",
+            "node.kubernetes.io/instance-type": "n2-standard-32", "kubernetes.io/os": "linux"}},
+        "spec": {"podCIDR": f"10.{i // 256 % 256}.{i % 256}.0/24"},
+    }
+
+
+def node_status(i: int) -> dict:
+    alloc = {"cpu": "31850m", "memory": "120Gi", "pods": "110", "ephemeral-storage": "95Gi"}
+    if i % 10 == 0:
+        alloc["nvidia.com/gpu"] = "8"
+    return {"status": {"allocatable": alloc, "capacity": alloc, "conditions": [
+        {"type": t, "status": "False", "reason": "Fine", "message": "ok"}
+        for t in ("MemoryPressure", "DiskPressure", "PIDPressure")] + [
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}],
+        "nodeInfo": {"kubeletVersion": "v1.36.3", "osImage": "Container-Optimized OS", "architecture": "amd64"}}}
+
+
+def pod_manifest(name: str, node: str, rs: dict, app: str) -> dict:
+    """About 2 KB of JSON, roughly a real pod's spec."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "bench", "labels": {"app": app, "pod-template-hash": "abc123",
+                                                                     "team": "ml", "tier": "backend"},
+                     "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "9090"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": rs["metadata"]["name"],
+                                          "uid": rs["metadata"]["uid"], "controller": True,
+                                          "blockOwnerDeletion": True}]},
+        "spec": {
+            "nodeName": node,
+            "containers": [{
+                "name": "main", "image": f"registry.example.com/{app}:v1.2.3",
+                "args": ["--port=8080", "--log-level=info"],
+                "env": [{"name": f"ENV_{k}", "value": f"value-{k}"} for k in range(5)],
+                "ports": [{"containerPort": 8080, "name": "http"}],
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "1Gi"}},
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+    }
+
+
+async def _run(tasks, concurrency: int, label: str) -> None:
+    sem = asyncio.Semaphore(concurrency)
+    done = 0
+    started = time.monotonic()
+    total = len(tasks)
+
+    async def one(make):
+        nonlocal done
+        async with sem:
+            await make()
+        done += 1
+        if done % 2000 == 0 or done == total:
+            rate = done / (time.monotonic() - started)
+            print(f"  {label}: {done}/{total} ({rate:.0f}/s)", file=sys.stderr, flush=True)
+
+    await asyncio.gather(*(one(t) for t in tasks))
+
+
+async def _post(api: ApiClient, path: str, body: dict) -> dict:
+    for attempt in range(8):
+        status, data = await api.request("POST", path, body, timeout=120)
+        if status < 300:
+            return json.loads(data)
+        if status == 409:  # already there (a rerun)
+            status, data = await api.request("GET", f"{path}/{body['metadata']['name']}")
+            return json.loads(data)
+        await asyncio.sleep(0.2 * 2**attempt)  # 429 / 5xx under load
+    raise RuntimeError(f"POST {path} failed: {status} {data[:200]!r}")
+
+
+async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads: int,
+                   concurrency: int = 64) -> None:
+    await api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
+                                                     "metadata": {"name": "bench"}})
+    await api.request("POST", f"/apis/{API}/nodesummarizers", {
+        "apiVersion": API, "kind": "NodeSummarizer", "metadata": {"name": "pool"}, "spec": {"labelKey": POOL_LABEL}})
+    await api.request("POST", f"/apis/{API}/workloadsummarizers", {
+        "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
+        "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
+
+    async def make_node(i: int) -> None:
+        await _post(api, "/api/v1/nodes", node_manifest(i, groups))
+        await api.request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", node_status(i),
+                          content_type="application/merge-patch+json")
+
+    await _run([lambda i=i: make_node(i) for i in range(nodes)], concurrency, "nodes")
+    replicasets: list[dict] = []
+
+    async def make_workload(w: int) -> None:
+        template = {"metadata": {"labels": {"app": f"app-{w}"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+        d = await _post(api, "/apis/apps/v1/namespaces/bench/deployments", {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"app-{w}"},
+            "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
+        rs = await _post(api, "/apis/apps/v1/namespaces/bench/replicasets", {
+            "apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": f"app-{w}-abc123", "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": f"app-{w}", "uid": d["metadata"]["uid"],
+                "controller": True}]},
+            "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
+        replicasets.append(rs)
+
+    await _run([lambda w=w: make_workload(w) for w in range(workloads)], concurrency, "workloads")
+    replicasets.sort(key=lambda r: r["metadata"]["name"])
+
+    def make_pod(p: int):
+        rs = replicasets[p % workloads]
+        app = rs["metadata"]["name"].rsplit("-", 1)[0]
+        return _post(api, "/api/v1/namespaces/bench/pods",
+                     pod_manifest(f"{app}-{p:06d}", f"node-{p % nodes:05d}", rs, app))
+
+    await _run([lambda p=p: make_pod(p) for p in range(pods)], concurrency, "pods")

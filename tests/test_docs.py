@@ -1,0 +1,27 @@
+"""The README documents every metric family and every setting the code has."""
+
+from __future__ import annotations
+
+import exporter.metrics as metrics
+from exporter.settings import Settings
+from tests.conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+
+def _families() -> list[metrics.Family]:
+    singles = [v for v in vars(metrics).values() if isinstance(v, metrics.Family)]
+    return [*metrics.GROUP_FAMILIES, *metrics.WORKLOAD_FAMILIES, *singles]
+
+
+def test_every_metric_family_is_documented() -> None:
+    families = _families()
+    assert len(families) > 20
+    for family in families:
+        name = metrics.PREFIX + family.name + ("_total" if family.type == "counter" else "")
+        assert f"`{name}`" in README, name
+
+
+def test_every_setting_is_documented() -> None:
+    for name in Settings.model_fields:
+        assert f"`--{name.replace('_', '-')}`" in README and f"`NWS_{name.upper()}`" in README, name
