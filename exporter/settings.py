@@ -42,8 +42,8 @@ class Settings(BaseSettings):
     watch_timeout_min: int = Field(300, ge=1, description="Lower bound of the randomized watch timeoutSeconds.")
     watch_timeout_max: int = Field(600, ge=1, description="Upper bound of the randomized watch timeoutSeconds.")
     read_timeout: float = Field(
-        120.0, gt=0, description="Seconds without any byte on a watch before the connection is "
-        "considered dead and replaced (the API server sends bookmarks about every minute).")
+        180.0, gt=0, description="Seconds without any byte on a watch before the connection is "
+        "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("workload_pod_labels", mode="before")

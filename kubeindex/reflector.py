@@ -80,7 +80,8 @@ class WatchSettings:
     page_size: int = 500
     timeout_min: int = 300  # watch timeoutSeconds is drawn from [min, max] (spreads reconnects)
     timeout_max: int = 600
-    read_timeout: float = 120.0  # silence longer than this means a dead connection
+    read_timeout: float = 180.0  # silence longer than this means a dead connection (idle watches
+    # get a bookmark from the API server about every minute, the first after about two)
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
 
 
