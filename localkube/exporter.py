@@ -66,7 +66,7 @@ class Exporter:
         self.log = self.cluster.workdir / "logs" / f"exporter-{self.port}.log"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "exporter.main", f"--kubeconfig={self.cluster.kubeconfig}",
+                [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={self.cluster.kubeconfig}",
                  "--listen-address=127.0.0.1", f"--port={self.port}", *self.args],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),  # never outlives pytest

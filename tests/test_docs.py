@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import exporter.metrics as metrics
-from exporter.settings import Settings
+from node_workload_summary.settings import Settings
 from tests.conftest import ROOT
 
 README = (ROOT / "README.md").read_text()

@@ -11,13 +11,13 @@ import uvloop
 from aiohttp import web
 from pydantic import ValidationError
 
+from exporter.metrics import Renderer
+from exporter.server import make_app
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 
-from .metrics import Renderer
-from .server import make_app
 from .settings import Settings
 
 log = logging.getLogger("node-workload-summary")
