@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -19,6 +20,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from kubeindex.index import PHASES, READY_STATES, ClusterIndex, GroupAgg, WorkloadAgg
 from kubeindex.quantity import NANO
 from kubeindex.sources import Sources
+
+if TYPE_CHECKING:
+    from reconciler.controller import Reconciler
+    from reconciler.leader import LeaderElector
 
 PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -75,6 +80,10 @@ F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ev
 F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
 F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
 F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version.")
+F_WRITES = Family("reconciler_writes", "counter", "Successful API writes of the reconciler, by verb.")
+F_WRITE_ERRORS = Family("reconciler_write_errors", "counter", "Failed API writes of the reconciler, by HTTP status.")
+F_LEADER = Family("reconciler_leader", "gauge", "1 while this replica holds the lease and writes.")
+F_SUMMARIES = Family("reconciler_summaries", "gauge", "Summary objects that exist, by kind.")
 
 
 def _esc(value: str) -> str:
@@ -127,9 +136,12 @@ def workload_chunks(agg: WorkloadAgg) -> tuple[str, str]:
 
 class Renderer:
     def __init__(self, index: ClusterIndex, sources: Sources | None, max_workload_series: int,
-                 version: str = "0.1.0", registry: prometheus_client.CollectorRegistry | None = None) -> None:
+                 version: str = "0.1.0", registry: prometheus_client.CollectorRegistry | None = None,
+                 reconciler: Reconciler | None = None, elector: LeaderElector | None = None) -> None:
         self.index = index
         self.sources = sources
+        self.reconciler = reconciler
+        self.elector = elector
         self.max_workload_series = max_workload_series
         self.version = version
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
@@ -240,4 +252,11 @@ class Renderer:
         family(F_DROPPED, [("", self.dropped_total)])
         family(F_RENDER, [("", round(self.last_render_seconds, 6))])
         family(F_INFO, [(_labels(version=self.version), 1)])
+        if self.reconciler is not None:
+            stats = self.reconciler.stats
+            family(F_WRITES, [(_labels(verb=v), n) for v, n in sorted(stats.writes.items())])
+            family(F_WRITE_ERRORS, [(_labels(code=c), n) for c, n in sorted(stats.errors.items())])
+            leader = self.elector.is_leader if self.elector is not None else True
+            family(F_LEADER, [("", int(leader))])
+            family(F_SUMMARIES, [(_labels(kind=k), len(v)) for k, v in sorted(self.reconciler.actual.items())])
         return out

@@ -11,8 +11,10 @@ from kubeindex.sources import Sources
 from .metrics import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 
 
-def make_app(renderer: Renderer, sources: Sources | None) -> web.Application:
+def make_app(renderer: Renderer | None, sources: Sources | None) -> web.Application:
+    """``renderer`` None: the exporter is switched off, only the probes are served."""
     async def metrics(request: web.Request) -> web.Response:
+        assert renderer is not None
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
         body = renderer.render(openmetrics)
         headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
@@ -32,7 +34,8 @@ def make_app(renderer: Renderer, sources: Sources | None) -> web.Application:
         return web.Response(status=503, text=f"initial sync in progress: {', '.join(pending) or 'owner kinds'}\n")
 
     app = web.Application()
-    app.router.add_get("/metrics", metrics)
+    if renderer is not None:
+        app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     return app

@@ -4,6 +4,8 @@ response bytes by msgspec (unknown fields such as managedFields are skipped, nev
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from msgspec import Struct, field
 
@@ -25,6 +27,7 @@ class ObjectMeta(Struct):
     namespace: str = ""
     uid: str = ""
     resourceVersion: str = ""
+    generation: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     ownerReferences: list[OwnerReference] = field(default_factory=list)
     deletionTimestamp: str | None = None
@@ -116,6 +119,7 @@ class NodeSummarizerSpec(Struct):
 class NodeSummarizer(Struct):
     metadata: ObjectMeta = field(default_factory=ObjectMeta)
     spec: NodeSummarizerSpec = field(default_factory=NodeSummarizerSpec)
+    status: dict[str, Any] = field(default_factory=dict)
 
 
 class WorkloadSummarizerSpec(Struct):
@@ -125,6 +129,7 @@ class WorkloadSummarizerSpec(Struct):
 class WorkloadSummarizer(Struct):
     metadata: ObjectMeta = field(default_factory=ObjectMeta)
     spec: WorkloadSummarizerSpec = field(default_factory=WorkloadSummarizerSpec)
+    status: dict[str, Any] = field(default_factory=dict)
 
 
 # -- List and watch envelopes --------------------------------------------------------------------

@@ -88,12 +88,13 @@ class WatchSettings:
 class Reflector(Generic[T]):
     def __init__(self, api: ApiClient, name: str, path: str, item_type: type[T], handler: Handler[T],
                  *, metadata_only: bool = False, settings: WatchSettings | None = None,
-                 stats: SourceStats | None = None) -> None:
+                 stats: SourceStats | None = None, label_selector: str = "") -> None:
         self.api = api
         self.name = name
         self.path = path
         self.handler = handler
         self.metadata_only = metadata_only
+        self.selector = {"labelSelector": label_selector} if label_selector else {}
         self.settings = settings or WatchSettings()
         self.stats = stats or SourceStats()
         self.store: dict[str, str] = {}  # key -> resourceVersion
@@ -140,7 +141,7 @@ class Reflector(Generic[T]):
         self.stats.relists += 1
         seen: dict[str, str] = {}
         accept = PARTIAL_LIST if self.metadata_only else JSON
-        params = {"limit": str(self.settings.page_size)}
+        params = {"limit": str(self.settings.page_size), **self.selector}
         while True:
             try:
                 body = await self.api.get(self.path, params, accept=accept, timeout=120)
@@ -150,7 +151,7 @@ class Reflector(Generic[T]):
                     # (one consistent snapshot), as client-go's pager does.
                     log.info("%s: continue token expired, listing without pages", self.name)
                     seen.clear()
-                    params = {}
+                    params = dict(self.selector)
                     continue
                 raise
             page = self._list.decode(body)
@@ -158,7 +159,7 @@ class Reflector(Generic[T]):
             if not page.metadata.continue_:
                 self.resource_version = page.metadata.resourceVersion
                 break
-            params = {"limit": str(self.settings.page_size), "continue": page.metadata.continue_}
+            params = {"limit": str(self.settings.page_size), "continue": page.metadata.continue_, **self.selector}
         for key in self.store.keys() - seen.keys():  # vanished while we were not watching
             self.handler.delete(key)
             self.stats.count("DELETED")
@@ -184,6 +185,7 @@ class Reflector(Generic[T]):
             "allowWatchBookmarks": "true",
             "resourceVersion": self.resource_version,
             "timeoutSeconds": str(random.randint(self.settings.timeout_min, self.settings.timeout_max)),
+            **self.selector,
         }
         accept = PARTIAL if self.metadata_only else JSON
         try:

@@ -1,11 +1,15 @@
-"""`node-workload-summary`: watch the cluster and serve the metrics until SIGTERM/SIGINT."""
+"""`node-workload-summary`: one set of watches feeding the exporter and the reconciler, until
+SIGTERM/SIGINT."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import signal
 import sys
+from pathlib import Path
 
 import uvloop
 from aiohttp import web
@@ -17,10 +21,22 @@ from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
+from reconciler.controller import Reconciler, ReconcilerSettings
+from reconciler.desired import identity
+from reconciler.leader import LeaderElector, LeaseSettings
 
 from .settings import Settings
 
 log = logging.getLogger("node-workload-summary")
+SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def lease_namespace(settings: Settings) -> str:
+    if settings.lease_namespace:
+        return settings.lease_namespace
+    with contextlib.suppress(OSError):
+        return SA_NAMESPACE.read_text().strip()
+    return os.environ.get("POD_NAMESPACE", "default")
 
 
 async def serve(settings: Settings) -> None:
@@ -35,17 +51,42 @@ async def serve(settings: Settings) -> None:
         loop.add_signal_handler(sig, stop.set)
     async with ApiClient(connection) as api:
         sources = Sources(api, index, watch)
-        renderer = Renderer(index, sources, settings.max_workload_series)
-        runner = web.AppRunner(make_app(renderer, sources), access_log=None)
+        elector = reconciler = None
+        tasks: list[asyncio.Task] = []
+        if settings.reconciler:
+            if settings.leader_election:
+                elector = LeaderElector(api, LeaseSettings(
+                    lease_namespace(settings), settings.lease_name, settings.identity or identity(),
+                    settings.lease_duration, settings.renew_deadline, settings.retry_period))
+                tasks.append(asyncio.create_task(elector.run(), name="leader election"))
+            reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
+                debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
+            tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
+        renderer = Renderer(index, sources, settings.max_workload_series, reconciler=reconciler, elector=elector)
+        runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, settings.listen_address, settings.port)
         await site.start()
-        log.info("serving /metrics on %s (API server %s)", site.name, connection.host)
+        log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
+                 "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
         await sources.start()
+
+        def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
+            if not task.cancelled() and task.exception() is not None:
+                log.error("%s failed: %r; exiting", task.get_name(), task.exception())
+                stop.set()
+
+        for task in tasks:
+            task.add_done_callback(crashed)
         try:
             await stop.wait()
         finally:
             log.info("shutting down")
+            for task in tasks:
+                task.cancel()
+            if elector is not None:
+                with contextlib.suppress(Exception):
+                    await elector.release()
             await sources.stop()
             await runner.cleanup()
 

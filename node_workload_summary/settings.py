@@ -44,6 +44,24 @@ class Settings(BaseSettings):
     read_timeout: float = Field(
         180.0, gt=0, description="Seconds without any byte on a watch before the connection is "
         "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
+    exporter: bool = Field(True, description="Serve the metrics on /metrics (--no-exporter: only /healthz, /readyz).")
+    reconciler: bool = Field(True, description="Maintain NodeSummary and WorkloadSummary objects and the "
+                             "summarizers' status (--no-reconciler: metrics only).")
+    leader_election: bool = Field(True, description="Write only while holding the Lease (needed with more "
+                                  "than one replica).")
+    lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: the pod's own "
+                                        "namespace in a cluster, else default).")
+    lease_name: str = Field("node-workload-summary", description="Name of the Lease.")
+    lease_duration: float = Field(15.0, gt=0, description="Seconds a lease lasts without renewal before "
+                                  "another replica may take it.")
+    renew_deadline: float = Field(10.0, gt=0, description="Seconds the leader keeps writing without a "
+                                  "successful renewal.")
+    retry_period: float = Field(2.0, gt=0, description="Seconds between lease acquire/renew attempts.")
+    identity: str | None = Field(None, description="This replica's name in the Lease (default: $POD_NAME or "
+                                 "the host name).")
+    write_debounce: float = Field(1.0, ge=0, description="Minimum seconds between two writes of one summary "
+                                  "object (the first change is written at once).")
+    writes_per_second: float = Field(50.0, gt=0, description="Global limit on API writes per second.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
 
     @field_validator("workload_pod_labels", mode="before")

@@ -1,0 +1,196 @@
+"""Desired NodeSummary and WorkloadSummary objects, computed from the index's aggregates.
+
+Pure functions: no I/O. Fields that would be empty are left out, so a desired status compares
+equal to what the API server stores and returns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from kubeindex.index import PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.quantity import format_quantity
+
+GROUP = "ux.sean.example.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+MANAGED_BY = f"{GROUP}/managed-by"
+MANAGER = "node-workload-summary"
+SUMMARIZER_LABEL = f"{GROUP}/summarizer"
+MAX_NAME = 63  # short enough for kubectl columns and for use as a label value
+
+SHORT_TYPES = {
+    ("apps", "Deployment"): "deploy", ("apps", "StatefulSet"): "sts", ("apps", "DaemonSet"): "ds",
+    ("apps", "ReplicaSet"): "rs", ("batch", "Job"): "job", ("batch", "CronJob"): "cj",
+    ("", "ReplicationController"): "rc", ("", "Pod"): "pod",
+    ("jobset.x-k8s.io", "JobSet"): "js", ("leaderworkerset.x-k8s.io", "LeaderWorkerSet"): "lws",
+    ("ray.io", "RayCluster"): "raycluster", ("ray.io", "RayJob"): "rayjob", ("ray.io", "RayService"): "raysvc",
+    ("sparkoperator.k8s.io", "SparkApplication"): "sparkapp", ("kubeflow.org", "PyTorchJob"): "ptjob",
+    ("kubeflow.org", "MPIJob"): "mpijob", ("kubeflow.org", "TFJob"): "tfjob", ("kubeflow.org", "TrainJob"): "trainjob",
+    ("trainer.kubeflow.org", "TrainJob"): "trainjob", ("argoproj.io", "Workflow"): "wf",
+    ("argoproj.io", "Rollout"): "rollout", ("batch.volcano.sh", "Job"): "vcjob",
+}
+
+
+def _hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def dns_name(raw: str) -> str:
+    """``raw`` if it is a valid short DNS-1123 name; otherwise a sanitized, shortened form with a
+    stable hash of ``raw`` appended, so two different inputs never end up with the same name."""
+    candidate = re.sub(r"[^a-z0-9.-]+", "-", raw.lower())
+    candidate = re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", candidate)
+    if candidate == raw and 0 < len(raw) <= MAX_NAME:
+        return raw
+    stem = candidate[: MAX_NAME - 9].rstrip("-.")
+    return f"{stem}-{_hash(raw)}" if stem else _hash(raw)
+
+
+def node_summary_name(summarizer: str, value: str) -> str:
+    return dns_name(f"{summarizer}-{value}")
+
+
+def short_type(group: str, kind: str, configured: str | None) -> str:
+    return configured or SHORT_TYPES.get((group, kind), kind.lower())
+
+
+def long_type(group: str, kind: str, version: str) -> str:
+    """`<kind in lower case>.<group>/<version>`, e.g. jobset.jobset.x-k8s.io/v1alpha2."""
+    return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+
+
+def names_prefix(names: set[str]) -> str:
+    """Longest common prefix of the node names, then '*' (the LCP of a set is that of its min and max)."""
+    if not names:
+        return ""
+    low, high = min(names), max(names)
+    n = 0
+    while n < min(len(low), len(high)) and low[n] == high[n]:
+        n += 1
+    return low[:n] + "*"
+
+
+def _quantities(values: dict[str, int]) -> dict[str, str]:
+    return {r: format_quantity(r, v) for r, v in sorted(values.items())}
+
+
+def _drop_empty(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v not in ({}, [], "", None)}
+
+
+@dataclass(frozen=True)
+class Desired:
+    """One object to exist: identity, metadata+spec (applied once) and status (kept current)."""
+
+    plural: str
+    namespace: str
+    name: str
+    body: dict[str, Any]  # apiVersion, kind, metadata (name, namespace, labels, ownerReferences), spec
+    status: dict[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+
+def node_summary(agg: GroupAgg, label_key: str, summarizer_uid: str) -> Desired:
+    name = node_summary_name(agg.summarizer, agg.value)
+    not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
+    status = _drop_empty({
+        "nodeCount": agg.nodes,
+        "nodeNamesPrefix": names_prefix(agg.node_names),
+        "conditions": [{"type": "Ready", "count": agg.conditions.get("Ready", 0)},
+                       {"type": "NotReady", "count": not_ready}],
+        "unschedulableCount": agg.unschedulable,
+        "podCount": sum(agg.pods.values()),
+        "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
+        "allocatable": _quantities(agg.allocatable),
+        "capacity": _quantities(agg.capacity),
+        "requested": _quantities(agg.requested),
+    })
+    body = {
+        "apiVersion": API_VERSION, "kind": "NodeSummary",
+        "metadata": {
+            "name": name,
+            "labels": {MANAGED_BY: MANAGER, SUMMARIZER_LABEL: agg.summarizer},
+            "ownerReferences": [{"apiVersion": API_VERSION, "kind": "NodeSummarizer", "name": agg.summarizer,
+                                 "uid": summarizer_uid, "controller": True}],
+        },
+        "spec": {"selector": {"matchLabels": {label_key: agg.value}}},
+    }
+    return Desired("nodesummaries", "", name, body, status)
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    api_version: str  # of the workload's own resource (for the ownerReference)
+    short_type: str
+    long_type: str
+
+
+def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[tuple[str, str], str]) -> Desired:
+    refs = [{"name": summary_names[g], "nodeCount": n} for g, n in sorted(agg.group_nodes.items())
+            if g in summary_names]
+    refs.sort(key=lambda r: (-r["nodeCount"], r["name"]))
+    status = _drop_empty({
+        "podCount": sum(agg.pods.values()),
+        "shortType": info.short_type,
+        "longType": info.long_type,
+        "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
+        "nodeSummaryRefs": refs,
+        "placement": ",".join(f"{r['name']}={r['nodeCount']}" for r in refs),
+    })
+    status.setdefault("podCount", 0)
+    body = {
+        "apiVersion": API_VERSION, "kind": "WorkloadSummary",
+        "metadata": {
+            "name": name, "namespace": agg.namespace,
+            "labels": {MANAGED_BY: MANAGER},
+            "ownerReferences": [{"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}],
+        },
+        "spec": {"workloadRef": {"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}},
+    }
+    return Desired("workloadsummaries", agg.namespace, name, body, status)
+
+
+def workload_names(workloads: list[WorkloadAgg]) -> dict[str, str]:
+    """uid -> WorkloadSummary name. A workload keeps its own name unless workloads of several
+    kinds share it in one namespace: then the one whose (group, kind) sorts first keeps it and
+    the others get `<name>-<kind>` (with a hash when that is too long)."""
+    by_name: dict[tuple[str, str], list[WorkloadAgg]] = {}
+    for w in workloads:
+        by_name.setdefault((w.namespace, w.name), []).append(w)
+    names: dict[str, str] = {}
+    for (_, name), same in by_name.items():
+        same.sort(key=lambda w: (w.group, w.kind, w.uid))
+        names[same[0].uid] = name
+        for w in same[1:]:
+            names[w.uid] = dns_name(f"{name}-{w.kind.lower()}")
+    return names
+
+
+def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
+                  type_infos: dict[tuple[str, str], TypeInfo]) -> list[Desired]:
+    """Every object that should exist. O(groups + workloads); callers cache per generation."""
+    out = []
+    summary_names: dict[tuple[str, str], str] = {}
+    for key, agg in index.groups.items():
+        uid = node_summarizer_uids.get(agg.summarizer)
+        if uid is None:
+            continue
+        summary_names[key] = node_summary_name(*key)
+        out.append(node_summary(agg, index.node_summarizers[agg.summarizer], uid))
+    workloads = [w for w in index.workloads.values() if w.is_object and (w.group, w.kind) in type_infos]
+    names = workload_names(workloads)
+    for w in workloads:
+        out.append(workload_summary(w, names[w.uid], type_infos[(w.group, w.kind)], summary_names))
+    return out
+
+
+def identity() -> str:
+    return os.environ.get("POD_NAME") or os.uname().nodename

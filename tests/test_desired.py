@@ -1,0 +1,91 @@
+"""Unit tests of the reconciler's pure parts: names, types, desired objects."""
+
+from __future__ import annotations
+
+import re
+
+from kubeindex.index import ClusterIndex, WorkloadAgg
+from kubeindex.objects import WorkloadType
+from reconciler.desired import (
+    TypeInfo,
+    desired_state,
+    dns_name,
+    long_type,
+    names_prefix,
+    node_summary_name,
+    short_type,
+    workload_names,
+)
+from tests.reference import Owner
+from tests.test_index import make_node, make_pod, ref
+
+DNS = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+
+
+def test_valid_names_are_kept() -> None:
+    assert node_summary_name("gke-nodepool", "pool-a") == "gke-nodepool-pool-a"
+    assert dns_name("a.b-c") == "a.b-c"
+
+
+def test_odd_label_values_get_safe_distinct_names() -> None:
+    values = ["Pool_A", "pool-a", "pool_a", "POOL.A", "", "x" * 63, "x" * 62 + "y", "-lead", "trail.", "a..b"]
+    names = [node_summary_name("sum", v) for v in values]
+    assert len(set(names)) == len(values), names
+    for name in names:
+        assert DNS.match(name), name
+    assert names[1] == "sum-pool-a"  # unchanged where valid
+    assert node_summary_name("sum", "Pool_A") == names[0]  # stable
+
+
+def test_short_and_long_types() -> None:
+    assert short_type("apps", "Deployment", None) == "deploy"
+    assert short_type("jobset.x-k8s.io", "JobSet", None) == "js"
+    assert short_type("leaderworkerset.x-k8s.io", "LeaderWorkerSet", "lws") == "lws"
+    assert short_type("example.com", "FooBar", None) == "foobar"
+    assert short_type("apps", "Deployment", "web") == "web"
+    assert long_type("jobset.x-k8s.io", "JobSet", "v1alpha2") == "jobset.jobset.x-k8s.io/v1alpha2"
+    assert long_type("", "ReplicationController", "v1") == "replicationcontroller/v1"
+
+
+def test_names_prefix() -> None:
+    assert names_prefix({"gke-a-pool-1", "gke-a-pool-22", "gke-a-pool-3"}) == "gke-a-pool-*"
+    assert names_prefix({"only"}) == "only*"
+    assert names_prefix({"a", "b"}) == "*"
+
+
+def test_same_name_different_kinds_disambiguated_deterministically() -> None:
+    a = WorkloadAgg("u1", "ns", "train", "batch", "Job")
+    b = WorkloadAgg("u2", "ns", "train", "jobset.x-k8s.io", "JobSet")
+    c = WorkloadAgg("u3", "other", "train", "batch", "Job")
+    for order in ([a, b, c], [c, b, a]):
+        assert workload_names(order) == {"u1": "train", "u2": "train-jobset", "u3": "train"}
+
+
+def test_desired_state_from_index() -> None:
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
+    index.upsert_node(make_node("n-1", {"pool": "a"}))
+    index.upsert_node(make_node("n-2", {"pool": "a"}, ready="Unknown"))
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+    index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-1", "r1", ("apps/v1", "Deployment", "d1"))
+    rs = Owner("r1", "apps", "ReplicaSet", "ns", "web-1", "d1")
+    for i, node in enumerate(["n-1", "n-1", "n-2"]):
+        index.upsert_pod(make_pod(f"p{i}", f"p{i}", node=node, owner=ref(rs)))
+    infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
+    out = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, infos)}
+    ns = out["pool-a"]
+    assert ns.body["spec"] == {"selector": {"matchLabels": {"pool": "a"}}}
+    assert ns.body["metadata"]["ownerReferences"][0]["uid"] == "uid-pool"
+    assert ns.status["nodeCount"] == 2 and ns.status["nodeNamesPrefix"] == "n-*"
+    assert ns.status["conditions"] == [{"type": "Ready", "count": 1}, {"type": "NotReady", "count": 1}]
+    assert ns.status["allocatable"] == {"cpu": "8", "memory": "32Gi", "pods": "220"}
+    assert ns.status["requested"] == {"cpu": "300m", "memory": "192Mi"}
+    ws = out["ns/web"]
+    assert ws.status == {"podCount": 3, "shortType": "deploy", "longType": "deployment.apps/v1",
+                         "pods": {"Running": 3}, "nodeSummaryRefs": [{"name": "pool-a", "nodeCount": 2}],
+                         "placement": "pool-a=2"}
+    assert ws.body["metadata"]["ownerReferences"] == [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                                       "name": "web", "uid": "d1"}]
+    # A summarizer not yet seen (no uid) or a type not served gives no objects.
+    assert desired_state(index, {}, {}) == []
