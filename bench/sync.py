@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
-from localkube.exporter import Exporter, parse, value, wait_for
+from localkube.service import Service, parse, value, wait_for
 
 from .populate import populate
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> dict:
         result |= asyncio.run(_setup_and_floor(cluster, args))
         print(f"[bench] LIST floor: {result['list_floor_seconds']}s for {result['list_floor_bytes'] / 1e6:.1f} MB",
               file=sys.stderr, flush=True)
-        exporter = Exporter(cluster)
+        exporter = Service(cluster)
         started = time.monotonic()
         exporter.start()
         ready = time.monotonic() - started

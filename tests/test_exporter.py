@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localkube.cluster import LocalCluster, Options
-from localkube.exporter import Exporter, select, value, wait_for
+from localkube.service import Service, select, value, wait_for
 from tests.conftest import CRDS
 from tests.kube import create, create_node, create_pod, delete, ok, set_node_labels, set_node_status
 
@@ -76,8 +76,8 @@ def world(kube: LocalCluster) -> dict:
 
 
 @pytest.fixture(scope="module")
-def exporter(kube: LocalCluster, world: dict) -> Iterator[Exporter]:
-    exp = Exporter(kube).start()
+def exporter(kube: LocalCluster, world: dict) -> Iterator[Service]:
+    exp = Service(kube).start()
     yield exp
     exp.stop()
 
@@ -90,7 +90,7 @@ def workload_value(samples: dict, workload: str, kind: str, phase: str) -> float
     return value(samples, "nws_workload_pods", namespace=NS, workload=workload, kind=kind, phase=phase)
 
 
-def test_exact_values(exporter: Exporter) -> None:
+def test_exact_values(exporter: Service) -> None:
     s = exporter.scrape()
     assert group_value(s, "nws_nodegroup_nodes", "cpu") == 2
     assert group_value(s, "nws_nodegroup_nodes", "gpu") == 2
@@ -119,7 +119,7 @@ def test_exact_values(exporter: Exporter) -> None:
     assert value(s, "nws_initial_sync_duration_seconds") is not None
 
 
-def test_not_ready_node_changes_gauges_within_2s(kube: LocalCluster, exporter: Exporter) -> None:
+def test_not_ready_node_changes_gauges_within_2s(kube: LocalCluster, exporter: Service) -> None:
     set_node_status(kube, "gpu-1", "False")
     took = wait_for(lambda: group_value(exporter.scrape(), "nws_nodegroup_nodes_by_condition", "gpu",
                                         condition="NotReady") == 1, timeout=2)
@@ -134,7 +134,7 @@ def test_not_ready_node_changes_gauges_within_2s(kube: LocalCluster, exporter: E
                                  condition="Ready") == 2, timeout=2)
 
 
-def test_node_label_change_moves_node_and_pods(kube: LocalCluster, exporter: Exporter) -> None:
+def test_node_label_change_moves_node_and_pods(kube: LocalCluster, exporter: Service) -> None:
     set_node_labels(kube, "cpu-2", {POOL: "tpu"})
     wait_for(lambda: group_value(exporter.scrape(), "nws_nodegroup_nodes", "tpu") == 2, timeout=5)
     s = exporter.scrape()
@@ -146,7 +146,7 @@ def test_node_label_change_moves_node_and_pods(kube: LocalCluster, exporter: Exp
     wait_for(lambda: group_value(exporter.scrape(), "nws_nodegroup_nodes", "cpu") == 2, timeout=5)
 
 
-def test_deleted_pods_series_disappear(kube: LocalCluster, exporter: Exporter, world: dict) -> None:
+def test_deleted_pods_series_disappear(kube: LocalCluster, exporter: Service, world: dict) -> None:
     for name in ("train-a", "train-b", "pending"):
         delete(kube, f"/api/v1/namespaces/{NS}/pods/{name}")
     delete(kube, f"/apis/batch/v1/namespaces/{NS}/jobs/train")
@@ -157,7 +157,7 @@ def test_deleted_pods_series_disappear(kube: LocalCluster, exporter: Exporter, w
     assert not select(s, "nws_workload_nodes", workload="train")
 
 
-def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Exporter) -> None:
+def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Service) -> None:
     create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
                                                   "metadata": {"name": "hostnames"},
                                                   "spec": {"labelKey": "kubernetes.io/hostname"}})
@@ -168,7 +168,7 @@ def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Exporte
     assert group_value(exporter.scrape(), "nws_nodegroup_nodes", "tpu") == 1  # the other summarizer is untouched
 
 
-def test_openmetrics_and_health(exporter: Exporter) -> None:
+def test_openmetrics_and_health(exporter: Service) -> None:
     code, text = exporter.get("/metrics", accept="application/openmetrics-text; version=1.0.0")
     assert code == 200 and text.rstrip().endswith("# EOF")
     assert "# TYPE nws_watch_events counter" in text and "nws_watch_events_total{" in text
@@ -184,7 +184,7 @@ def _truth(samples: dict) -> dict:
                                                                  "nws_workload_nodes", "nws_pods_without"))}
 
 
-def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: Exporter, world: dict) -> None:
+def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: Service, world: dict) -> None:
     """The exporter's watches break (apiserver restart) while it is frozen, the cluster changes,
     then every resourceVersion it holds expires (etcd compaction + restart): it must get 410,
     relist, emit deletes for what vanished, and match the truth."""
@@ -201,7 +201,7 @@ def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: E
     finally:
         exporter.resume()
     # Equal to a fresh recomputation (a new exporter's view), series for series, within 10 s.
-    fresh = Exporter(kube).start()
+    fresh = Service(kube).start()
     try:
         took = wait_for(lambda: _truth(exporter.scrape()) == _truth(fresh.scrape()), timeout=10)
     except AssertionError:
@@ -226,8 +226,8 @@ def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: E
                                  condition="Ready") == 1, timeout=30)
 
 
-def test_workload_series_cap(kube: LocalCluster, exporter: Exporter) -> None:
-    capped = Exporter(kube, ("--max-workload-series=1",)).start()
+def test_workload_series_cap(kube: LocalCluster, exporter: Service) -> None:
+    capped = Service(kube, ("--max-workload-series=1",)).start()
     try:
         s, full = capped.scrape(), exporter.scrape()
         own = {dict(lbl)["workload"] for lbl in select(s, "nws_workload_pods")}

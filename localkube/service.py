@@ -1,4 +1,4 @@
-"""Run the product's exporter process against a local control plane, and read its metrics:
+"""Run the node-workload-summary process against a local control plane, and read its metrics:
 shared by tests, benchmarks and the demo."""
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: flo
 
 
 @dataclass
-class Exporter:
-    """The real `node-workload-summary` process against the local control plane."""
+class Service:
+    """The real `node-workload-summary` process (exporter + reconciler) against the local control plane."""
 
     cluster: LocalCluster
     args: tuple[str, ...] = ()
@@ -61,9 +61,9 @@ class Exporter:
     port: int = 0
     log: Path | None = None
 
-    def start(self) -> Exporter:
+    def start(self) -> Service:
         self.port = free_port()
-        self.log = self.cluster.workdir / "logs" / f"exporter-{self.port}.log"
+        self.log = self.cluster.workdir / "logs" / f"node-workload-summary-{self.port}.log"
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={self.cluster.kubeconfig}",
@@ -76,7 +76,7 @@ class Exporter:
         except AssertionError:
             self.stop()
             readyz = self.get_readyz_text()
-            raise AssertionError(f"exporter not ready within 60s: {readyz}\n{self.log_text()}") from None
+            raise AssertionError(f"service not ready within 60s: {readyz}\n{self.log_text()}") from None
         return self
 
     def get_readyz_text(self) -> str:
@@ -85,7 +85,7 @@ class Exporter:
     def get(self, path: str, accept: str = "") -> tuple[int, str]:
         assert self.proc is not None
         if self.proc.poll() is not None:
-            raise AssertionError(f"exporter exited with {self.proc.returncode}:\n{self.log_text()}")
+            raise AssertionError(f"service exited with {self.proc.returncode}:\n{self.log_text()}")
         request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers={"Accept": accept})
         try:
             with urllib.request.urlopen(request, timeout=10) as resp:

@@ -1,0 +1,218 @@
+"""The reconciler on a full local control plane (controller-manager, scheduler, KWOK nodes)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localkube.cluster import LocalCluster, Options
+from localkube.service import Service, select, wait_for
+from tests.conftest import CRDS, EXAMPLES, ROOT
+from tests.kube import create, delete, ok, owner_ref, set_node_labels
+
+API = "ux.sean.example.com/v1alpha1"
+POOL = "cloud.google.com/gke-nodepool"
+NS = "ml"
+FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
+
+
+def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str]) -> None:
+    ok(cluster.request("/api/v1/nodes", "POST", {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {POOL: pool, "topology.kubernetes.io/zone": f"zone-{name[-1]}"},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"allocatable": allocatable, "capacity": allocatable},
+    }))
+
+
+@pytest.fixture(scope="module")
+def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    with LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True), binaries) as c:
+        c.install_crds(CRDS)
+        c.install_crds(ROOT / "tests" / "manifests" / "workload-crds.yaml")
+        cpu = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+        for i in range(3):
+            kwok_node(c, f"cpu-{i}", "cpu", cpu)
+        for i in range(2):
+            kwok_node(c, f"gpu-{i}", "gpu", cpu | {"nvidia.com/gpu": "8"})
+        kwok_node(c, "tpu-0", "tpu", cpu | {"google.com/tpu": "4"})
+        c.kubectl("apply", "-f", str(EXAMPLES))
+        create(c, f"/apis/{API}/workloadsummarizers", {
+            "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "core"},
+            "spec": {"workloadTypes": [{"group": "apps", "kind": "StatefulSet"}, {"group": "batch", "kind": "Job"}]}})
+        c.kubectl("create", "namespace", NS)
+        wait_for(lambda: "False" not in c.kubectl("get", "nodes", "-o",
+                                                  "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}").stdout)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def service(kube: LocalCluster) -> Iterator[Service]:
+    svc = Service(kube, ("--identity=replica-a", *FAST_LEASE)).start()
+    yield svc
+    svc.stop()
+
+
+def get_json(kube: LocalCluster, *args: str) -> dict:
+    return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+
+
+def table(kube: LocalCluster, *args: str) -> list[list[str]]:
+    return [line.split() for line in kube.kubectl("get", *args).stdout.splitlines()]
+
+
+def summaries(kube: LocalCluster) -> dict[str, dict]:
+    return {o["metadata"]["name"]: o for o in get_json(kube, "nodesummaries")["items"]}
+
+
+def workload(kube: LocalCluster, name: str, namespace: str = NS) -> dict | None:
+    code, body = kube.request(f"/apis/{API}/namespaces/{namespace}/workloadsummaries/{name}")
+    return body if code == 200 else None  # type: ignore[return-value]
+
+
+def writes(svc: Service) -> float:
+    return sum(select(svc.scrape(), "nws_reconciler_writes_total").values())
+
+
+def test_design_doc_workflow(kube: LocalCluster, service: Service) -> None:
+    kube.kubectl("create", "deployment", "nginx", "--image=nginx", "--replicas=3", "-n", NS)
+    kube.kubectl("rollout", "status", "deployment/nginx", "-n", NS, "--timeout=60s", timeout=90)
+    wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 3, timeout=10)
+    header, row = table(kube, "workloads", "-n", NS)[:2]
+    assert header[:4] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE"]
+    assert row[:4] == ["nginx", "3", "deploy", "deployment.apps/v1"]
+    # nodeSummaryRefs count DISTINCT nodes per group, as the scheduler actually placed the pods.
+    pods = get_json(kube, "pods", "-n", NS, "-l", "app=nginx")["items"]
+    by_pool: dict[str, set[str]] = {}
+    for pod in pods:
+        node = pod["spec"]["nodeName"]
+        by_pool.setdefault(f"gke-nodepool-{node.split('-')[0]}", set()).add(node)
+    refs = {r["name"]: r["nodeCount"] for r in workload(kube, "nginx")["status"]["nodeSummaryRefs"]}  # type: ignore[index]
+    assert refs == {name: len(nodes) for name, nodes in by_pool.items()}
+    owner = workload(kube, "nginx")["metadata"]["ownerReferences"][0]  # type: ignore[index]
+    assert (owner["kind"], owner["name"]) == ("Deployment", "nginx")
+
+    rows = {r[0]: r for r in table(kube, "nodesummaries")[1:]}
+    assert rows["gke-nodepool-cpu"][1:4] == ["3", "3", "0"]  # NODES READY NOT-READY
+    assert rows["gke-nodepool-gpu"][1:4] == ["2", "2", "0"] and rows["gke-nodepool-gpu"][6] == "16"  # GPUs
+    s = summaries(kube)["gke-nodepool-tpu"]
+    assert s["spec"]["selector"] == {"matchLabels": {POOL: "tpu"}}
+    assert s["status"]["allocatable"]["google.com/tpu"] == "4" and s["status"]["nodeNamesPrefix"] == "tpu-0*"
+    assert s["metadata"]["ownerReferences"][0]["kind"] == "NodeSummarizer"
+    status = get_json(kube, "nodesummarizer", "gke-nodepool")["status"]
+    assert status["groupCount"] == 3 and status["conditions"][0]["status"] == "True"
+
+
+def _expected_refs(kube: LocalCluster, selector: str) -> dict[str, int]:
+    """Distinct nodes per NodeSummary, from where the controllers' pods actually landed."""
+    by_pool: dict[str, set[str]] = {}
+    for pod in get_json(kube, "pods", "-n", NS, "-l", selector)["items"]:
+        node = pod["spec"].get("nodeName")
+        if node:
+            by_pool.setdefault(f"gke-nodepool-{node.split('-')[0]}", set()).add(node)
+    return {name: len(nodes) for name, nodes in by_pool.items()}
+
+
+def _statefulset(kube: LocalCluster, name: str, owner: dict, replicas: int) -> dict:
+    template = {"metadata": {"labels": {"app": name, "chain": "llm"}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]}}
+    return create(kube, f"/apis/apps/v1/namespaces/{NS}/statefulsets", {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "ownerReferences": [owner_ref(owner)]},
+        "spec": {"replicas": replicas, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                 "template": template}})
+
+
+def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service) -> None:
+    """Real controllers make the pods: JobSet -> Job -> Pods, and the LeaderWorkerSet shape
+    LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet -> worker Pods."""
+    js = create(kube, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets",
+                {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train"}, "spec": {}})
+    create(kube, f"/apis/batch/v1/namespaces/{NS}/jobs", {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train-workers-0", "ownerReferences": [owner_ref(js)]},
+        "spec": {"parallelism": 4, "completions": 4, "template": {
+            "metadata": {"labels": {"chain": "train"}},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}})
+    lws = create(kube, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets",
+                 {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                  "metadata": {"name": "llm"}, "spec": {}})
+    _statefulset(kube, "llm", lws, 1)
+    wait_for(lambda: get_json(kube, "pods", "-n", NS, "-l", "app=llm")["items"], timeout=30)
+    leader = get_json(kube, "pods", "-n", NS, "-l", "app=llm")["items"][0]
+    _statefulset(kube, "llm-0", leader, 2)
+
+    wait_for(lambda: (workload(kube, "llm") or {}).get("status", {}).get("podCount") == 3, timeout=30)
+    wait_for(lambda: (workload(kube, "train") or {}).get("status", {}).get("podCount") == 4, timeout=30)
+    wait_for(lambda: {r["name"]: r["nodeCount"] for r in workload(kube, "train")["status"]["nodeSummaryRefs"]}
+             == _expected_refs(kube, "chain=train"), timeout=10)
+    wait_for(lambda: {r["name"]: r["nodeCount"] for r in workload(kube, "llm")["status"]["nodeSummaryRefs"]}
+             == _expected_refs(kube, "chain=llm"), timeout=10)
+    train = workload(kube, "train")["status"]  # type: ignore[index]
+    assert (train["shortType"], train["longType"]) == ("js", "jobset.jobset.x-k8s.io/v1alpha2")
+    llm = workload(kube, "llm")["status"]  # type: ignore[index]
+    assert (llm["shortType"], llm["longType"]) == ("lws", "leaderworkerset.leaderworkerset.x-k8s.io/v1")
+    # The StatefulSets and the Job are configured too, but not roots: no summaries of their own.
+    assert workload(kube, "llm-0") is None and workload(kube, "train-workers-0") is None
+    placement = workload(kube, "llm")["status"]["placement"]  # type: ignore[index]
+    assert placement in kube.kubectl("get", "workloads.ux", "-n", NS, "-o", "wide").stdout
+
+
+def test_node_moves_summaries_follow_and_go(kube: LocalCluster, service: Service) -> None:
+    set_node_labels(kube, "gpu-1", {POOL: "tpu"})
+    wait_for(lambda: summaries(kube)["gke-nodepool-tpu"]["status"]["nodeCount"] == 2, timeout=10)
+    assert summaries(kube)["gke-nodepool-gpu"]["status"]["nodeCount"] == 1
+    delete(kube, "/api/v1/nodes/gpu-0")  # the last node of the gpu group
+    wait_for(lambda: "gke-nodepool-gpu" not in summaries(kube), timeout=10)
+    # A summarizer created and deleted takes its summaries with it.
+    create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
+                                                  "metadata": {"name": "zone"},
+                                                  "spec": {"labelKey": "topology.kubernetes.io/zone"}})
+    wait_for(lambda: len([n for n in summaries(kube) if n.startswith("zone-")]) == 3, timeout=10)
+    delete(kube, f"/apis/{API}/nodesummarizers/zone")
+    wait_for(lambda: not [n for n in summaries(kube) if n.startswith("zone-")], timeout=15)
+
+
+def test_user_edits_are_restored(kube: LocalCluster, service: Service) -> None:
+    ok(kube.request(f"/apis/{API}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+                    {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
+    wait_for(lambda: summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3, timeout=10)
+    delete(kube, f"/apis/{API}/namespaces/{NS}/workloadsummaries/nginx")
+    wait_for(lambda: workload(kube, "nginx") is not None, timeout=10)
+
+
+def test_no_writes_when_quiet(service: Service) -> None:
+    wait_for(lambda: writes(service) == writes(service), timeout=5)
+    before = writes(service)
+    time.sleep(5)
+    assert writes(service) == before
+
+
+def test_two_replicas_one_writer_and_failover(kube: LocalCluster, service: Service) -> None:
+    standby = Service(kube, ("--identity=replica-b", *FAST_LEASE)).start()
+    try:
+        def leader(svc: Service) -> float | None:
+            return select(svc.scrape(), "nws_reconciler_leader").get(frozenset())
+
+        assert leader(service) == 1 and leader(standby) == 0
+        kube.kubectl("scale", "deployment/nginx", "-n", NS, "--replicas=4")
+        wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 4, timeout=20)
+        assert writes(standby) == 0  # the standby watched everything and wrote nothing
+        service.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # no graceful release
+        killed = time.monotonic()
+        took = wait_for(lambda: leader(standby) == 1, timeout=20)
+        print(f"standby took over {took:.1f}s after the leader was killed")
+        assert time.monotonic() - killed <= 6 + 2 * 1 + 1  # lease duration + 2 retry periods + slack
+        kube.kubectl("scale", "deployment/nginx", "-n", NS, "--replicas=5")
+        wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 5, timeout=20)
+        assert writes(standby) > 0
+        holder = get_json(kube, "lease", "node-workload-summary", "-n", "default")["spec"]["holderIdentity"]
+        assert holder == "replica-b"
+        assert summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3
+    finally:
+        standby.stop()
