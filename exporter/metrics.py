@@ -11,6 +11,7 @@ Families (prefix ``nws_``) are documented in README.md; every one of them is lis
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -75,8 +76,8 @@ F_NOT_SERVED = Family("kind_not_served", "gauge", "1 for each configured or refe
 F_CAP = Family("workload_series_limit", "gauge", "The cap on workloads with series of their own.")
 F_WORKLOADS = Family("workloads", "gauge", "Root workloads known to the index.")
 F_OVERFLOW = Family("workload_series_overflow", "gauge",
-                    "Workloads beyond the cap, folded into the workload=\"other\" series.")
-F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into \"other\".")
+                    "Workloads beyond the cap, folded into the workload=other series.")
+F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into the other series.")
 F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
 F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
 F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version.")
@@ -129,9 +130,18 @@ def _workload_lines(base: str, pods: dict[str, int], group_nodes: dict[tuple[str
     )
 
 
-def workload_chunks(agg: WorkloadAgg) -> tuple[str, str]:
-    return _workload_lines(_labels(namespace=agg.namespace, workload=agg.name, kind=agg.kind),
-                           agg.pods, agg.group_nodes)
+def workload_chunks(agg: WorkloadAgg, kind: str) -> tuple[str, str]:
+    return _workload_lines(_labels(namespace=agg.namespace, workload=agg.name, kind=kind), agg.pods, agg.group_nodes)
+
+
+def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """The `kind` label per configured (group, kind): the bare kind, or `Kind.group` where two
+    configured groups share a kind (batch Job and batch.volcano.sh Job), so series never collide."""
+    types = list(types)
+    counts: dict[str, int] = {}
+    for _, kind in types:
+        counts[kind] = counts.get(kind, 0) + 1
+    return {(g, k): k if counts[k] == 1 or not g else f"{k}.{g}" for g, k in types}
 
 
 class Renderer:
@@ -146,7 +156,7 @@ class Renderer:
         self.version = version
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         self._groups: dict[tuple[str, str], tuple[int, tuple[str, ...]]] = {}
-        self._workloads: dict[str, tuple[int, tuple[str, str]]] = {}
+        self._workloads: dict[str, tuple[int, str, tuple[str, str]]] = {}
         self._slots: set[str] = set()  # workloads that have series of their own
         self._overflowed: set[str] = set()
         self.dropped_total = 0
@@ -181,11 +191,12 @@ class Renderer:
             hit = self._groups[key] = (agg.generation, group_chunks(agg))
         return hit[1]
 
-    def _cached_workload(self, agg: WorkloadAgg) -> tuple[str, str]:
+    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, str]:
+        kind = kinds.get((agg.group, agg.kind), agg.kind)
         hit = self._workloads.get(agg.uid)
-        if hit is None or hit[0] != agg.generation:
-            hit = self._workloads[agg.uid] = (agg.generation, workload_chunks(agg))
-        return hit[1]
+        if hit is None or hit[0] != agg.generation or hit[1] != kind:
+            hit = self._workloads[agg.uid] = (agg.generation, kind, workload_chunks(agg, kind))
+        return hit[2]
 
     # -- render ---------------------------------------------------------------------------------
 
@@ -200,7 +211,8 @@ class Renderer:
             out.extend(chunks[i] for chunks in groups)
 
         overflow = self._assign_slots()
-        workloads = [self._cached_workload(self.index.workloads[uid]) for uid in self._slots]
+        kinds = kind_labels(self.index.workload_types)
+        workloads = [self._cached_workload(self.index.workloads[uid], kinds) for uid in self._slots]
         for uid in self._workloads.keys() - self._slots:
             del self._workloads[uid]
         if overflow:

@@ -200,7 +200,9 @@ class ClusterIndex:
         types: dict[GroupKind, WorkloadTypeInfo] = {}
         for name in sorted(self.workload_summarizers):
             for t in self.workload_summarizers[name]:
-                types.setdefault((t.group, t.kind), WorkloadTypeInfo(name, t.group, t.kind, t.version, t.shortType))
+                if (t.group, t.kind) != POD:  # pods are what is summarized, never a workload
+                    types.setdefault((t.group, t.kind),
+                                     WorkloadTypeInfo(name, t.group, t.kind, t.version, t.shortType))
         self.workload_types = types
         self.graph.set_configured(types)  # redoes only the vertices of kinds that changed
 

@@ -81,7 +81,9 @@ class OwnerGraph:
             self._link(uid, parent)
         else:
             return vertex.res  # the common case: a status update that leaves the edge alone
-        self._refresh([vertex])
+        # The children too, even if this vertex's answer stays: a new edge can close a cycle
+        # through them.
+        self._refresh([*self._child_vertices(uid), vertex])
         return vertex.res
 
     def delete(self, uid: str) -> None:

@@ -15,6 +15,7 @@ _SUFFIX = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
     "Pi": Decimal(2**50), "Ei": Decimal(2**60),
 }
+_LIMIT = Decimal(2**63)
 _BINARY = (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10))
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)(?:([eE][+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?)$")
 
@@ -36,6 +37,8 @@ def parse_nano(text: str | int | float) -> int:
         value = Decimal(number + (exponent or "")) * _SUFFIX[suffix or ""]
     except InvalidOperation as err:
         raise QuantityError(f"invalid quantity {text!r}") from err
+    if abs(value) > _LIMIT:  # beyond anything real (Kubernetes itself caps at int64)
+        raise QuantityError(f"quantity {text!r} out of range")
     return int((value * NANO).to_integral_value(rounding=ROUND_CEILING))
 
 
@@ -43,7 +46,7 @@ def parse_or_zero(text: str | int | float) -> int:
     """Bad input in one object's quantity must not stop the index: count it as zero."""
     try:
         return parse_nano(text)
-    except QuantityError:
+    except (QuantityError, ArithmeticError, ValueError):  # e.g. "1e999999999" overflows
         return 0
 
 

@@ -100,6 +100,7 @@ class Reflector(Generic[T]):
         self.store: dict[str, str] = {}  # key -> resourceVersion
         self.synced = asyncio.Event()
         self.resource_version = ""
+        self.last_error_status = 0  # HTTP status of the last failed request (0: none)
         self._item = msgspec.json.Decoder(item_type)
         self._list = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
         self._event = msgspec.json.Decoder(RawEvent)
@@ -116,20 +117,34 @@ class Reflector(Generic[T]):
                 if need_list:
                     await self._list_and_sync()
                     need_list = False
+                    self.last_error_status = 0
                     self.synced.set()
                     self.stats.synced = True
+                started = time.monotonic()
                 await self._watch()
-                attempt = 0  # a watch that ended by its timeout: start the next one at once
+                if time.monotonic() - started > 1:
+                    attempt = 0  # a watch that ran its course: start the next one at once
+                else:  # closed at once: do not spin
+                    self.stats.restart("closed")
+                    await sleep_jittered(attempt)
+                    attempt += 1
             except Gone:
                 self.stats.restart("gone")
                 log.info("%s: resourceVersion %s expired (410), relisting", self.name, self.resource_version)
                 need_list = True
-            except (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError) as err:
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
                 reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
+                expected = (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError)
                 if isinstance(err, ApiError):
                     reason = f"http_{err.status}"
+                    self.last_error_status = err.status
                 self.stats.restart(reason)
-                if self.stats.restarts[reason] == 1 or attempt < 3:  # say it clearly, then quietly retry
+                if not isinstance(err, expected):
+                    log.exception("%s: unexpected error; relisting after backoff", self.name)
+                    need_list = True
+                elif self.stats.restarts[reason] == 1 or attempt < 3:  # say it clearly, then quietly retry
                     log.warning("%s: %s %s: %s; retrying with backoff", self.name,
                                 "LIST" if need_list else "WATCH", self.path, _explain(err))
                 await sleep_jittered(attempt)
@@ -173,6 +188,8 @@ class Reflector(Generic[T]):
             seen[key] = meta.resourceVersion
             if self.store.get(key) != meta.resourceVersion:
                 self.handler.upsert(obj)
+                # Recorded at once: if this LIST fails later, the retry's diff still deletes it.
+                self.store[key] = meta.resourceVersion
             if i % self.settings.yield_every == self.settings.yield_every - 1:
                 await asyncio.sleep(0)  # decoding is CPU-bound: let /metrics and other loops run
         self.stats.last_event = time.time()
@@ -213,8 +230,8 @@ class Reflector(Generic[T]):
         key = object_key(meta)
         self.resource_version = meta.resourceVersion
         if kind == "DELETED":
-            if self.store.pop(key, None) is not None:
-                self.handler.delete(key)
+            self.store.pop(key, None)
+            self.handler.delete(key)  # idempotent downstream
         else:
             self.store[key] = meta.resourceVersion
             self.handler.upsert(obj)

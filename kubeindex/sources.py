@@ -15,7 +15,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import ApiClient, ApiError, ApiResource
+from .api import ApiClient, ApiResource
 from .index import ClusterIndex
 from .objects import Node, NodeSummarizer, PartialObject, Pod, WorkloadSummarizer
 from .owners import POD, GroupKind
@@ -93,15 +93,23 @@ class Sources:
             await asyncio.sleep(0.05)
             if self._pending_kinds:
                 continue
-            if all(r.synced.is_set() for r in self.reflectors.values()):
+            if all(self._settled(r) for r in self.reflectors.values()):
                 # Let owner kinds found in the last lists start before declaring victory.
                 await asyncio.sleep(0)
-                if not self._pending_kinds and all(r.synced.is_set() for r in self.reflectors.values()):
+                if not self._pending_kinds and all(self._settled(r) for r in self.reflectors.values()):
                     break
         self.sync_seconds = time.monotonic() - self.started_at
         log.info("initial sync complete in %.2fs: %d nodes, %d pods, %d owner kinds",
                  self.sync_seconds, len(self.index.nodes), len(self.index.pods), len(self.owner_resources))
         self.ready.set()
+
+    def _settled(self, reflector: Reflector) -> bool:
+        """Listed, or an owner kind we are not allowed to list (it must not hold readiness hostage;
+        its pods count as missing_owner and the reflector keeps retrying)."""
+        if reflector.synced.is_set():
+            return True
+        is_owner = reflector.name not in ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
+        return is_owner and reflector.last_error_status in (401, 403, 404)
 
     # -- owner kinds -----------------------------------------------------------------------------
 
@@ -129,8 +137,8 @@ class Sources:
                     else:
                         resource = await self.api.preferred_resource(api_version_or_group, kind, version)
                     break
-                except (ApiError, OSError, TimeoutError) as err:
-                    log.warning("discovery of %s %s failed: %s", api_version_or_group, kind, err)
+                except Exception as err:
+                    log.warning("discovery of %s %s failed: %r", api_version_or_group, kind, err)
                     await asyncio.sleep(0.5 * 2**attempt)
             else:
                 resource = None
@@ -186,7 +194,7 @@ class Sources:
         self.summarizers.workload[obj.metadata.name] = obj
         self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes)
         for t in obj.spec.workloadTypes:  # watch configured kinds too: workloads with no pods exist
-            if (t.group, t.kind) not in self.owner_resources:
+            if (t.group, t.kind) not in self.owner_resources and (t.group, t.kind) != POD:
                 self._request_kind(t.group, t.kind, exact=False, version=t.version)
 
     def _workload_summarizer_deleted(self, name: str) -> None:

@@ -89,3 +89,11 @@ def test_desired_state_from_index() -> None:
                                                        "name": "web", "uid": "d1"}]
     # A summarizer not yet seen (no uid) or a type not served gives no objects.
     assert desired_state(index, {}, {}) == []
+
+
+def test_kind_label_qualified_only_where_kinds_collide() -> None:
+    from exporter.metrics import kind_labels
+
+    labels = kind_labels([("batch", "Job"), ("batch.volcano.sh", "Job"), ("apps", "Deployment")])
+    assert labels == {("batch", "Job"): "Job.batch", ("batch.volcano.sh", "Job"): "Job.batch.volcano.sh",
+                      ("apps", "Deployment"): "Deployment"}

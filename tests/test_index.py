@@ -318,3 +318,17 @@ def test_incremental_equals_recomputation(seed: int) -> None:
         if step % 5 == 0:
             assert snapshot(scenario.index) == recompute(scenario.world), f"seed {seed}, step {step}"
     assert snapshot(scenario.index) == recompute(scenario.world)
+
+
+def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("", "Pod"), ("apps", "Deployment")))
+    index.upsert_pod(make_pod("p", "p1"))
+    assert index.workloads == {} and index.unresolved == {NONE: 1}
+
+
+def test_bad_quantities_count_as_zero() -> None:
+    from kubeindex.quantity import parse_or_zero
+
+    for bad in ("1e999999999", "1E400000", "abc", "", "1.2.3Gi"):
+        assert parse_or_zero(bad) == 0, bad
