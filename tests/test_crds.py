@@ -129,6 +129,12 @@ def test_resource_name_instead_of_kind_rejected(cluster: LocalCluster) -> None:
     assert "spec.workloadTypes[0].kind" in out and "CamelCase" in out, out
 
 
+def test_pod_as_workload_type_rejected(cluster: LocalCluster) -> None:
+    code, out = _create(cluster, _workloadsummarizer("pods", [{"kind": "Pod"}]))
+    assert code != 0
+    assert "spec.workloadTypes[0]" in out and "Pod is not a workload type" in out, out
+
+
 def test_duplicate_workload_type_rejected(cluster: LocalCluster) -> None:
     types = [{"group": "apps", "kind": "Deployment"}, {"group": "apps", "kind": "Deployment", "shortType": "d"}]
     code, out = _create(cluster, _workloadsummarizer("dup", types))
