@@ -5,7 +5,9 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: help install binaries test unit lint demo cluster clean
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: help install binaries tools test unit lint demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -21,7 +23,14 @@ install: $(STAMP)  ## create the virtualenv and install the project with its tes
 binaries: install  ## build (or reuse) etcd, kube-apiserver, kubectl, ... from their Go modules
 	$(BIN)/localkube build
 
-test: binaries  ## lint, then run every test (unit and against the local control plane)
+tools:  ## Debian's prometheus package (prometheus + promtool) for the alert and dashboard tests
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  echo "installing Debian's prometheus package (promtool, prometheus) ..."; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@promtool --version 2>&1 | head -1
+
+test: binaries tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 

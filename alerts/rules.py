@@ -1,0 +1,142 @@
+"""The alert rules, in one place: a plain Prometheus rules file and a PrometheusRule object are
+both generated from ALERTS below (``python -m alerts``). Thresholds and durations are parameters,
+so tests and the demo can render the same rules with short durations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    not_ready_fraction: float = 0.2  # NodeGroupNotReady above this fraction of NotReady/Unknown nodes
+    not_ready_for: str = "10m"
+    down_for: str = "3m"
+    shrink_fraction: float = 0.3  # NodeGroupShrunk: lost more than this fraction against an hour ago
+    shrink_for: str = "5m"
+    pending_for: str = "15m"
+    failed_for: str = "5m"
+    exporter_down_for: str = "5m"
+    stale_seconds: int = 600  # no watch event or bookmark for this long
+    stale_for: str = "5m"
+    job: str = "node-workload-summary"  # the scrape job of the exporter
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    expr: str
+    duration: str
+    severity: str
+    summary: str
+    description: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def rule(self) -> dict[str, Any]:
+        return {
+            "alert": self.name,
+            "expr": self.expr,
+            "for": self.duration,
+            "labels": {"severity": self.severity, **self.labels},
+            "annotations": {
+                "summary": self.summary,
+                "description": self.description,
+                "runbook": f"README.md, Runbooks: {self.name}",
+            },
+        }
+
+
+GROUP_BY = "summarizer, group"
+PAST = "max_over_time(nws_nodegroup_nodes[1h] offset 5m)"  # the group's size in the hour before
+
+
+def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
+    not_ready = f'sum by ({GROUP_BY}) (nws_nodegroup_nodes_by_condition{{condition!="Ready"}})'
+    nodes = f"sum by ({GROUP_BY}) (nws_nodegroup_nodes)"
+    return [
+        Alert(
+            "NodeGroupNotReady",
+            f"{not_ready} / {nodes} > {t.not_ready_fraction}",
+            t.not_ready_for, "warning",
+            "Node group {{ $labels.group }} has NotReady nodes",
+            "{{ $value | humanizePercentage }} of the nodes of node group {{ $labels.group }} (summarizer "
+            "{{ $labels.summarizer }}) are NotReady or Unknown.",
+        ),
+        Alert(
+            "NodeGroupDown",
+            f'{nodes} > 0 and sum by ({GROUP_BY}) (nws_nodegroup_nodes_by_condition{{condition="Ready"}}) == 0',
+            t.down_for, "critical",
+            "Every node of node group {{ $labels.group }} is NotReady",
+            "All {{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) "
+            "are NotReady or Unknown: nothing can run there.",
+        ),
+        Alert(
+            "NodeGroupShrunk",
+            f"({PAST} - nws_nodegroup_nodes) / {PAST} > {t.shrink_fraction}"
+            f" or ({PAST} unless nws_nodegroup_nodes) / {PAST}",  # the whole group went away
+            t.shrink_for, "warning",
+            "Node group {{ $labels.group }} lost nodes",
+            "Node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) has lost "
+            "{{ $value | humanizePercentage }} of its nodes against its size in the past hour.",
+        ),
+        Alert(
+            "WorkloadPodsPending",
+            'nws_workload_pods{phase="Pending", workload!="other"} > 0',
+            t.pending_for, "warning",
+            "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Pending pods",
+            "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} have been "
+            "Pending (unscheduled or not started) for " + t.pending_for + ".",
+        ),
+        Alert(
+            "WorkloadPodsFailed",
+            'nws_workload_pods{phase="Failed", workload!="other"} > 0',
+            t.failed_for, "warning",
+            "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Failed pods",
+            "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} are in "
+            "phase Failed.",
+        ),
+        Alert(
+            "NodeWorkloadSummaryDown",
+            f'absent(up{{job="{t.job}"}} == 1)',
+            t.exporter_down_for, "critical",
+            "node-workload-summary is not scraped",
+            f'No target of job {t.job} is up: node-group and workload metrics and alerts are blind.',
+        ),
+        Alert(
+            "NodeWorkloadSummaryWatchStale",
+            f'max by (resource) (nws_watch_last_event_age_seconds{{resource=~"nodes|pods"}}) > {t.stale_seconds}',
+            t.stale_for, "warning",
+            "node-workload-summary's {{ $labels.resource }} watch is stale",
+            "No event or bookmark on the {{ $labels.resource }} watch for {{ $value | humanizeDuration }}: "
+            "its metrics may be out of date.",
+        ),
+        Alert(
+            "NodeWorkloadSummarySeriesCapReached",
+            "max(nws_workload_series_overflow) > 0",
+            "15m", "info",
+            "Workload series cap reached",
+            "{{ $value }} workloads are folded into workload=\"other\": raise --max-workload-series.",
+        ),
+        Alert(
+            "NodeWorkloadSummaryWriteErrors",
+            "sum(rate(nws_reconciler_write_errors_total[5m])) > 0.1",
+            "15m", "warning",
+            "node-workload-summary cannot write summaries",
+            "The reconciler fails {{ $value | humanize }} writes per second: check its log and RBAC.",
+        ),
+    ]
+
+
+def rules_file(t: Thresholds = Thresholds()) -> dict[str, Any]:
+    return {"groups": [{"name": "node-workload-summary", "rules": [a.rule() for a in alerts(t)]}]}
+
+
+def prometheus_rule(t: Thresholds = Thresholds(), namespace: str = "node-workload-summary") -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PrometheusRule",
+        "metadata": {"name": "node-workload-summary", "namespace": namespace,
+                     "labels": {"app.kubernetes.io/name": "node-workload-summary", "role": "alert-rules"}},
+        "spec": rules_file(t),
+    }

@@ -1,0 +1,73 @@
+"""A real Prometheus (Debian's `prometheus` package, installed by `make tools`) on loopback,
+scraping node-workload-summary and evaluating its alert rules: for tests and the demo."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from .cluster import ClusterError, Process, _wait, free_port
+
+
+class Prometheus:
+    def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path], interval: str = "1s",
+                 job: str = "node-workload-summary") -> None:
+        self.workdir = workdir
+        self.targets = targets
+        self.rule_files = rule_files
+        self.interval = interval
+        self.job = job
+        self.port = 0
+        self.process: Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60) -> Prometheus:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            raise ClusterError("prometheus is not installed: run `make tools` (Debian's prometheus package)")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = {
+            "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
+            "rule_files": [str(p) for p in self.rule_files],
+            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": self.targets}]}],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.port = free_port()
+        self.process = Process("prometheus", [
+            binary, f"--config.file={self.workdir / 'prometheus.yml'}",
+            f"--storage.tsdb.path={self.workdir / 'data'}", f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1d", "--log.level=warn",
+        ], self.workdir)
+        self.process.start()
+        _wait("prometheus /-/ready", lambda: self._get("/-/ready")[0] == 200, timeout, [self.process])
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def _get(self, path: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as err:
+            return err.code, err.read()
+
+    def api(self, path: str) -> dict:
+        code, body = self._get(path)
+        if code != 200:
+            raise ClusterError(f"prometheus {path}: HTTP {code}: {body[:200]!r}")
+        return json.loads(body)["data"]
+
+    def alerts(self, state: str | None = "firing") -> list[dict]:
+        return [a for a in self.api("/api/v1/alerts")["alerts"] if state is None or a["state"] == state]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.api("/api/v1/query?query=" + urllib.request.quote(expr))["result"]
