@@ -40,8 +40,8 @@ unit: install  ## only the tests that need no cluster
 lint: install  ## ruff
 	$(BIN)/ruff check .
 
-demo: binaries  ## start a local control plane with the CRDs and example summarizers (Ctrl-C stops it)
-	$(BIN)/localkube up --full --crds crds --apply examples
+demo: binaries tools  ## the local demo: node pools, workloads, the service and Prometheus (Ctrl-C stops it)
+	$(BIN)/python -m demo
 
 cluster: binaries  ## start a bare local control plane for debugging (prints the kubeconfig path)
 	$(BIN)/localkube up

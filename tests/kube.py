@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
+from demo.workloads import create, ok, owner_ref
 from localkube.cluster import LocalCluster
 
-
-def ok(result: tuple[int, object]) -> dict:
-    code, body = result
-    assert 200 <= code < 300, (code, body)
-    return body  # type: ignore[return-value]
+__all__ = ["create", "create_node", "create_pod", "delete", "ok", "owner_ref", "set_node_labels", "set_node_status"]
 
 
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",
@@ -34,15 +31,6 @@ def set_node_status(cluster: LocalCluster, name: str, ready: str, allocatable: d
 def set_node_labels(cluster: LocalCluster, name: str, labels: dict[str, str | None]) -> dict:
     return ok(cluster.request(f"/api/v1/nodes/{name}", "PATCH", {"metadata": {"labels": labels}},
                               content_type="application/merge-patch+json"))
-
-
-def owner_ref(obj: dict) -> dict:
-    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
-            "uid": obj["metadata"]["uid"], "controller": True}
-
-
-def create(cluster: LocalCluster, path: str, obj: dict) -> dict:
-    return ok(cluster.request(path, "POST", obj))
 
 
 def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "", phase: str = "Running",

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, wait_for
-from tests.conftest import CRDS, EXAMPLES, ROOT
-from tests.kube import create, delete, ok, owner_ref, set_node_labels
+from tests.conftest import CRDS, EXAMPLES
+from tests.kube import create, delete, ok, set_node_labels
 
 API = "ux.sean.example.com/v1alpha1"
 POOL = "cloud.google.com/gke-nodepool"
@@ -21,26 +22,21 @@ NS = "ml"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 
 
-def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str]) -> None:
-    ok(cluster.request("/api/v1/nodes", "POST", {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {POOL: pool, "topology.kubernetes.io/zone": f"zone-{name[-1]}"},
-                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
-        "status": {"allocatable": allocatable, "capacity": allocatable},
-    }))
+def zone_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str]) -> None:
+    kwok_node(cluster, name, pool, allocatable, {"topology.kubernetes.io/zone": f"zone-{name[-1]}"})
 
 
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     with LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True), binaries) as c:
         c.install_crds(CRDS)
-        c.install_crds(ROOT / "tests" / "manifests" / "workload-crds.yaml")
+        c.install_crds(EXAMPLES / "stand-ins" / "workload-crds.yaml")
         cpu = {"cpu": "16", "memory": "64Gi", "pods": "110"}
         for i in range(3):
-            kwok_node(c, f"cpu-{i}", "cpu", cpu)
+            zone_node(c, f"cpu-{i}", "cpu", cpu)
         for i in range(2):
-            kwok_node(c, f"gpu-{i}", "gpu", cpu | {"nvidia.com/gpu": "8"})
-        kwok_node(c, "tpu-0", "tpu", cpu | {"google.com/tpu": "4"})
+            zone_node(c, f"gpu-{i}", "gpu", cpu | {"nvidia.com/gpu": "8"})
+        zone_node(c, "tpu-0", "tpu", cpu | {"google.com/tpu": "4"})
         c.kubectl("apply", "-f", str(EXAMPLES))
         create(c, f"/apis/{API}/workloadsummarizers", {
             "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "core"},
@@ -114,34 +110,11 @@ def _expected_refs(kube: LocalCluster, selector: str) -> dict[str, int]:
     return {name: len(nodes) for name, nodes in by_pool.items()}
 
 
-def _statefulset(kube: LocalCluster, name: str, owner: dict, replicas: int) -> dict:
-    template = {"metadata": {"labels": {"app": name, "chain": "llm"}},
-                "spec": {"containers": [{"name": "c", "image": "x"}]}}
-    return create(kube, f"/apis/apps/v1/namespaces/{NS}/statefulsets", {
-        "apiVersion": "apps/v1", "kind": "StatefulSet",
-        "metadata": {"name": name, "ownerReferences": [owner_ref(owner)]},
-        "spec": {"replicas": replicas, "serviceName": name, "selector": {"matchLabels": {"app": name}},
-                 "template": template}})
-
-
 def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service) -> None:
     """Real controllers make the pods: JobSet -> Job -> Pods, and the LeaderWorkerSet shape
     LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet -> worker Pods."""
-    js = create(kube, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets",
-                {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "train"}, "spec": {}})
-    create(kube, f"/apis/batch/v1/namespaces/{NS}/jobs", {
-        "apiVersion": "batch/v1", "kind": "Job",
-        "metadata": {"name": "train-workers-0", "ownerReferences": [owner_ref(js)]},
-        "spec": {"parallelism": 4, "completions": 4, "template": {
-            "metadata": {"labels": {"chain": "train"}},
-            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x"}]}}}})
-    lws = create(kube, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{NS}/leaderworkersets",
-                 {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-                  "metadata": {"name": "llm"}, "spec": {}})
-    _statefulset(kube, "llm", lws, 1)
-    wait_for(lambda: get_json(kube, "pods", "-n", NS, "-l", "app=llm")["items"], timeout=30)
-    leader = get_json(kube, "pods", "-n", NS, "-l", "app=llm")["items"][0]
-    _statefulset(kube, "llm-0", leader, 2)
+    jobset_chain(kube, NS, "train", jobs=1, parallelism=4, labels={"chain": "train"})
+    leaderworkerset_chain(kube, NS, "llm", workers=2, labels={"chain": "llm"})
 
     wait_for(lambda: (workload(kube, "llm") or {}).get("status", {}).get("podCount") == 3, timeout=30)
     wait_for(lambda: (workload(kube, "train") or {}).get("status", {}).get("podCount") == 4, timeout=30)

@@ -1,0 +1,90 @@
+"""Build node pools and workload shapes on a local control plane through its API: shared by the
+demo and the tests. Real controllers do the rest (Deployment -> ReplicaSet -> Pods, Job -> Pods,
+StatefulSet -> Pods); KWOK plays the kubelets of nodes annotated kwok.x-k8s.io/node=fake."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from localkube.cluster import ClusterError, LocalCluster
+
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+def ok(result: tuple[int, Any]) -> dict:
+    code, body = result
+    if not 200 <= code < 300:
+        raise ClusterError(f"API request failed: HTTP {code}: {body}")
+    return body
+
+
+def create(cluster: LocalCluster, path: str, obj: dict) -> dict:
+    return ok(cluster.request(path, "POST", obj))
+
+
+def owner_ref(obj: dict) -> dict:
+    return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
+            "uid": obj["metadata"]["uid"], "controller": True}
+
+
+def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str],
+              labels: dict[str, str] | None = None) -> dict:
+    return create(cluster, "/api/v1/nodes", {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {POOL_LABEL: pool, **(labels or {})},
+                     "annotations": {"kwok.x-k8s.io/node": "fake"}},
+        "status": {"allocatable": allocatable, "capacity": allocatable},
+    })
+
+
+def statefulset(cluster: LocalCluster, namespace: str, name: str, owner: dict | None, replicas: int,
+                labels: dict[str, str] | None = None) -> dict:
+    template = {"metadata": {"labels": {"app": name, **(labels or {})}},
+                "spec": {"containers": [{"name": "main", "image": "example.com/server:v1"}]}}
+    meta: dict = {"name": name}
+    if owner is not None:
+        meta["ownerReferences"] = [owner_ref(owner)]
+    return create(cluster, f"/apis/apps/v1/namespaces/{namespace}/statefulsets", {
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta,
+        "spec": {"replicas": replicas, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                 "template": template}})
+
+
+def jobset_chain(cluster: LocalCluster, namespace: str, name: str, jobs: int, parallelism: int,
+                 labels: dict[str, str] | None = None, node_selector: dict[str, str] | None = None) -> dict:
+    """A JobSet-shaped chain: JobSet (custom resource) -> Jobs -> Pods."""
+    js = create(cluster, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets",
+                {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": {}})
+    for j in range(jobs):
+        pod_spec: dict = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "example.com/train:v1"}]}
+        if node_selector:
+            pod_spec["nodeSelector"] = node_selector
+        create(cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": f"{name}-workers-{j}", "ownerReferences": [owner_ref(js)]},
+            "spec": {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
+                     "template": {"metadata": {"labels": labels or {}}, "spec": pod_spec}}})
+    return js
+
+
+def leaderworkerset_chain(cluster: LocalCluster, namespace: str, name: str, workers: int,
+                          labels: dict[str, str] | None = None) -> dict:
+    """The LeaderWorkerSet shape: LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet ->
+    worker Pods (the worker StatefulSet is created once the leader pod exists)."""
+    lws = create(cluster, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets",
+                 {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+                  "metadata": {"name": name}, "spec": {}})
+    statefulset(cluster, namespace, name, lws, 1, labels)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        code, leader = cluster.request(f"/api/v1/namespaces/{namespace}/pods/{name}-0")
+        if code == 200:
+            break
+        time.sleep(0.2)
+    else:
+        raise ClusterError(f"the leader pod {name}-0 did not appear")
+    leader.setdefault("apiVersion", "v1")  # type: ignore[union-attr]
+    leader.setdefault("kind", "Pod")  # type: ignore[union-attr]
+    statefulset(cluster, namespace, f"{name}-0", leader, workers, labels)  # type: ignore[arg-type]
+    return lws

@@ -1,0 +1,70 @@
+"""The README's main command, small and time-boxed: it starts, shows NodeSummaries and workloads,
+its NotReady instructions work, and it exits leaving nothing behind."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from localkube.build import ensure_binaries
+from localkube.service import wait_for
+from tests.conftest import ROOT
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(cmdline[:160])
+    return found
+
+
+def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
+    ensure_binaries()
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--nodes-per-pool", "2", "--duration", "90"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("Press Ctrl-C"):
+                break
+        out = "".join(lines)
+        assert "Ready in" in out, out
+        summaries = re.search(r"\$ kubectl get nodesummaries\n(.*?)\n\n", out, re.S).group(1).splitlines()  # type: ignore[union-attr]
+        assert summaries[0].split()[:4] == ["NAME", "NODES", "READY", "NOT"]
+        assert {row.split()[0] for row in summaries[1:]} == {"gke-nodepool-cpu", "gke-nodepool-gpu", "gke-nodepool-tpu"}
+        workloads = re.search(r"\$ kubectl get workloads.ux -A\n(.*?)\n\n", out, re.S).group(1).splitlines()  # type: ignore[union-attr]
+        names = {row.split()[1]: row.split()[3] for row in workloads[1:]}
+        assert names == {"web": "deploy", "nightly-report": "job", "train": "js", "llm": "lws"}, workloads
+
+        # The printed NotReady instruction works: the gpu pool's NodeSummary shows it.
+        command = next(line.strip() for line in lines if "node-not-ready.stage.kwok.x-k8s.io=true" in line)
+        subprocess.run(command.split(), check=True, capture_output=True)
+        kubectl = command.split()[:3]
+        wait_for(lambda: subprocess.run([*kubectl, "get", "nodesummary", "gke-nodepool-gpu", "-o",
+                                         "jsonpath={.status.conditions[?(@.type=='NotReady')].count}"],
+                                        capture_output=True, text=True).stdout == "2", timeout=30)
+        workdir = re.search(r"export KUBECONFIG=(\S+)/kubeconfig", out).group(1)  # type: ignore[union-attr]
+        assert _processes_mentioning(workdir)  # the demo's control plane is running
+
+        demo.send_signal(2)  # Ctrl-C
+        demo.wait(timeout=60)
+        assert demo.returncode == 0
+        time.sleep(0.5)
+        assert _processes_mentioning(workdir) == []
+        assert not Path(workdir).exists()
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
