@@ -51,7 +51,9 @@ class Connection:
 
     def headers(self) -> dict[str, str]:
         # get_api_key_with_prefix runs the refresh hook: rotated in-cluster tokens are picked up.
-        token = self._config.get_api_key_with_prefix("authorization")
+        token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
+        if token and not token.startswith("Bearer "):
+            token = f"Bearer {token}"
         return {"Authorization": token} if token else {}
 
 
