@@ -38,10 +38,27 @@ def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str
     })
 
 
+def pod_template(labels: dict[str, str]) -> dict:
+    container = {"name": "main", "image": "example.com/server:v1"}
+    return {"metadata": {"labels": labels}, "spec": {"containers": [container]}}
+
+
+def deployment_chain(cluster: LocalCluster, namespace: str, name: str) -> tuple[dict, dict]:
+    """A Deployment and a ReplicaSet it owns, written directly (no controller needed): pods created
+    with an ownerReference to the ReplicaSet then belong to the Deployment."""
+    labels = {"app": name}
+    spec = {"selector": {"matchLabels": labels}, "template": pod_template(labels)}
+    deploy = create(cluster, f"/apis/apps/v1/namespaces/{namespace}/deployments",
+                    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name}, "spec": spec})
+    rs = create(cluster, f"/apis/apps/v1/namespaces/{namespace}/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": f"{name}-1", "ownerReferences": [owner_ref(deploy)]}, "spec": spec})
+    return deploy, rs
+
+
 def statefulset(cluster: LocalCluster, namespace: str, name: str, owner: dict | None, replicas: int,
                 labels: dict[str, str] | None = None) -> dict:
-    template = {"metadata": {"labels": {"app": name, **(labels or {})}},
-                "spec": {"containers": [{"name": "main", "image": "example.com/server:v1"}]}}
+    template = pod_template({"app": name, **(labels or {})})
     meta: dict = {"name": name}
     if owner is not None:
         meta["ownerReferences"] = [owner_ref(owner)]
