@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from localkube.cluster import LocalCluster
+from localkube.cluster import LocalCluster, Options
+from localkube.service import wait_for
 from tests.conftest import CRDS, EXAMPLES
 
 GROUP = "ux.sean.example.com"
@@ -199,3 +201,20 @@ def test_kubectl_get_nodesummaries_columns(cluster: LocalCluster) -> None:
     assert lines[1].split()[:7] == ["gke-nodepool-gpu", "4", "3", "1", "380", "1.5Ti", "32"], lines
     wide = cluster.kubectl("get", "nodesummaries", "gke-nodepool-gpu", "-o", "wide").stdout.splitlines()
     assert "CORDONED" in wide[0] and "gke-gpu-*" in wide[1], wide
+
+
+def test_kubectl_get_workloads_where_kueue_is_installed(binaries: dict[str, Path]) -> None:
+    """kubectl prefers a resource whose plural is `workloads` over our shortName; `workloads.ux`
+    always means ours."""
+    with LocalCluster(Options(), binaries) as c:
+        c.install_crds(CRDS)
+        c.kubectl("create", "namespace", "team-a")
+        code, out = _create(c, {"apiVersion": API, "kind": "WorkloadSummary",
+                                "metadata": {"name": "ours", "namespace": "team-a"}})
+        assert code == 0, out
+        assert "ours" in c.kubectl("get", "workloads", "-n", "team-a").stdout  # no Kueue: our shortName
+        c.install_crds(EXAMPLES / "stand-ins" / "kueue-workload-crd.yaml")
+        wait_for(lambda: "ours" not in c.kubectl("get", "workloads", "-n", "team-a", check=False).stdout, timeout=30)
+        proc = c.kubectl("get", "workloads", "-n", "team-a", check=False)
+        assert "No resources found" in proc.stderr  # Kueue's (empty) Workloads, silently
+        assert "ours" in c.kubectl("get", "workloads.ux", "-n", "team-a").stdout
