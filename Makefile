@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools test unit lint demo cluster clean
+.PHONY: help install binaries tools test unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,11 @@ test: binaries tools  ## lint, then run every test (unit and against the local c
 
 unit: install  ## only the tests that need no cluster
 	$(BIN)/pytest -m 'not cluster'
+
+generate: install  ## regenerate dashboards/generated, alerts/generated and deploy/generated
+	$(BIN)/python -m dashboards
+	$(BIN)/python -m alerts
+	$(BIN)/python deploy/render.py
 
 lint: install  ## ruff
 	$(BIN)/ruff check .

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import yaml
+
+from node_workload_summary import generated
 
 from .rules import prometheus_rule, rules_file
 
@@ -23,14 +24,7 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m alerts", description=__doc__)
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (args.out / name).write_text(text)
-        print(args.out / name)
-    return 0
+    return generated.main(f"python -m {__package__}", __doc__, render, OUT, argv)
 
 
 if __name__ == "__main__":

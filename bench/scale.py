@@ -91,7 +91,7 @@ async def _churn(api: ApiClient, pods: list[str], seconds: float, concurrency: i
         async with sem:
             if time.monotonic() > deadline:
                 return
-            phase = "Running" if i % 2 else "Pending"
+            phase = "Running" if (i // len(pods)) % 2 else "Pending"  # each visit flips the pod
             await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
                               {"status": {"phase": phase}}, content_type="application/merge-patch+json")
             done += 1
@@ -172,7 +172,7 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
         elapsed = time.monotonic() - t0
         time.sleep(2)
         result["churn"] = {"api_updates_per_second": round(updates / elapsed),
-                           "events_per_second_seen": round((events(svc) - e0) / elapsed),
+                           "pod_events_per_second_seen": round((events(svc) - e0) / elapsed),
                            "writes_per_minute": round((writes(svc) - w0) / elapsed * 60)}
         say("scrape ...")
         t = time.perf_counter()

@@ -22,7 +22,7 @@ from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_de
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 
-from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain
+from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain, workload_summarizer
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "demo"
@@ -38,9 +38,7 @@ def populate(cluster: LocalCluster, per_pool: int) -> None:
     for pool, allocatable in POOLS.items():
         for i in range(per_pool):
             kwok_node(cluster, f"{pool}-{i}", pool, allocatable)
-    create(cluster, "/apis/ux.sean.example.com/v1alpha1/workloadsummarizers", {
-        "apiVersion": "ux.sean.example.com/v1alpha1", "kind": "WorkloadSummarizer", "metadata": {"name": "batch"},
-        "spec": {"workloadTypes": [{"group": "batch", "kind": "Job"}, {"group": "apps", "kind": "StatefulSet"}]}})
+    workload_summarizer(cluster, "batch", [("batch", "Job"), ("apps", "StatefulSet")])
     cluster.kubectl("create", "namespace", NS)
     cluster.kubectl("create", "deployment", "web", "--image=nginx", f"--replicas={2 * per_pool}", "-n", NS)
     create(cluster, f"/apis/batch/v1/namespaces/{NS}/jobs", {

@@ -10,6 +10,7 @@ from typing import Any
 from localkube.cluster import ClusterError, LocalCluster
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
+SUMMARY_API = "ux.sean.example.com/v1alpha1"
 
 
 def ok(result: tuple[int, Any]) -> dict:
@@ -26,6 +27,19 @@ def create(cluster: LocalCluster, path: str, obj: dict) -> dict:
 def owner_ref(obj: dict) -> dict:
     return {"apiVersion": obj["apiVersion"], "kind": obj["kind"], "name": obj["metadata"]["name"],
             "uid": obj["metadata"]["uid"], "controller": True}
+
+
+def node_summarizer(cluster: LocalCluster, name: str, label_key: str) -> dict:
+    return create(cluster, f"/apis/{SUMMARY_API}/nodesummarizers", {"apiVersion": SUMMARY_API, "kind": "NodeSummarizer",
+                                                                    "metadata": {"name": name},
+                                                                    "spec": {"labelKey": label_key}})
+
+
+def workload_summarizer(cluster: LocalCluster, name: str, types: list[tuple[str, str]]) -> dict:
+    """``types``: (group, kind) pairs."""
+    return create(cluster, f"/apis/{SUMMARY_API}/workloadsummarizers", {
+        "apiVersion": SUMMARY_API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+        "spec": {"workloadTypes": [{"group": g, "kind": k} for g, k in types]}})
 
 
 def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str],

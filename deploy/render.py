@@ -11,6 +11,7 @@ import yaml
 
 from alerts.rules import prometheus_rule
 from dashboards.__main__ import render as render_dashboards
+from node_workload_summary import generated
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).parent / "generated"
@@ -34,12 +35,8 @@ def render() -> dict[str, str]:
     }
 
 
-def main() -> int:
-    OUT.mkdir(exist_ok=True)
-    for name, text in render().items():
-        (OUT / name).write_text(text)
-        print(OUT / name)
-    return 0
+def main(argv: list[str] | None = None) -> int:
+    return generated.main("python deploy/render.py", __doc__, render, OUT, argv)
 
 
 if __name__ == "__main__":

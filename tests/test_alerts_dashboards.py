@@ -15,11 +15,13 @@ import yaml
 import alerts.__main__ as alerts_gen
 import dashboards.__main__ as dashboards_gen
 from alerts.rules import Thresholds, alerts, rules_file
+from demo.workloads import node_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
+from node_workload_summary import generated
 from tests.conftest import CRDS, ROOT
-from tests.kube import create, create_node, set_node_status
+from tests.kube import create_node, set_node_status
 
 API = "ux.sean.example.com/v1alpha1"
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"
@@ -65,10 +67,8 @@ def metric_names(expr: str) -> set[str]:
 
 
 def test_generated_files_are_current() -> None:
-    for name, text in alerts_gen.render().items():
-        assert (alerts_gen.OUT / name).read_text() == text, f"run `python -m alerts` ({name} is stale)"
-    for name, text in dashboards_gen.render().items():
-        assert (dashboards_gen.OUT / name).read_text() == text, f"run `python -m dashboards` ({name} is stale)"
+    assert generated.stale(alerts_gen.render(), alerts_gen.OUT) == [], "run `make generate`"
+    assert generated.stale(dashboards_gen.render(), dashboards_gen.OUT) == [], "run `make generate`"
 
 
 def test_prometheusrule_carries_the_same_rules() -> None:
@@ -126,8 +126,7 @@ def test_metric_name_extraction() -> None:
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
-        create(c, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                   "metadata": {"name": "pool"}, "spec": {"labelKey": "pool"}})
+        node_summarizer(c, "pool", "pool")
         for name, pool in (("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("b-2", "b")):
             create_node(c, name, {"pool": pool})
         yield c

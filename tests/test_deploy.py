@@ -13,6 +13,7 @@ import yaml
 from demo.workloads import kwok_node
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
+from node_workload_summary import generated
 from tests.conftest import EXAMPLES, ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -38,8 +39,7 @@ def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
 def test_generated_deploy_files_are_current() -> None:
     from deploy.render import OUT, render
 
-    for name, text in render().items():
-        assert (OUT / name).read_text() == text, f"run `python deploy/render.py` ({name} is stale)"
+    assert generated.stale(render(), OUT) == [], "run `make generate`"
 
 
 def test_apply_dry_run_server(kube: LocalCluster) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from demo.workloads import node_summarizer, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.conftest import CRDS
@@ -34,12 +35,8 @@ def world(kube: LocalCluster) -> dict:
     """Three node groups; a Deployment (via a ReplicaSet), a StatefulSet and a Job with pods."""
     ok(kube.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
                                                     "metadata": {"name": NS}}))
-    create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                  "metadata": {"name": "pool"}, "spec": {"labelKey": POOL}})
-    create(kube, f"/apis/{API}/workloadsummarizers", {
-        "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
-        "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}, {"group": "apps", "kind": "StatefulSet"},
-                                   {"group": "batch", "kind": "Job"}]}})
+    node_summarizer(kube, "pool", POOL)
+    workload_summarizer(kube, "apps", [("apps", "Deployment"), ("apps", "StatefulSet"), ("batch", "Job")])
     gpu = {"cpu": "16", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "8"}
     create_node(kube, "cpu-1", {POOL: "cpu"})
     create_node(kube, "cpu-2", {POOL: "cpu"})
@@ -158,9 +155,7 @@ def test_deleted_pods_series_disappear(kube: LocalCluster, exporter: Service, wo
 
 
 def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Service) -> None:
-    create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                  "metadata": {"name": "hostnames"},
-                                                  "spec": {"labelKey": "kubernetes.io/hostname"}})
+    node_summarizer(kube, "hostnames", "kubernetes.io/hostname")
     set_node_labels(kube, "tpu-1", {"kubernetes.io/hostname": "tpu-1"})
     wait_for(lambda: value(exporter.scrape(), "nws_nodegroup_nodes", summarizer="hostnames", group="tpu-1") == 1)
     delete(kube, f"/apis/{API}/nodesummarizers/hostnames")

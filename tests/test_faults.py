@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import create, deployment_chain, owner_ref
+from demo.workloads import deployment_chain, node_summarizer, owner_ref, workload_summarizer
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import Pod
@@ -35,11 +35,8 @@ FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
-        create(c, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                   "metadata": {"name": "pool"}, "spec": {"labelKey": "pool"}})
-        create(c, f"/apis/{API}/workloadsummarizers", {
-            "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
-            "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
+        node_summarizer(c, "pool", "pool")
+        workload_summarizer(c, "apps", [("apps", "Deployment")])
         c.kubectl("create", "namespace", NS)
         for i in range(3):
             create_node(c, f"n-{i}", {"pool": "a"})
@@ -122,13 +119,9 @@ def test_odd_input_never_crashes(kube: LocalCluster) -> None:
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stale-owner", "ownerReferences": [stale]},
         "spec": {"containers": [{"name": "c", "image": "x"}]}})
     # Hundreds of summarizers, most matching nothing.
-    create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                  "metadata": {"name": "odd"},
-                                                  "spec": {"labelKey": "example.com/odd-value"}})
+    node_summarizer(kube, "odd", "example.com/odd-value")
     for i in range(200):
-        create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                      "metadata": {"name": f"many-{i}"},
-                                                      "spec": {"labelKey": f"example.com/k{i}"}})
+        node_summarizer(kube, f"many-{i}", f"example.com/k{i}")
     svc = Service(kube).start()
     try:
         names = lambda: set(kube.kubectl("get", "nodesummaries", "-o", "jsonpath={.items[*].metadata.name}")  # noqa: E731

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain
+from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, node_summarizer, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, wait_for
 from tests.conftest import CRDS, EXAMPLES
-from tests.kube import create, delete, ok, set_node_labels
+from tests.kube import delete, ok, set_node_labels
 
 API = "ux.sean.example.com/v1alpha1"
 POOL = "cloud.google.com/gke-nodepool"
@@ -38,9 +38,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
             zone_node(c, f"gpu-{i}", "gpu", cpu | {"nvidia.com/gpu": "8"})
         zone_node(c, "tpu-0", "tpu", cpu | {"google.com/tpu": "4"})
         c.kubectl("apply", "-f", str(EXAMPLES))
-        create(c, f"/apis/{API}/workloadsummarizers", {
-            "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "core"},
-            "spec": {"workloadTypes": [{"group": "apps", "kind": "StatefulSet"}, {"group": "batch", "kind": "Job"}]}})
+        workload_summarizer(c, "core", [("apps", "StatefulSet"), ("batch", "Job")])
         c.kubectl("create", "namespace", NS)
         wait_for(lambda: "False" not in c.kubectl("get", "nodes", "-o",
                                                   "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}").stdout)
@@ -139,9 +137,7 @@ def test_node_moves_summaries_follow_and_go(kube: LocalCluster, service: Service
     delete(kube, "/api/v1/nodes/gpu-0")  # the last node of the gpu group
     wait_for(lambda: "gke-nodepool-gpu" not in summaries(kube), timeout=10)
     # A summarizer created and deleted takes its summaries with it.
-    create(kube, f"/apis/{API}/nodesummarizers", {"apiVersion": API, "kind": "NodeSummarizer",
-                                                  "metadata": {"name": "zone"},
-                                                  "spec": {"labelKey": "topology.kubernetes.io/zone"}})
+    node_summarizer(kube, "zone", "topology.kubernetes.io/zone")
     wait_for(lambda: len([n for n in summaries(kube) if n.startswith("zone-")]) == 3, timeout=10)
     delete(kube, f"/apis/{API}/nodesummarizers/zone")
     wait_for(lambda: not [n for n in summaries(kube) if n.startswith("zone-")], timeout=15)
