@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,11 +200,24 @@ def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: S
     fresh = Service(kube).start()
     try:
         took = wait_for(lambda: _truth(exporter.scrape()) == _truth(fresh.scrape()), timeout=10)
+        fresh_view = fresh.scrape()
     except AssertionError:
         raise AssertionError(exporter.log_text()) from None
     finally:
         fresh.stop()
     print(f"recovered in {took:.1f}s after the freeze")
+    # The summaries too: one per group, no duplicates, equal to the fresh view.
+    truth = _truth(fresh_view)
+
+    def summaries_match() -> bool:
+        items = json.loads(kube.kubectl("get", "nodesummaries", "-o", "json").stdout)["items"]
+        counts = {i["metadata"]["name"]: i.get("status", {}).get("nodeCount") for i in items
+                  if i["metadata"]["labels"].get("ux.sean.example.com/summarizer") == "pool"}
+        groups = {dict(k[1])["group"]: v for k, v in truth.items()
+                  if k[0] == "nws_nodegroup_nodes" and dict(k[1])["summarizer"] == "pool"}
+        return counts == {f"pool-{g}": n for g, n in groups.items()}
+
+    wait_for(summaries_match, timeout=10)
     s = exporter.scrape()
     assert group_value(s, "nws_nodegroup_nodes", "cpu") == 3
     assert group_value(s, "nws_nodegroup_nodes", "gpu") == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import deployment_chain, node_summarizer, owner_ref, workload_summarizer
+from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template, workload_summarizer
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import Pod
@@ -61,7 +61,7 @@ def test_silent_watch_is_noticed_by_the_read_timeout(kube: LocalCluster) -> None
         assert proxy.stall_existing() > 0  # every watch now hears nothing, and nothing closes
         stalled_at = time.monotonic()
         set_node_status(kube, "n-0", "False")
-        wait_for(lambda: _node_not_ready(svc) == 1, timeout=15)
+        wait_for(lambda: _node_not_ready(svc) == 1, timeout=10)
         took = time.monotonic() - stalled_at
         print(f"silent watch replaced; change visible {took:.1f}s after the stall")
         assert value(svc.scrape(), "nws_watch_restarts_total", resource="nodes", reason="timeout")
@@ -118,6 +118,17 @@ def test_odd_input_never_crashes(kube: LocalCluster) -> None:
     kube.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stale-owner", "ownerReferences": [stale]},
         "spec": {"containers": [{"name": "c", "image": "x"}]}})
+    # Two ReplicaSets that own each other, and a pod under them.
+    rs_a = create(kube, f"/apis/apps/v1/namespaces/{NS}/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "cycle-a"},
+        "spec": {"selector": {"matchLabels": {"c": "a"}}, "template": pod_template({"c": "a"})}})
+    rs_b = create(kube, f"/apis/apps/v1/namespaces/{NS}/replicasets", {
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "cycle-b", "ownerReferences": [owner_ref(rs_a)]},
+        "spec": {"selector": {"matchLabels": {"c": "b"}}, "template": pod_template({"c": "b"})}})
+    kube.request(f"/apis/apps/v1/namespaces/{NS}/replicasets/cycle-a", "PATCH",
+                 {"metadata": {"ownerReferences": [owner_ref(rs_b)]}}, content_type="application/merge-patch+json")
+    create_pod(kube, NS, "in-a-cycle", "n-1", owner=rs_a)
     # Hundreds of summarizers, most matching nothing.
     node_summarizer(kube, "odd", "example.com/odd-value")
     for i in range(200):
@@ -134,6 +145,7 @@ def test_odd_input_never_crashes(kube: LocalCluster) -> None:
         assert value(s, "nws_nodegroup_nodes", summarizer="odd", group="") == 1  # the empty value is a group
         assert value(s, "nws_nodegroup_nodes", summarizer="pool", group="odd") == 6
         assert value(s, "nws_pods_without_workload", reason="missing_owner") == 1
+        assert value(s, "nws_pods_without_workload", reason="cycle") == 1
         assert value(s, "nws_nodegroups", summarizer="many-7") == 0
         code, text = svc.get("/metrics", accept="application/openmetrics-text; version=1.0.0")
         assert code == 200 and text.endswith("# EOF\n")
