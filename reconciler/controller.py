@@ -112,6 +112,8 @@ class Reconciler:
         self._sem = asyncio.Semaphore(self.s.concurrency)
         self._inflight: set[tuple[str, str]] = set()
         self._summarizer_written: dict[tuple[str, str], str] = {}  # what we last wrote
+        self._desired_cache: dict = {}
+        self._checked: dict[tuple[str, str], tuple[Desired, str]] = {}  # -> (desired, actual rv) found equal
         selector = f"{MANAGED_BY}={MANAGER}"
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
@@ -160,7 +162,7 @@ class Reconciler:
 
     async def reconcile_once(self) -> None:
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
-        desired = desired_state(self.index, uids, self.type_infos())
+        desired = desired_state(self.index, uids, self.type_infos(), self._desired_cache)
         wanted: dict[str, set[str]] = {p: set() for p in self.actual}
         jobs = []
         now = time.monotonic()
@@ -170,12 +172,22 @@ class Reconciler:
             if ident in self._inflight or now - self._last_write.get(ident, -1e9) < self.s.debounce:
                 continue
             actual = self.actual[d.plural].get(d.key)
+            # Same desired object and same actual resourceVersion as a pass that found them equal:
+            # nothing to compare again (a quiet cluster costs a dict lookup per summary).
+            rv = actual.metadata.resourceVersion if actual else ""
+            checked = self._checked.get(ident)
+            if checked is not None and checked[0] is d and checked[1] == rv:
+                continue
             if self._needs_write(d, actual):
                 jobs.append(self._write(d, actual))
+            else:
+                self._checked[ident] = (d, rv)
         for plural, objects in self.actual.items():
             for key, obj in list(objects.items()):
                 if key not in wanted[plural] and (plural, key) not in self._inflight:
                     jobs.append(self._delete(plural, obj))
+        for ident in [i for i in self._checked if i[1] not in wanted[i[0]]]:
+            del self._checked[ident]
         jobs.extend(self._summarizer_statuses())
         if jobs:
             await asyncio.gather(*jobs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,21 +175,45 @@ def workload_names(workloads: list[WorkloadAgg]) -> dict[str, str]:
     return names
 
 
+Cache = dict[object, tuple[tuple, Desired]]
+
+
+def _cached(cache: Cache, key: object, stamp: tuple, make: Callable[[], Desired]) -> Desired:
+    """Rebuild a Desired only when its inputs changed: an unchanged aggregate keeps its object,
+    so a pass over a quiet cluster allocates nothing."""
+    hit = cache.get(key)
+    if hit is None or hit[0] != stamp:
+        hit = cache[key] = (stamp, make())
+    return hit[1]
+
+
 def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
-                  type_infos: dict[tuple[str, str], TypeInfo]) -> list[Desired]:
-    """Every object that should exist. O(groups + workloads); callers cache per generation."""
+                  type_infos: dict[tuple[str, str], TypeInfo], cache: Cache | None = None) -> list[Desired]:
+    """Every object that should exist. O(groups + workloads), with a cheap constant when ``cache``
+    is kept between calls."""
+    cache = {} if cache is None else cache
     out = []
+    seen: set[object] = set()
     summary_names: dict[tuple[str, str], str] = {}
     for key, agg in index.groups.items():
         uid = node_summarizer_uids.get(agg.summarizer)
         if uid is None:
             continue
         summary_names[key] = node_summary_name(*key)
-        out.append(node_summary(agg, index.node_summarizers[agg.summarizer], uid))
+        label_key = index.node_summarizers[agg.summarizer]
+        seen.add(key)
+        out.append(_cached(cache, key, (agg.generation, label_key, uid),
+                           lambda agg=agg, label_key=label_key, uid=uid: node_summary(agg, label_key, uid)))
     workloads = [w for w in index.workloads.values() if w.is_object and (w.group, w.kind) in type_infos]
     names = workload_names(workloads)
     for w in workloads:
-        out.append(workload_summary(w, names[w.uid], type_infos[(w.group, w.kind)], summary_names))
+        info = type_infos[(w.group, w.kind)]
+        refs = tuple(summary_names.get(g) for g in w.group_nodes)  # the names its refs point at
+        seen.add(w.uid)
+        out.append(_cached(cache, w.uid, (w.generation, names[w.uid], info, refs),
+                           lambda w=w, info=info: workload_summary(w, names[w.uid], info, summary_names)))
+    for key in cache.keys() - seen:
+        del cache[key]
     return out
 
 
