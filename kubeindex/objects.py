@@ -17,10 +17,6 @@ class OwnerReference(Struct, frozen=True):
     uid: str
     controller: bool = False
 
-    @property
-    def group(self) -> str:
-        return self.apiVersion.rpartition("/")[0]
-
 
 class ObjectMeta(Struct):
     name: str = ""
@@ -30,7 +26,6 @@ class ObjectMeta(Struct):
     generation: int = 0
     labels: dict[str, str] = field(default_factory=dict)
     ownerReferences: list[OwnerReference] = field(default_factory=list)
-    deletionTimestamp: str | None = None
 
     def controller_ref(self) -> OwnerReference | None:
         for ref in self.ownerReferences:

@@ -109,9 +109,6 @@ class OwnerGraph:
         vertex = self.vertices.get(uid)
         return vertex.res if vertex else None
 
-    def is_root(self, vertex: Vertex) -> bool:
-        return vertex.res.workload == vertex.uid
-
     # -- internals -----------------------------------------------------------------------------
 
     def _link(self, uid: str, parent: str | None) -> None:

@@ -50,10 +50,6 @@ def parse_or_zero(text: str | int | float) -> int:
         return 0
 
 
-def to_float(nano: int) -> float:
-    return nano / NANO
-
-
 def format_quantity(resource: str, nano: int) -> str:
     """A compact quantity string for status fields: cpu in cores or millicores, memory-like
     resources with binary suffixes when exact, everything else as a plain number."""
