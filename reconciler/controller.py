@@ -113,6 +113,7 @@ class Reconciler:
         self._inflight: set[tuple[str, str]] = set()
         self._summarizer_written: dict[tuple[str, str], str] = {}  # what we last wrote
         self._desired_cache: dict = {}
+        self._tasks: set[asyncio.Task] = set()
         self._checked: dict[tuple[str, str], tuple[Desired, str]] = {}  # -> (desired, actual rv) found equal
         selector = f"{MANAGED_BY}={MANAGER}"
         self.reflectors = [
@@ -146,7 +147,7 @@ class Reconciler:
                         log.exception("reconcile pass failed")
                 await asyncio.sleep(self.s.interval)
         finally:
-            for t in tasks:
+            for t in [*tasks, *self._tasks]:
                 t.cancel()
 
     def type_infos(self) -> dict[tuple[str, str], TypeInfo]:
@@ -161,8 +162,11 @@ class Reconciler:
         return infos
 
     async def reconcile_once(self) -> None:
+        """One pass: start the writes and deletes that are due. They run as tasks (bounded by the
+        semaphore and the token bucket), so a long burst never delays the next pass."""
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
-        desired = desired_state(self.index, uids, self.type_infos(), self._desired_cache)
+        infos = self.type_infos()
+        desired = desired_state(self.index, uids, infos, self._desired_cache)
         wanted: dict[str, set[str]] = {p: set() for p in self.actual}
         jobs = []
         now = time.monotonic()
@@ -184,13 +188,27 @@ class Reconciler:
                 self._checked[ident] = (d, rv)
         for plural, objects in self.actual.items():
             for key, obj in list(objects.items()):
-                if key not in wanted[plural] and (plural, key) not in self._inflight:
+                if key not in wanted[plural] and (plural, key) not in self._inflight and not self._unknown(obj, infos):
                     jobs.append(self._delete(plural, obj))
         for ident in [i for i in self._checked if i[1] not in wanted[i[0]]]:
             del self._checked[ident]
         jobs.extend(self._summarizer_statuses())
-        if jobs:
-            await asyncio.gather(*jobs)
+        for job in jobs:
+            task = asyncio.create_task(job)
+            self._tasks.add(task)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("write failed: %r", task.exception())
+
+    def _unknown(self, obj: Summary, infos: dict[tuple[str, str], TypeInfo]) -> bool:
+        """A WorkloadSummary of a type that is configured but not (yet) discovered: keep it rather
+        than delete it on a transient discovery failure."""
+        ref = obj.spec.get("workloadRef") or {}
+        gk = (str(ref.get("apiVersion", "")).rpartition("/")[0], str(ref.get("kind", "")))
+        return gk in self.index.workload_types and gk not in infos
 
     @staticmethod
     def _body_differs(d: Desired, actual: Summary | None) -> bool:
