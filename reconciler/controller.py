@@ -190,8 +190,9 @@ class Reconciler:
             for key, obj in list(objects.items()):
                 if key not in wanted[plural] and (plural, key) not in self._inflight and not self._unknown(obj, infos):
                     jobs.append(self._delete(plural, obj))
-        for ident in [i for i in self._checked if i[1] not in wanted[i[0]]]:
-            del self._checked[ident]
+        for table in (self._checked, self._last_write, self._written):  # forget summaries that are gone
+            for ident in [i for i in table if i[0] in wanted and i[1] not in wanted[i[0]]]:
+                del table[ident]
         jobs.extend(self._summarizer_statuses())
         for job in jobs:
             task = asyncio.create_task(job)
