@@ -119,7 +119,7 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
         say(f"{nodes} nodes / {pods} pods: populating ...")
 
         async def setup() -> dict:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), qps_limit=64) as api:
+            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
                 started = time.monotonic()
                 await populate(api, nodes, groups, pods, workloads)
                 populated = time.monotonic() - started
@@ -165,7 +165,7 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
         e0, w0, t0 = events(svc), writes(svc), time.monotonic()
 
         async def churn() -> int:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), qps_limit=64) as api:
+            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
                 return await _churn(api, pod_names, args.churn_seconds)
 
         updates = asyncio.run(churn())

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 async def soak(cluster: LocalCluster, svc: Service, args: argparse.Namespace) -> list[dict]:
     samples: list[dict] = []
-    async with ApiClient(load_connection(str(cluster.kubeconfig)), qps_limit=64) as api:
+    async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
         body = json.loads((await api.request("GET", "/apis/apps/v1/namespaces/bench/replicasets"))[1])
         replicasets = body["items"]
         names = [f"{rs['metadata']['name'].rsplit('-', 1)[0]}-{p:06d}" for p, rs in
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.install_crds(ROOT / "crds")
 
         async def setup() -> None:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), qps_limit=64) as api:
+            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
                 await populate(api, args.nodes, 10, args.pods, max(1, args.pods // 50))
 
         asyncio.run(setup())

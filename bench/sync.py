@@ -46,7 +46,7 @@ async def _floor(api: ApiClient, path: str, page_size: int) -> tuple[float, int]
 
 
 async def _setup_and_floor(cluster: LocalCluster, args: argparse.Namespace) -> dict:
-    async with ApiClient(load_connection(str(cluster.kubeconfig)), qps_limit=args.concurrency) as api:
+    async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=args.concurrency) as api:
         started = time.monotonic()
         await populate(api, args.nodes, args.groups, args.pods, args.workloads, args.concurrency)
         created = time.monotonic() - started

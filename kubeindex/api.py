@@ -101,10 +101,10 @@ class ApiResource:
 
 
 class ApiClient:
-    def __init__(self, connection: Connection, qps_limit: int = 64) -> None:
+    def __init__(self, connection: Connection, max_connections: int = 64) -> None:
         self.connection = connection
         self._session: aiohttp.ClientSession | None = None
-        self._limit = qps_limit
+        self._limit = max_connections
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
 
     async def __aenter__(self) -> ApiClient:

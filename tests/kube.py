@@ -5,8 +5,6 @@ from __future__ import annotations
 from demo.workloads import create, ok, owner_ref
 from localkube.cluster import LocalCluster
 
-__all__ = ["create", "create_node", "create_pod", "delete", "ok", "owner_ref", "set_node_labels", "set_node_status"]
-
 
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",
                 allocatable: dict[str, str] | None = None, unschedulable: bool = False) -> dict:

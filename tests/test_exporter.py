@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import node_summarizer, workload_summarizer
+from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.conftest import CRDS
-from tests.kube import create, create_node, create_pod, delete, ok, set_node_labels, set_node_status
+from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "exp"

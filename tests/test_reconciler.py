@@ -10,11 +10,18 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, node_summarizer, workload_summarizer
+from demo.workloads import (
+    jobset_chain,
+    kwok_node,
+    leaderworkerset_chain,
+    node_summarizer,
+    ok,
+    workload_summarizer,
+)
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, wait_for
 from tests.conftest import CRDS, EXAMPLES
-from tests.kube import delete, ok, set_node_labels
+from tests.kube import delete, set_node_labels
 
 API = "ux.sean.example.com/v1alpha1"
 POOL = "cloud.google.com/gke-nodepool"
