@@ -42,7 +42,7 @@ class Alert:
             "annotations": {
                 "summary": self.summary,
                 "description": self.description,
-                "runbook": f"README.md, Runbooks: {self.name}",
+                "runbook": f"docs/runbooks.md#{self.name.lower()}",
             },
         }
 

@@ -1,4 +1,4 @@
-"""The README documents every metric family and every setting the code has."""
+"""docs/ documents every metric family and every setting the code has."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import exporter.metrics as metrics
 from node_workload_summary.settings import Settings
 from tests.conftest import ROOT
 
-README = (ROOT / "README.md").read_text()
+METRICS = (ROOT / "docs" / "metrics.md").read_text()
+SETTINGS = (ROOT / "docs" / "settings.md").read_text()
 
 
 def _families() -> list[metrics.Family]:
@@ -19,9 +20,9 @@ def test_every_metric_family_is_documented() -> None:
     assert len(families) > 20
     for family in families:
         name = metrics.PREFIX + family.name + ("_total" if family.type == "counter" else "")
-        assert f"`{name}`" in README, name
+        assert f"`{name}`" in METRICS, name
 
 
 def test_every_setting_is_documented() -> None:
     for name in Settings.model_fields:
-        assert f"`--{name.replace('_', '-')}`" in README and f"`NWS_{name.upper()}`" in README, name
+        assert f"`--{name.replace('_', '-')}`" in SETTINGS and f"`NWS_{name.upper()}`" in SETTINGS, name
