@@ -169,6 +169,7 @@ class ClusterIndex:
         self.workload_summarizers: dict[str, list[WorkloadType]] = {}
         self.workload_types: dict[GroupKind, WorkloadTypeInfo] = {}
         self.unresolved: dict[str, int] = {}  # reason -> pods without a workload
+        self.chain_broken: dict[str, int] = {}  # reason -> pods with a workload but a broken chain above it
         self.workload_pod_labels = tuple(workload_pod_labels)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
@@ -370,6 +371,8 @@ class ClusterIndex:
         if entry.workload is None:
             _bump(self.unresolved, entry.status, sign)
             return
+        if entry.status in FAILURES:  # a workload below a missing owner
+            _bump(self.chain_broken, entry.status, sign)
         agg = self.workloads[entry.workload]
         _bump(agg.pods, entry.phase, sign)
         if entry.node:

@@ -6,6 +6,10 @@ its controller ownerReference as the edge to its parent. Following the edge by U
 at every hop: an ownerReference whose UID no longer exists (the owner was recreated under the same
 name) resolves to nothing.
 
+A chain broken by a missing owner (not created yet, deleted, or of a kind this service may not
+list) still has a root workload when a configured kind sits below the break: the topmost one
+there. The break stays visible in the Resolution's status (MISSING) so it can be counted.
+
 Each vertex memoizes its Resolution (the topmost configured ancestor, or why there is none). The
 memo is kept current eagerly: a vertex whose edge or configured-ness changes is recomputed and
 the change flows down to its descendants, so a pod event costs O(1), an owner event O(depth)
@@ -34,10 +38,13 @@ FAILURES = (MISSING, CYCLE, TOO_DEEP)
 class Resolution:
     """What a walk up from a vertex finds. The walk follows at most ``max_depth`` hops; at each hop
     it stops with TOO_DEEP past the limit, MISSING at an unknown owner, CYCLE at a vertex seen
-    before. ``height`` is the hop at which the walk ended (the chain's end, or the failure)."""
+    before. ``height`` is the hop at which the walk ended (the chain's end, or the failure).
+
+    With MISSING, ``workload`` is the topmost configured ancestor-or-self below the break (None if
+    there is none); CYCLE and TOO_DEEP never have a workload."""
 
     workload: str | None  # UID of the topmost configured ancestor-or-self
-    status: str
+    status: str  # OK, NONE or a failure; MISSING may come with a workload
     height: int
 
 
@@ -144,26 +151,25 @@ class OwnerGraph:
         return 0
 
     def _compute(self, vertex: Vertex) -> Resolution:
+        own = vertex.uid if vertex.gk in self.configured else None
         if vertex.parent is None:
-            height, above = 0, None
-        else:
-            parent = self.vertices.get(vertex.parent)
-            if parent is None:
-                return Resolution(None, MISSING, 1)
-            cycle = self._cycle_length(vertex)
-            if cycle:
-                return Resolution(None, CYCLE, cycle)
-            height = parent.res.height + 1
-            if height > self.max_depth:
-                return Resolution(None, TOO_DEEP, self.max_depth + 1)
-            if parent.res.status in FAILURES:
-                return Resolution(None, parent.res.status, height)
-            above = parent.res.workload
-        if above is not None:
-            return Resolution(above, OK, height)
-        if vertex.gk in self.configured:
-            return Resolution(vertex.uid, OK, height)
-        return Resolution(None, NONE, height)
+            return Resolution(own, OK if own else NONE, 0)
+        parent = self.vertices.get(vertex.parent)
+        if parent is None:
+            return Resolution(own, MISSING, 1)  # the break: this vertex is the topmost below it
+        cycle = self._cycle_length(vertex)
+        if cycle:
+            return Resolution(None, CYCLE, cycle)
+        height = parent.res.height + 1
+        if height > self.max_depth:
+            return Resolution(None, TOO_DEEP, self.max_depth + 1)
+        status = parent.res.status
+        if status in (CYCLE, TOO_DEEP):
+            return Resolution(None, status, height)
+        above = parent.res.workload or own
+        if status == NONE:
+            status = OK if above else NONE
+        return Resolution(above, status, height)
 
     def _refresh(self, start: list[Vertex]) -> None:
         """Recompute ``start`` and, wherever an answer changed, the children below it."""

@@ -40,7 +40,9 @@ def _clean(counter: Counter) -> dict:
 
 
 def walk(world: World, uid: str) -> tuple[str | None, str]:
-    """Follow controller references up from ``uid`` (a pod or an owner) as the spec says."""
+    """Follow controller references up from ``uid`` (a pod or an owner) as the spec says: the
+    topmost configured kind is the root; a missing owner ends the walk with MISSING, keeping the
+    topmost configured kind found below it; a cycle or too long a chain has no root."""
     parents: dict[str, str | None] = {o.uid: o.parent for o in world.owners.values()}
     kinds: dict[str, tuple[str, str]] = {o.uid: (o.group, o.kind) for o in world.owners.values()}
     for pod in world.pods.values():
@@ -59,7 +61,7 @@ def walk(world: World, uid: str) -> tuple[str | None, str]:
         if hops > world.max_depth:
             return None, TOO_DEEP
         if parent not in parents:
-            return None, MISSING
+            return top, MISSING
         if parent in visited:
             return None, CYCLE
         visited.add(parent)
@@ -68,7 +70,7 @@ def walk(world: World, uid: str) -> tuple[str | None, str]:
             top = current
 
 
-def recompute(world: World) -> tuple[dict, dict, dict]:
+def recompute(world: World) -> tuple[dict, dict, dict, dict]:
     groups: dict = {}
     node_groups: dict[str, list] = {}
     for node in world.nodes.values():
@@ -88,6 +90,7 @@ def recompute(world: World) -> tuple[dict, dict, dict]:
             g["node_names"].add(node.metadata.name)
     workloads: dict = {}
     unresolved: Counter = Counter()
+    broken: Counter = Counter()
 
     def workload(uid: str, namespace: str, name: str, group: str, kind: str) -> dict:
         return workloads.setdefault(uid, {"id": (namespace, name, group, kind), "pods": Counter(),
@@ -115,6 +118,8 @@ def recompute(world: World) -> tuple[dict, dict, dict]:
         if top is None:
             unresolved[status] += 1
             continue
+        if status == MISSING:  # a root below a broken chain
+            broken[status] += 1
         if top not in workloads:
             o = world.owners[top]
             workload(top, o.namespace, o.name, o.group, o.kind)
@@ -132,10 +137,10 @@ def recompute(world: World) -> tuple[dict, dict, dict]:
         uid: (w["id"], _clean(w["pods"]), {k: len(v) for k, v in w["nodes"].items()})
         for uid, w in workloads.items()
     }
-    return norm_groups, norm_workloads, _clean(unresolved)
+    return norm_groups, norm_workloads, _clean(unresolved), _clean(broken)
 
 
-def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict]:
+def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
     """The incremental index's aggregates in the same normalized shape."""
     groups = {
         k: (g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
@@ -146,4 +151,4 @@ def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict]:
         uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.group_nodes))
         for uid, w in index.workloads.items()
     }
-    return groups, workloads, dict(index.unresolved)
+    return groups, workloads, dict(index.unresolved), dict(index.chain_broken)

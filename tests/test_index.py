@@ -93,11 +93,14 @@ def test_jobset_job_pod_and_pods_arriving_before_owners() -> None:
     index.upsert_pod(make_pod("train-workers-0-0", "p0", node="n1", owner=ref(job)))
     assert index.unresolved == {MISSING: 1}  # owner not seen yet: unresolved, not a crash
     add_owner(index, job)
-    assert index.unresolved == {MISSING: 1} and index.workloads == {}  # the Job's owner is still unknown
+    # The Job's owner is still unknown: the Job, the topmost configured kind below the break, holds the pod.
+    (wl,) = index.workloads.values()
+    assert (wl.name, wl.kind, wl.pods) == ("train-workers-0", "Job", {"Running": 1})
+    assert index.unresolved == {} and index.chain_broken == {MISSING: 1}
     add_owner(index, js)
     (wl,) = index.workloads.values()  # the Job is configured too, but the TOPMOST configured kind wins
     assert (wl.name, wl.kind, wl.pods) == ("train", "JobSet", {"Running": 1})
-    assert index.unresolved == {}
+    assert index.unresolved == {} and index.chain_broken == {}
 
 
 def test_leaderworkerset_chain_through_pods() -> None:
@@ -119,11 +122,15 @@ def test_leaderworkerset_chain_through_pods() -> None:
     assert set(by_name) == {"llm", "db"}
     assert by_name["llm"].kind == "LeaderWorkerSet" and by_name["llm"].pods == {"Running": 3}
     assert by_name["db"].kind == "StatefulSet" and by_name["db"].pods == {"Running": 1}
-    # The leader pod goes: its workers' chain is broken until it is back.
+    # The leader pod goes: until it is back the workers' chain is broken above their StatefulSet,
+    # which holds them meanwhile.
     index.delete_pod("ns/llm-0")
-    assert index.unresolved == {MISSING: 2}
+    assert index.unresolved == {} and index.chain_broken == {MISSING: 2}
+    assert {w.name: w.pods for w in index.workloads.values()} == {
+        "llm": {}, "llm-0": {"Running": 2}, "db": {"Running": 1}}
     index.upsert_pod(make_pod("llm-0", "pod-leader", node="n1", owner=ref(leader_sts)))
-    assert index.unresolved == {} and by_name["llm"].pods == {"Running": 3}
+    assert index.unresolved == {} and index.chain_broken == {} and by_name["llm"].pods == {"Running": 3}
+    assert {w.name for w in index.workloads.values()} == {"llm", "db"}
 
 
 def test_owner_cycle_is_unresolved_not_a_hang() -> None:
@@ -147,6 +154,37 @@ def test_missing_owner_and_uid_mismatch() -> None:
     assert index.workloads["d-new"].pods == {}  # the workload exists, with no pods
     index.upsert_pod(make_pod("q", "q1", owner=ref(("apps", "ReplicaSet", "gone"))))
     assert index.unresolved == {MISSING: 2}
+
+
+def test_broken_chain_above_a_configured_kind_keeps_the_workload() -> None:
+    """Notebook -> StatefulSet -> Pod, the Notebook unknown (its kind forbidden by RBAC, or not
+    created yet): the StatefulSet still holds its pods, the break is counted; when the Notebook
+    appears, the pods move up to it."""
+    index = ClusterIndex()
+    notebook = Owner("nb1", "kubeflow.org", "Notebook", "ns", "lab", None)
+    sts = Owner("sts1", "apps", "StatefulSet", "ns", "lab", "nb1")
+    index.set_workload_summarizer("w", configured(("apps", "StatefulSet"), ("kubeflow.org", "Notebook")))
+    add_owner(index, sts)
+    index.upsert_pod(make_pod("lab-0", "p0", node="n1", owner=ref(("apps", "StatefulSet", "sts1"))))
+    (wl,) = index.workloads.values()
+    assert (wl.uid, wl.kind, wl.pods) == ("sts1", "StatefulSet", {"Running": 1})
+    assert index.unresolved == {} and index.chain_broken == {MISSING: 1}
+    # A pod whose chain has no configured kind below the break stays missing_owner.
+    rs = Owner("rs1", "apps", "ReplicaSet", "ns", "web-1", "gone")
+    add_owner(index, rs)
+    index.upsert_pod(make_pod("web-1-a", "p1", owner=ref(("apps", "ReplicaSet", "rs1"))))
+    assert index.unresolved == {MISSING: 1} and index.chain_broken == {MISSING: 1}
+    # The Notebook appears: the StatefulSet is no root any more, its pod moves up.
+    add_owner(index, notebook)
+    assert index.workloads.keys() == {"nb1"} and index.workloads["nb1"].pods == {"Running": 1}
+    assert index.chain_broken == {}
+    # It goes again: back to the StatefulSet.
+    index.delete_owner(("kubeflow.org", "Notebook"), "ns/lab")
+    assert index.workloads.keys() == {"sts1"} and index.workloads["sts1"].pods == {"Running": 1}
+    assert index.chain_broken == {MISSING: 1}
+    # The StatefulSet's kind stops being configured: nothing configured below the break.
+    index.set_workload_summarizer("w", configured(("kubeflow.org", "Notebook")))
+    assert index.workloads == {} and index.unresolved == {MISSING: 2} and index.chain_broken == {}
 
 
 def test_depth_limit() -> None:
