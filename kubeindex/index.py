@@ -121,9 +121,17 @@ def _parse(resources: dict[str, str]) -> dict[str, int]:
     return {name: parse_or_zero(q) for name, q in resources.items()}
 
 
+def _pod_level(resource: str) -> bool:
+    """The resources pod-level requests may set (component-helpers' IsSupportedPodLevelResource)."""
+    return resource in ("cpu", "memory") or resource.startswith("hugepages-")
+
+
 def effective_requests(spec: PodSpec) -> dict[str, int]:
-    """What the scheduler reserves for a pod: max(sum of containers + sidecars, largest init
-    container step) + overhead, per resource."""
+    """What the scheduler reserves for a pod, as k8s.io/component-helpers' PodRequests: per
+    resource, max(sum of containers + sidecars, largest init container step); then pod-level
+    requests replace that for the resources they name (cpu, memory, hugepages-*); then overhead.
+    The API server drops spec.resources while the PodLevelResources gate is off, so a value there
+    means the scheduler uses it."""
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
     for c in spec.initContainers:
@@ -139,6 +147,7 @@ def effective_requests(spec: PodSpec) -> dict[str, int]:
     for c in spec.containers:
         _add(total, _parse(c.resources.requests).items(), 1)
     result = {r: max(total.get(r, 0), init_peak.get(r, 0)) for r in total.keys() | init_peak.keys()}
+    result.update((r, v) for r, v in _parse(spec.resources.requests).items() if _pod_level(r))
     _add(result, _parse(spec.overhead).items(), 1)
     return result
 

@@ -80,6 +80,7 @@ class PodSpec(Struct):
     containers: list[Container] = field(default_factory=list)
     initContainers: list[Container] = field(default_factory=list)
     overhead: dict[str, str] = field(default_factory=dict)
+    resources: Resources = field(default_factory=Resources)  # pod-level (PodLevelResources, 1.32+)
 
 
 class PodStatus(Struct):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import random
 
+import msgspec
 import pytest
 
 from kubeindex.index import ClusterIndex, effective_requests
@@ -224,6 +226,29 @@ def test_effective_requests_with_init_containers_sidecars_and_overhead() -> None
     got = effective_requests(spec)
     assert got["cpu"] == (2000 + 10) * NANO // 1000  # max(500+250+100, 2000) + 10 millicores
     assert got["memory"] == 2**30 * NANO
+
+
+def test_pod_level_requests_replace_the_container_sum_for_the_resources_they_name() -> None:
+    """As k8s.io/component-helpers' PodRequests: cpu, memory and hugepages-* set in
+    spec.resources.requests replace the containers' aggregate; other resources keep it; overhead
+    is added after."""
+    gpu = "nvidia.com/gpu"
+    spec = msgspec.json.decode(json.dumps({
+        "containers": [{"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi", gpu: "1"}}},
+                       {"name": "b", "resources": {"requests": {"cpu": "250m", "ephemeral-storage": "1Gi"}}}],
+        "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2", "memory": "3Gi"}}}],
+        "resources": {"requests": {"cpu": "4", "hugepages-2Mi": "20Mi", gpu: "7"}, "limits": {"cpu": "8"}},
+        "overhead": {"cpu": "10m", "memory": "1Mi"},
+    }), type=PodSpec)
+    got = effective_requests(spec)
+    assert got["cpu"] == 4010 * NANO // 1000  # the pod-level 4, not max(750m, 2): + overhead
+    assert got["memory"] == (3 * 2**30 + 2**20) * NANO  # not named at pod level: the containers' max
+    assert got["hugepages-2Mi"] == 20 * 2**20 * NANO
+    assert got[gpu] == NANO  # not a pod-level resource: the pod-level value is ignored
+    assert got["ephemeral-storage"] == 2**30 * NANO
+    # Only unsupported names at pod level: as if none were set.
+    plain = msgspec.structs.replace(spec, resources=Resources({gpu: "7"}), overhead={})
+    assert effective_requests(plain)["cpu"] == 2 * NANO  # max(750m, the 2-cpu init container)
 
 
 def test_node_groups_exact_values() -> None:
