@@ -13,7 +13,6 @@ from pathlib import Path
 
 import uvloop
 from aiohttp import web
-from pydantic import ValidationError
 
 from exporter.metrics import Renderer
 from exporter.server import make_app
@@ -25,7 +24,7 @@ from reconciler.controller import Reconciler, ReconcilerSettings
 from reconciler.desired import identity
 from reconciler.leader import LeaderElector, LeaseSettings
 
-from .settings import Settings
+from .settings import InvalidSettings, Settings, load
 
 log = logging.getLogger("node-workload-summary")
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -93,9 +92,10 @@ async def serve(settings: Settings) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        settings = Settings(_cli_parse_args=sys.argv[1:] if argv is None else argv)  # type: ignore[call-arg]
-    except ValidationError as err:
-        print(f"error: invalid settings:\n{err}", file=sys.stderr)
+        settings = load(sys.argv[1:] if argv is None else argv)
+    except InvalidSettings as err:
+        for problem in err.problems:
+            print(f"error: {problem}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,11 +1,33 @@
-"""Every setting, from environment variables (NWS_*) and command-line flags (--*)."""
+"""Every setting, from environment variables (NWS_*) and command-line flags (--*).
+
+Settings that cannot work are refused here, before anything starts, one line per problem."""
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import TypeAliasType
+
+ENV_PREFIX = "NWS_"
+MIN_SECONDS = 1.0
+JITTER_FACTOR = 1.2  # client-go's leader election refuses renewDeadline <= 1.2 x retryPeriod
+
+# Named types: --help shows these names instead of Python's (`SECONDS`, not `float`).
+FilePath = TypeAliasType("PATH", str)
+Name = TypeAliasType("NAME", str)
+Address = TypeAliasType("ADDRESS", str)
+Port = TypeAliasType("PORT", int)
+Count = TypeAliasType("N", int)
+Seconds = TypeAliasType("SECONDS", float)
+WholeSeconds = TypeAliasType("SECONDS", int)
+Rate = TypeAliasType("PER_SECOND", float)
+Labels = TypeAliasType("LABELS", list[str])
 
 
 class Settings(BaseSettings):
@@ -17,58 +39,150 @@ class Settings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix="NWS_",
+        env_prefix=ENV_PREFIX,
         cli_prog_name="node-workload-summary",
         cli_kebab_case=True,
         cli_implicit_flags=True,
         cli_enforce_required=False,
+        cli_hide_none_type=True,
+        cli_show_env_vars=True,
         extra="ignore",
     )
 
-    kubeconfig: str | None = Field(None, description="Path to a kubeconfig (default: $KUBECONFIG, "
-                                   "~/.kube/config, or the in-cluster service account).")
-    context: str | None = Field(None, description="kubeconfig context to use (default: the current one).")
-    listen_address: str = Field("0.0.0.0", description="Address of the HTTP server (/metrics, /healthz, /readyz).")
-    port: int = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: pick a free one).")
-    max_workload_series: int = Field(
+    kubeconfig: FilePath | None = Field(None, description="Path to a kubeconfig. Unset: $KUBECONFIG, then the "
+                                        "in-cluster service account, then ~/.kube/config.")
+    context: Name | None = Field(None, description="kubeconfig context to use. Unset: the current one.")
+    listen_address: Address = Field("0.0.0.0", description="Address of the HTTP server (/metrics, /healthz, /readyz).")
+    port: Port = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: pick a free one).")
+    max_workload_series: Count = Field(
         5000, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
         "workload=\"other\" and counted in nws_workload_series_dropped_total.")
-    workload_pod_labels: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Pod labels that name a workload where no ownerReference leads to "
-        "a configured kind (e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name). "
-        "Comma-separated in the environment variable.")
-    max_owner_depth: int = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
-    page_size: int = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
-    watch_timeout_min: int = Field(300, ge=1, description="Lower bound of the randomized watch timeoutSeconds.")
-    watch_timeout_max: int = Field(600, ge=1, description="Upper bound of the randomized watch timeoutSeconds.")
-    read_timeout: float = Field(
+    workload_pod_labels: Annotated[Labels, NoDecode] = Field(
+        [], description="Pod labels that name a workload where no ownerReference leads to a configured kind "
+        "(e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name): a JSON list or a comma list; "
+        "the flag may also be repeated.")
+    max_owner_depth: Count = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
+    page_size: Count = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
+    watch_timeout_min: WholeSeconds = Field(300, ge=1, description="Lower bound of the randomized watch "
+                                            "timeoutSeconds.")
+    watch_timeout_max: WholeSeconds = Field(600, ge=1, description="Upper bound of the randomized watch "
+                                            "timeoutSeconds (at least --watch-timeout-min).")
+    read_timeout: Seconds = Field(
         180.0, gt=0, description="Seconds without any byte on a watch before the connection is "
         "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
+    sync_loss_grace: Seconds = Field(
+        60.0, gt=0, description="Seconds a watch may stay unable to reach the API server before /readyz "
+        "fails and the replica gives up the Lease.")
     exporter: bool = Field(True, description="Serve the metrics on /metrics (--no-exporter: only /healthz, /readyz).")
     reconciler: bool = Field(True, description="Maintain NodeSummary and WorkloadSummary objects and the "
                              "summarizers' status (--no-reconciler: metrics only).")
     leader_election: bool = Field(True, description="Write only while holding the Lease (needed with more "
                                   "than one replica).")
-    lease_namespace: str | None = Field(None, description="Namespace of the Lease (default: the pod's own "
-                                        "namespace in a cluster, else default).")
-    lease_name: str = Field("node-workload-summary", description="Name of the Lease.")
-    lease_duration: float = Field(15.0, gt=0, description="Seconds a lease lasts without renewal before "
-                                  "another replica may take it.")
-    renew_deadline: float = Field(10.0, gt=0, description="Seconds the leader keeps writing without a "
-                                  "successful renewal.")
-    retry_period: float = Field(2.0, gt=0, description="Seconds between lease acquire/renew attempts.")
-    identity: str | None = Field(None, description="This replica's name in the Lease (default: $POD_NAME or "
-                                 "the host name).")
-    write_debounce: float = Field(1.0, ge=0, description="Minimum seconds between two writes of one summary "
-                                  "object (the first change is written at once).")
-    writes_per_second: float = Field(50.0, gt=0, description="Global limit on API writes per second.")
-    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    lease_namespace: Name | None = Field(None, description="Namespace of the Lease. Unset: the pod's own "
+                                         "namespace in a cluster, else default.")
+    lease_name: Name = Field("node-workload-summary", description="Name of the Lease.")
+    lease_duration: WholeSeconds = Field(15, description="Whole seconds (at least 1) a lease lasts without "
+                                         "renewal before another replica may take it.")
+    renew_deadline: Seconds = Field(10.0, description="Seconds (at least 1, less than --lease-duration) the "
+                                    "leader keeps writing without a successful renewal.")
+    retry_period: Seconds = Field(2.0, description="Seconds (at least 1, less than --renew-deadline / 1.2) "
+                                  "between lease acquire/renew attempts.")
+    identity: Name | None = Field(None, description="This replica's name in the Lease. Unset: $POD_NAME or "
+                                  "the host name.")
+    write_debounce: Seconds = Field(1.0, ge=0, description="Minimum seconds between two writes of one summary "
+                                    "object (the first change is written at once).")
+    writes_per_second: Rate = Field(50.0, gt=0, description="Global limit on API writes per second.")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
 
     @field_validator("workload_pod_labels", mode="before")
     @classmethod
-    def _split_commas(cls, value: object) -> object:
-        if isinstance(value, str):
-            return [v.strip() for v in value.split(",") if v.strip()]
-        if isinstance(value, list):
-            return [v.strip() for item in value for v in str(item).split(",") if v.strip()]
+    def _label_list(cls, value: object) -> object:
+        if not isinstance(value, str):
+            return value
+        text = value.strip()
+        if not text.startswith("["):
+            return [label.strip() for label in text.split(",") if label.strip()]
+        try:
+            labels = json.loads(text)
+        except ValueError:
+            labels = None
+        if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+            raise ValueError(f"not a JSON list of strings (got {value!r}); write [\"a\",\"b\"] or a,b")
+        return [label.strip() for label in labels if label.strip()]
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("lease_duration", mode="before")
+    @classmethod
+    def _whole_seconds(cls, value: object) -> object:
+        # Lease.spec.leaseDurationSeconds is an integer: 0.5 would become 0, which the API server refuses.
+        try:
+            seconds = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return value  # not a number: the type check says so
+        _at_least_a_second(seconds)
+        if not seconds.is_integer():
+            raise ValueError(f"must be a whole number of seconds, as the Lease stores it (got {seconds:g})")
+        return int(seconds)
+
+    @field_validator("renew_deadline")
+    @classmethod
+    def _renew_within_lease(cls, value: float, info: ValidationInfo) -> float:
+        _at_least_a_second(value)
+        lease = info.data.get("lease_duration")
+        if lease is not None and value >= lease:
+            raise ValueError(f"must be shorter than --lease-duration (got {value:g} s, lease {lease} s)")
         return value
+
+    @field_validator("retry_period")
+    @classmethod
+    def _retry_within_renew(cls, value: float, info: ValidationInfo) -> float:
+        _at_least_a_second(value)
+        renew = info.data.get("renew_deadline")
+        if renew is not None and value * JITTER_FACTOR >= renew:
+            raise ValueError(f"must be below --renew-deadline / {JITTER_FACTOR} so a renewal can be retried in "
+                             f"time (got {value:g} s, renew deadline {renew:g} s)")
+        return value
+
+    @field_validator("watch_timeout_max")
+    @classmethod
+    def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("watch_timeout_min")
+        if low is not None and value < low:
+            raise ValueError(f"must not be below --watch-timeout-min (got {value}, min {low})")
+        return value
+
+
+def _at_least_a_second(seconds: float) -> None:
+    if not seconds >= MIN_SECONDS:  # also refuses NaN
+        raise ValueError(f"must be at least {MIN_SECONDS:g} s (got {seconds:g})")
+
+
+class InvalidSettings(Exception):
+    """Settings that cannot work; ``problems`` has one line each, naming the flag."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def load(argv: Sequence[str]) -> Settings:
+    """Settings from these arguments and the environment, or InvalidSettings."""
+    try:
+        return Settings(_cli_parse_args=list(argv))  # type: ignore[call-arg]
+    except ValidationError as err:
+        raise InvalidSettings([_problem(error, argv) for error in err.errors()]) from None
+
+
+def _problem(error: ErrorDetails, argv: Sequence[str]) -> str:
+    """One line for one error, naming the flag (and the variable, when the value came from there)."""
+    name = str(error["loc"][0]) if error["loc"] else ""
+    flag = "--" + name.replace("_", "-")
+    env = ENV_PREFIX + name.upper()
+    from_env = env in os.environ and not any(arg == flag or arg.startswith(flag + "=") for arg in argv)
+    if error["type"] == "value_error":  # ours: the message already shows what it got
+        return f"{flag}: {error['ctx']['error']}" + (f" (from {env})" if from_env else "")
+    return f"{flag}: {error['msg']} (got {error['input']!r}" + (f" from {env})" if from_env else ")")
