@@ -8,6 +8,7 @@ wrapper's go.mod/go.sum or the Go toolchain changes.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import os
 import re
@@ -174,6 +175,11 @@ def _write_bundles(go: str, component: Component, out: Path) -> None:
         tmp.rename(out / name)
 
 
+def _missing(component: Component, out: Path) -> set[str]:
+    names = [b.name for b in component.binaries] + [name for name, _ in component.bundles]
+    return {name for name in names if not (out / name).exists()}
+
+
 def ensure_binaries(components: tuple[Component, ...] = COMPONENTS) -> dict[str, Path]:
     """Return {binary or bundle name: path}, building whatever is not cached yet."""
     paths: dict[str, Path] = {}
@@ -184,16 +190,20 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS) -> dict[str,
             go = go_binary()
             go_version = _go_version(go)
         out = output_dir(component, go_version)
-        missing = [b for b in component.binaries if not (out / b.name).exists()]
-        missing_bundles = any(not (out / name).exists() for name, _ in component.bundles)
-        if missing or missing_bundles:
-            _say(f"building {component.name} {component.version} ({len(missing)} binaries) into {out}")
+        if _missing(component, out):
             out.mkdir(parents=True, exist_ok=True)
-            for binary in missing:
-                tmp = out / f".{binary.name}.tmp"
-                _build_one(go, component, binary, tmp)
-                tmp.rename(out / binary.name)  # atomic: a killed build never leaves a half binary
-            _write_bundles(go, component, out)
+            with (out / ".lock").open("w") as lock:
+                # Two test processes on a fresh machine: one builds, the other waits and reuses.
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                missing = _missing(component, out)
+                if missing:
+                    _say(f"building {component.name} {component.version} ({len(missing)} binaries) into {out}")
+                for binary in (b for b in component.binaries if b.name in missing):
+                    tmp = out / f".{binary.name}.tmp"
+                    _build_one(go, component, binary, tmp)
+                    tmp.rename(out / binary.name)  # atomic: a killed build never leaves a half binary
+                if any(name in missing for name, _ in component.bundles):
+                    _write_bundles(go, component, out)
         for binary in component.binaries:
             paths[binary.name] = out / binary.name
         for name, _ in component.bundles:
