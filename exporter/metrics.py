@@ -1,36 +1,45 @@
 """The /metrics exposition, rendered from the index's aggregates.
 
+Families are tables of FamilyGenerator rows, one table per kind of aggregate (node group,
+workload), in the manner of kube-state-metrics: a row holds the family's name, type and help and
+a function from the aggregate to its samples, so a new family is one row.
+
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
 lines cached under the aggregate's generation stamp, so only what changed since the last scrape
 is formatted again; the rest is a join of cached strings. (prometheus-client's generic path costs
-about 10 us per labelled sample; it still renders the process metrics appended at the end.)
+about 10 us per labelled sample; it renders the other collectors of the registry, appended at
+the end: process, watches (kubeindex.metrics), reconciler (reconciler.metrics).)
 
-Families (prefix ``nws_``) are documented in README.md; every one of them is listed here once.
+Every family has a bound (docs/metrics.md): node groups per summarizer are capped by
+``max_nodegroup_series``, workloads by ``max_workload_series``; what is beyond a cap is summed
+into an explicit ``other`` series and counted.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Generic, TypeVar
 
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from kubeindex.index import PHASES, READY_STATES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.index import PHASES, READY_STATES, ClusterIndex, GroupAgg, GroupKey, WorkloadAgg
+from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
 from kubeindex.quantity import NANO
-from kubeindex.sources import Sources
-
-if TYPE_CHECKING:
-    from reconciler.controller import Reconciler
-    from reconciler.leader import LeaderElector
 
 PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
-OTHER = "other"  # the explicit overflow series when the workload series cap is reached
+OTHER = "other"  # the explicit overflow series when a series cap is reached
 ALWAYS_PHASES = ("Pending", "Running")  # workload phases emitted even at 0 (stable series)
+UNRESOLVED_REASONS = (NONE, MISSING, CYCLE, TOO_DEEP)  # emitted even at 0
+BROKEN_REASONS = (MISSING,)  # the only break a workload can sit below
+
+A = TypeVar("A")
+K = TypeVar("K", bound=Hashable)
+Sample = tuple[str, object]  # (label pairs beyond the aggregate's own, value)
 
 
 @dataclass(frozen=True)
@@ -46,45 +55,12 @@ class Family:
         return f"# HELP {name} {self.help}\n# TYPE {name} {self.type}\n"
 
 
-GROUP_FAMILIES = (
-    Family("nodegroup_nodes", "gauge", "Nodes in the node group (nodes of a NodeSummarizer with one label value)."),
-    Family("nodegroup_nodes_by_condition", "gauge",
-           "Nodes of the group by Ready condition: Ready, NotReady or Unknown."),
-    Family("nodegroup_nodes_unschedulable", "gauge", "Cordoned nodes (spec.unschedulable) in the node group."),
-    Family("nodegroup_allocatable", "gauge",
-           "Sum of node allocatable per resource (cpu in cores, memory in bytes, others in units)."),
-    Family("nodegroup_capacity", "gauge", "Sum of node capacity per resource."),
-    Family("nodegroup_pods", "gauge", "Pods bound to the group's nodes, by phase."),
-    Family("nodegroup_requested", "gauge",
-           "Sum of the effective resource requests of the non-terminated pods on the group's nodes."),
-)
-WORKLOAD_FAMILIES = (
-    Family("workload_pods", "gauge",
-           "Pods of the root workload by phase (Pending and Running always, other phases when non-zero)."),
-    Family("workload_nodes", "gauge", "Distinct nodes of each node group that the workload's pods run on."),
-)
-F_EVENTS = Family("watch_events", "counter", "Watch events received, by resource and event type.")
-F_RELISTS = Family("watch_relists", "counter", "Full LISTs (initial, after 410 Gone), by resource.")
-F_RESTARTS = Family("watch_restarts", "counter", "Watch restarts by resource and reason (gone, timeout, ...).")
-F_AGE = Family("watch_last_event_age_seconds", "gauge", "Seconds since the last event or list page, by resource.")
-F_OBJECTS = Family("watch_objects", "gauge", "Objects currently known, by resource.")
-F_SYNCED = Family("watch_synced", "gauge", "1 once the resource's initial LIST completed.")
-F_SYNC = Family("initial_sync_duration_seconds", "gauge", "Seconds from start until every watch had listed.")
-F_UNRESOLVED = Family("pods_without_workload", "gauge",
-                      "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep.")
-F_NOT_SERVED = Family("kind_not_served", "gauge", "1 for each configured or referenced kind the API does not serve.")
-F_CAP = Family("workload_series_limit", "gauge", "The cap on workloads with series of their own.")
-F_WORKLOADS = Family("workloads", "gauge", "Root workloads known to the index.")
-F_OVERFLOW = Family("workload_series_overflow", "gauge",
-                    "Workloads beyond the cap, folded into the workload=other series.")
-F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into the other series.")
-F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
-F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
-F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version.")
-F_WRITES = Family("reconciler_writes", "counter", "Successful API writes of the reconciler, by verb.")
-F_WRITE_ERRORS = Family("reconciler_write_errors", "counter", "Failed API writes of the reconciler, by HTTP status.")
-F_LEADER = Family("reconciler_leader", "gauge", "1 while this replica holds the lease and writes.")
-F_SUMMARIES = Family("reconciler_summaries", "gauge", "Summary objects that exist, by kind.")
+@dataclass(frozen=True)
+class FamilyGenerator(Generic[A]):
+    """One metric family of one kind of aggregate and how to get its samples from one aggregate."""
+
+    family: Family
+    samples: Callable[[A], Iterable[Sample]]
 
 
 def _esc(value: str) -> str:
@@ -105,33 +81,65 @@ def _line(family: Family, labels: str, value: object) -> str:
     return f"{PREFIX}{family.name}{suffix}{label_set} {value}\n"
 
 
-def group_chunks(agg: GroupAgg) -> tuple[str, ...]:
-    """One exposition chunk per GROUP_FAMILIES entry for one node group."""
-    base = _labels(summarizer=agg.summarizer, group=agg.value)
-    nodes, by_cond, unsched, alloc, cap, pods, req = GROUP_FAMILIES
-    return (
-        _line(nodes, base, agg.nodes),
-        "".join(_line(by_cond, f'{base},condition="{c}"', agg.conditions.get(c, 0)) for c in READY_STATES),
-        _line(unsched, base, agg.unschedulable),
-        "".join(_line(alloc, f'{base},resource="{_esc(r)}"', _quantity(v)) for r, v in sorted(agg.allocatable.items())),
-        "".join(_line(cap, f'{base},resource="{_esc(r)}"', _quantity(v)) for r, v in sorted(agg.capacity.items())),
-        "".join(_line(pods, f'{base},phase="{p}"', agg.pods.get(p, 0)) for p in PHASES),
-        "".join(_line(req, f'{base},resource="{_esc(r)}"', _quantity(v)) for r, v in sorted(agg.requested.items())),
-    )
+def _resources(values: dict[str, int]) -> Iterator[Sample]:
+    return ((_labels(resource=r), _quantity(v)) for r, v in sorted(values.items()))
 
 
-def _workload_lines(base: str, pods: dict[str, int], group_nodes: dict[tuple[str, str], int]) -> tuple[str, str]:
-    fam_pods, fam_nodes = WORKLOAD_FAMILIES
-    phases = [p for p in PHASES if p in ALWAYS_PHASES or pods.get(p)]
-    return (
-        "".join(_line(fam_pods, f'{base},phase="{p}"', pods.get(p, 0)) for p in phases),
-        "".join(_line(fam_nodes, f"{base},{_labels(summarizer=s, group=g)}", n)
-                for (s, g), n in sorted(group_nodes.items())),
-    )
+# -- node groups ---------------------------------------------------------------------------------
+
+NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
+    FamilyGenerator(Family("nodegroup_nodes", "gauge",
+                           "Nodes in the node group (nodes of a NodeSummarizer with one label value)."),
+                    lambda g: [("", g.nodes)]),
+    FamilyGenerator(Family("nodegroup_nodes_by_condition", "gauge",
+                           "Nodes of the group by Ready condition: Ready, NotReady or Unknown."),
+                    lambda g: ((_labels(condition=c), g.conditions.get(c, 0)) for c in READY_STATES)),
+    FamilyGenerator(Family("nodegroup_nodes_unschedulable", "gauge",
+                           "Cordoned nodes (spec.unschedulable) in the node group."),
+                    lambda g: [("", g.unschedulable)]),
+    FamilyGenerator(Family("nodegroup_allocatable", "gauge",
+                           "Sum of node allocatable per resource (cpu in cores, memory in bytes, others in units)."),
+                    lambda g: _resources(g.allocatable)),
+    FamilyGenerator(Family("nodegroup_capacity", "gauge", "Sum of node capacity per resource."),
+                    lambda g: _resources(g.capacity)),
+    FamilyGenerator(Family("nodegroup_pods", "gauge", "Pods bound to the group's nodes, by phase."),
+                    lambda g: ((_labels(phase=p), g.pods.get(p, 0)) for p in PHASES)),
+    FamilyGenerator(Family("nodegroup_requested", "gauge",
+                           "Sum of the effective resource requests of the non-terminated pods on the group's nodes."),
+                    lambda g: _resources(g.requested)),
+)
 
 
-def workload_chunks(agg: WorkloadAgg, kind: str) -> tuple[str, str]:
-    return _workload_lines(_labels(namespace=agg.namespace, workload=agg.name, kind=kind), agg.pods, agg.group_nodes)
+# -- workloads -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WorkloadSeries:
+    """What a workload's series show: its pods, and its distinct nodes per node group where node
+    groups beyond their cap are folded into (summarizer, "other")."""
+
+    pods: dict[str, int]
+    group_nodes: dict[GroupKey, int]
+
+
+WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
+    FamilyGenerator(Family("workload_pods", "gauge",
+                           "Pods of the root workload by phase (Pending and Running always, "
+                           "other phases when non-zero)."),
+                    lambda w: ((_labels(phase=p), w.pods.get(p, 0))
+                               for p in PHASES if p in ALWAYS_PHASES or w.pods.get(p))),
+    FamilyGenerator(Family("workload_nodes", "gauge",
+                           "Distinct nodes of each node group that the workload's pods run on."),
+                    lambda w: ((_labels(summarizer=s, group=g), n) for (s, g), n in sorted(w.group_nodes.items()))),
+)
+
+
+def chunks(table: tuple[FamilyGenerator[A], ...], base: str, aggregate: A) -> tuple[str, ...]:
+    """One exposition chunk per row of ``table`` for one aggregate whose own labels are ``base``."""
+    out = []
+    for row in table:
+        out.append("".join(_line(row.family, f"{base},{extra}" if extra else base, value)
+                           for extra, value in row.samples(aggregate)))
+    return tuple(out)
 
 
 def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -144,131 +152,229 @@ def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     return {(g, k): k if counts[k] == 1 or not g else f"{k}.{g}" for g, k in types}
 
 
+# -- the renderer's own families (each one a single sample or a small, bounded set) -----------
+
+F_UNRESOLVED = Family("pods_without_workload", "gauge",
+                      "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep.")
+F_BROKEN = Family("pods_owner_chain_broken", "gauge",
+                  "Pods counted for a workload although an owner above it is missing, by reason.")
+F_CAP = Family("workload_series_limit", "gauge", "The cap on workloads with series of their own.")
+F_WORKLOADS = Family("workloads", "gauge", "Root workloads known to the index.")
+F_OVERFLOW = Family("workload_series_overflow", "gauge",
+                    "Workloads beyond the cap, folded into the workload=other series.")
+F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into the other series.")
+F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
+F_GROUP_CAP = Family("nodegroup_series_limit", "gauge",
+                     "The cap on node groups with series of their own, per summarizer.")
+F_GROUP_OVERFLOW = Family("nodegroup_series_overflow", "gauge",
+                          "Node groups beyond the cap, folded into the group=other series, per summarizer.")
+F_GROUP_DROPPED = Family("nodegroup_series_dropped", "counter",
+                         "Node groups that were ever folded into the other series, per summarizer.")
+F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
+F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version.")
+
+
+class SeriesCap(Generic[K]):
+    """At most ``limit`` keys have series of their own. A key keeps its slot while it exists (no
+    series churn); new keys take free slots; the rest overflow. ``epoch`` moves whenever the set
+    of overflowing keys changes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.slots: set[K] = set()
+        self.overflowed: set[K] = set()
+        self.dropped_total = 0
+        self.epoch = 0
+
+    def assign(self, keys: Iterable[K]) -> list[K]:
+        """The overflowing keys among ``keys`` (all the keys that exist now). O(keys)."""
+        keys = list(keys)
+        present = set(keys)
+        self.slots &= present
+        if not self.overflowed <= present:
+            self.overflowed &= present
+            self.epoch += 1
+        overflow = []
+        for key in keys:
+            if key in self.slots:
+                continue
+            if len(self.slots) < self.limit:
+                self.slots.add(key)
+                if key in self.overflowed:
+                    self.overflowed.discard(key)
+                    self.epoch += 1
+            else:
+                overflow.append(key)
+                if key not in self.overflowed:
+                    self.overflowed.add(key)
+                    self.dropped_total += 1
+                    self.epoch += 1
+        return overflow
+
+
+def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
+    total = GroupAgg(summarizer, OTHER)
+    for g in groups:
+        total.nodes += g.nodes
+        total.unschedulable += g.unschedulable
+        for mine, theirs in ((total.conditions, g.conditions), (total.allocatable, g.allocatable),
+                             (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested)):
+            for k, v in theirs.items():
+                mine[k] = mine.get(k, 0) + v
+        total.generation = max(total.generation, g.generation)
+    return total
+
+
 class Renderer:
-    def __init__(self, index: ClusterIndex, sources: Sources | None, max_workload_series: int,
-                 version: str = "0.1.0", registry: prometheus_client.CollectorRegistry | None = None,
-                 reconciler: Reconciler | None = None, elector: LeaderElector | None = None) -> None:
+    def __init__(self, index: ClusterIndex, max_workload_series: int, max_nodegroup_series: int = 2000,
+                 version: str = "0.1.0", registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self.index = index
-        self.sources = sources
-        self.reconciler = reconciler
-        self.elector = elector
         self.max_workload_series = max_workload_series
+        self.max_nodegroup_series = max_nodegroup_series
         self.version = version
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
-        self._groups: dict[tuple[str, str], tuple[int, tuple[str, ...]]] = {}
-        self._workloads: dict[str, tuple[int, str, tuple[str, str]]] = {}
-        self._slots: set[str] = set()  # workloads that have series of their own
-        self._overflowed: set[str] = set()
-        self.dropped_total = 0
+        self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
+        self.group_caps: dict[str, SeriesCap[GroupKey]] = {}  # per summarizer
+        self._overflowed_groups: set[GroupKey] = set()
+        self._groups_epoch = 0  # moves whenever _overflowed_groups does
+        self._groups: dict[GroupKey, tuple[int, tuple[str, ...]]] = {}
+        self._other_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
+        self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
         self.last_render_seconds = 0.0
 
-    # -- workloads under the cap -------------------------------------------------------------
+    @property
+    def dropped_total(self) -> int:
+        return self.workload_cap.dropped_total
 
-    def _assign_slots(self) -> list[WorkloadAgg]:
-        """Workloads keep their slot while they exist (no series churn); new ones take free slots;
-        the rest go to "other". O(workloads)."""
-        workloads = self.index.workloads
-        self._slots &= workloads.keys()
-        self._overflowed &= workloads.keys()
-        overflow = []
-        for uid, agg in workloads.items():
-            if uid in self._slots:
-                continue
-            if len(self._slots) < self.max_workload_series:
-                self._slots.add(uid)
-                self._overflowed.discard(uid)
-            else:
-                overflow.append(agg)
-                if uid not in self._overflowed:
-                    self._overflowed.add(uid)
-                    self.dropped_total += 1
-        return overflow
+    # -- node groups under the cap -------------------------------------------------------------
+
+    def _group_chunks(self) -> list[tuple[str, ...]]:
+        by_summarizer: dict[str, list[GroupAgg]] = {s: [] for s in self.index.node_summarizers}
+        for agg in self.index.groups.values():
+            by_summarizer.setdefault(agg.summarizer, []).append(agg)
+        for gone in self.group_caps.keys() - by_summarizer.keys():
+            self._forget_summarizer(gone)
+        out = []
+        overflowed: set[GroupKey] = set()
+        for summarizer, aggs in by_summarizer.items():
+            cap = self.group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
+            overflow = set(cap.assign((a.summarizer, a.value) for a in aggs))
+            out.extend(self._cached_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
+            if overflow:
+                overflowed |= overflow
+                out.append(self._cached_other_group(summarizer, cap, [self.index.groups[k] for k in overflow]))
+        for key in self._groups.keys() - self.index.groups.keys():
+            del self._groups[key]
+        if overflowed != self._overflowed_groups:
+            self._overflowed_groups = overflowed
+            self._groups_epoch += 1
+        return out
+
+    def _forget_summarizer(self, summarizer: str) -> None:
+        del self.group_caps[summarizer]
+        self._other_groups.pop(summarizer, None)
 
     def _cached_group(self, agg: GroupAgg) -> tuple[str, ...]:
         key = (agg.summarizer, agg.value)
         hit = self._groups.get(key)
         if hit is None or hit[0] != agg.generation:
-            hit = self._groups[key] = (agg.generation, group_chunks(agg))
+            hit = self._groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
+                summarizer=agg.summarizer, group=agg.value), agg))
         return hit[1]
 
-    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, str]:
+    def _cached_other_group(self, summarizer: str, cap: SeriesCap[GroupKey], aggs: list[GroupAgg]) -> tuple[str, ...]:
+        # Generation stamps grow monotonically across the index: (set epoch, newest stamp) changes
+        # whenever the sum does, and checking it costs no dict arithmetic.
+        stamp = (cap.epoch, max(a.generation for a in aggs))
+        hit = self._other_groups.get(summarizer)
+        if hit is None or hit[0] != stamp:
+            total = _sum_groups(summarizer, aggs)
+            hit = self._other_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
+                summarizer=summarizer, group=OTHER), total))
+        return hit[1]
+
+    # -- workloads under the cap ---------------------------------------------------------------
+
+    def _series(self, pods: dict[str, int], group_nodes: dict[GroupKey, int]) -> WorkloadSeries:
+        if not self._overflowed_groups or not group_nodes:
+            return WorkloadSeries(pods, group_nodes)
+        folded: dict[GroupKey, int] = {}
+        for key, n in group_nodes.items():
+            key = (key[0], OTHER) if key in self._overflowed_groups else key
+            folded[key] = folded.get(key, 0) + n
+        return WorkloadSeries(pods, folded)
+
+    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind)
+        stamp = (agg.generation, kind, self._groups_epoch)
         hit = self._workloads.get(agg.uid)
-        if hit is None or hit[0] != agg.generation or hit[1] != kind:
-            hit = self._workloads[agg.uid] = (agg.generation, kind, workload_chunks(agg, kind))
-        return hit[2]
+        if hit is None or hit[0] != stamp:
+            base = _labels(namespace=agg.namespace, workload=agg.name, kind=kind)
+            series = self._series(agg.pods, agg.group_nodes)
+            hit = self._workloads[agg.uid] = (stamp, chunks(WORKLOAD_FAMILIES, base, series))
+        return hit[1]
+
+    def _workload_chunks(self) -> tuple[list[tuple[str, ...]], int]:
+        workloads = self.index.workloads
+        overflow = self.workload_cap.assign(workloads)
+        kinds = kind_labels(self.index.workload_types)
+        out = [self._cached_workload(workloads[uid], kinds) for uid in self.workload_cap.slots]
+        for uid in self._workloads.keys() - self.workload_cap.slots:
+            del self._workloads[uid]
+        if overflow:  # pods only: where "other" runs would be one series per node group again
+            pods: dict[str, int] = {}
+            for uid in overflow:
+                for phase, n in workloads[uid].pods.items():
+                    pods[phase] = pods.get(phase, 0) + n
+            out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
+                              WorkloadSeries(pods, {})))
+        return out, len(overflow)
 
     # -- render ---------------------------------------------------------------------------------
 
     def render(self, openmetrics_format: bool = False) -> bytes:
         started = time.perf_counter()
         out: list[str] = []
-        groups = [self._cached_group(g) for g in self.index.groups.values()]
-        for key in self._groups.keys() - self.index.groups.keys():
-            del self._groups[key]
-        for i, family in enumerate(GROUP_FAMILIES):
-            out.append(family.header(openmetrics_format))
-            out.extend(chunks[i] for chunks in groups)
-
-        overflow = self._assign_slots()
-        kinds = kind_labels(self.index.workload_types)
-        workloads = [self._cached_workload(self.index.workloads[uid], kinds) for uid in self._slots]
-        for uid in self._workloads.keys() - self._slots:
-            del self._workloads[uid]
-        if overflow:
-            pods: dict[str, int] = {}
-            for agg in overflow:
-                for phase, n in agg.pods.items():
-                    pods[phase] = pods.get(phase, 0) + n
-            workloads.append(_workload_lines(_labels(namespace="", workload=OTHER, kind=OTHER), pods, {}))
-        for i, family in enumerate(WORKLOAD_FAMILIES):
-            out.append(family.header(openmetrics_format))
-            out.extend(chunks[i] for chunks in workloads)
-
-        out.extend(self._self_metrics(openmetrics_format, len(overflow)))
+        groups = self._group_chunks()  # first: workloads fold node groups by its outcome
+        workloads, overflow = self._workload_chunks()
+        for table, rendered in ((NODEGROUP_FAMILIES, groups), (WORKLOAD_FAMILIES, workloads)):
+            for i, row in enumerate(table):
+                out.append(row.family.header(openmetrics_format))
+                out.extend(c[i] for c in rendered)
+        out.extend(self._own_lines(openmetrics_format, overflow))
         self.last_render_seconds = time.perf_counter() - started
         body = "".join(out).encode()
         if openmetrics_format:
             return body + openmetrics.generate_latest(self.registry)  # ends with "# EOF"
         return body + prometheus_client.generate_latest(self.registry)
 
-    def _self_metrics(self, om: bool, overflow: int) -> list[str]:
-        out: list[str] = []
-
-        def family(fam: Family, samples: list[tuple[str, object]]) -> None:
-            out.append(fam.header(om))
-            out.extend(_line(fam, labels, value) for labels, value in samples)
-
-        now = time.time()
-        stats = self.sources.stats if self.sources else {}
-        family(F_EVENTS, [(_labels(resource=r, type=t), n)
-                          for r, s in stats.items() for t, n in sorted(s.events.items())])
-        family(F_RELISTS, [(_labels(resource=r), s.relists) for r, s in stats.items()])
-        family(F_RESTARTS, [(_labels(resource=r, reason=k), n)
-                            for r, s in stats.items() for k, n in sorted(s.restarts.items())])
-        family(F_AGE, [(_labels(resource=r), round(now - s.last_event, 3)) for r, s in stats.items() if s.last_event])
-        family(F_OBJECTS, [(_labels(resource=r), s.objects) for r, s in stats.items()])
-        family(F_SYNCED, [(_labels(resource=r), int(s.synced)) for r, s in stats.items()])
-        if self.sources is not None and self.sources.sync_seconds is not None:
-            family(F_SYNC, [("", round(self.sources.sync_seconds, 3))])
-        family(F_UNRESOLVED, [(_labels(reason=k), n) for k, n in sorted(self.index.unresolved.items())])
-        missing = sorted(self.sources.missing_kinds) if self.sources else []
-        family(F_NOT_SERVED, [(_labels(group=g, kind=k), 1) for g, k in missing])
+    def own_families(self, overflow: int = 0) -> list[tuple[Family, list[Sample]]]:
+        index = self.index
         counts: dict[str, int] = {}
-        for summarizer, _ in self.index.groups:
+        for summarizer, _ in index.groups:
             counts[summarizer] = counts.get(summarizer, 0) + 1
-        family(F_NODE_GROUPS, [(_labels(summarizer=s), counts.get(s, 0)) for s in sorted(self.index.node_summarizers)])
-        family(F_WORKLOADS, [("", len(self.index.workloads))])
-        family(F_CAP, [("", self.max_workload_series)])
-        family(F_OVERFLOW, [("", overflow)])
-        family(F_DROPPED, [("", self.dropped_total)])
-        family(F_RENDER, [("", round(self.last_render_seconds, 6))])
-        family(F_INFO, [(_labels(version=self.version), 1)])
-        if self.reconciler is not None:
-            stats = self.reconciler.stats
-            family(F_WRITES, [(_labels(verb=v), n) for v, n in sorted(stats.writes.items())])
-            family(F_WRITE_ERRORS, [(_labels(code=c), n) for c, n in sorted(stats.errors.items())])
-            leader = self.elector.is_leader if self.elector is not None else True
-            family(F_LEADER, [("", int(leader))])
-            family(F_SUMMARIES, [(_labels(kind=k), len(v)) for k, v in sorted(self.reconciler.actual.items())])
+        summarizers = sorted(index.node_summarizers)
+        caps = self.group_caps
+        return [
+            (F_UNRESOLVED, [(_labels(reason=r), index.unresolved.get(r, 0)) for r in UNRESOLVED_REASONS]),
+            (F_BROKEN, [(_labels(reason=r), index.chain_broken.get(r, 0)) for r in BROKEN_REASONS]),
+            (F_NODE_GROUPS, [(_labels(summarizer=s), counts.get(s, 0)) for s in summarizers]),
+            (F_GROUP_CAP, [("", self.max_nodegroup_series)]),
+            (F_GROUP_OVERFLOW, [(_labels(summarizer=s), len(caps[s].overflowed) if s in caps else 0)
+                                for s in summarizers]),
+            (F_GROUP_DROPPED, [(_labels(summarizer=s), caps[s].dropped_total if s in caps else 0)
+                               for s in summarizers]),
+            (F_WORKLOADS, [("", len(index.workloads))]),
+            (F_CAP, [("", self.max_workload_series)]),
+            (F_OVERFLOW, [("", overflow)]),
+            (F_DROPPED, [("", self.workload_cap.dropped_total)]),
+            (F_RENDER, [("", round(self.last_render_seconds, 6))]),
+            (F_INFO, [(_labels(version=self.version), 1)]),
+        ]
+
+    def _own_lines(self, om: bool, overflow: int) -> list[str]:
+        out: list[str] = []
+        for family, samples in self.own_families(overflow):
+            out.append(family.header(om))
+            out.extend(_line(family, labels, value) for labels, value in samples)
         return out

@@ -18,11 +18,13 @@ from exporter.metrics import Renderer
 from exporter.server import make_app
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
+from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from reconciler.controller import Reconciler, ReconcilerSettings
 from reconciler.desired import identity
 from reconciler.leader import LeaderElector, LeaseSettings
+from reconciler.metrics import ReconcilerCollector
 
 from .settings import InvalidSettings, Settings, load
 
@@ -61,7 +63,10 @@ async def serve(settings: Settings) -> None:
             reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
                 debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
             tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
-        renderer = Renderer(index, sources, settings.max_workload_series, reconciler=reconciler, elector=elector)
+        renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series)
+        renderer.registry.register(SourcesCollector(sources))
+        if reconciler is not None:
+            renderer.registry.register(ReconcilerCollector(reconciler, elector))
         runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, settings.listen_address, settings.port)

@@ -57,6 +57,9 @@ class Settings(BaseSettings):
     max_workload_series: Count = Field(
         5000, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
         "workload=\"other\" and counted in nws_workload_series_dropped_total.")
+    max_nodegroup_series: Count = Field(
+        2000, ge=0, description="Cap on node groups with series of their own, per NodeSummarizer; the rest are "
+        "summed into group=\"other\" and counted in nws_nodegroup_series_dropped_total.")
     workload_pod_labels: Annotated[Labels, NoDecode] = Field(
         [], description="Pod labels that name a workload where no ownerReference leads to a configured kind "
         "(e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name): a JSON list or a comma list; "

@@ -5,14 +5,24 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+import exporter.metrics as metrics
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
+from exporter.metrics import Renderer
+from kubeindex.index import PHASES, ClusterIndex
+from kubeindex.metrics import SourcesCollector
+from kubeindex.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
-from localkube.service import Service, select, value, wait_for
+from localkube.service import Service, parse, select, value, wait_for
+from reconciler.metrics import ReconcilerCollector
 from tests.conftest import CRDS
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status
+from tests.reference import Owner
+from tests.test_index import add_owner, configured, make_node, make_pod, ref
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "exp"
@@ -249,3 +259,169 @@ def test_workload_series_cap(kube: LocalCluster, exporter: Service) -> None:
             select(full, "nws_workload_pods", phase="Running").values())
     finally:
         capped.stop()
+
+
+# -- unit level: the renderer over an index fed directly (no cluster) ------------------------------
+
+HOST = "kubernetes.io/hostname"
+
+
+def _render(renderer: Renderer) -> dict:
+    return parse(renderer.render().decode())
+
+
+def _series_per_family(samples: dict) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for name, _ in samples:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def _hostname_cluster(nodes: int, deployments: int) -> ClusterIndex:
+    """A hostname summarizer (one group per node) beside a pool summarizer, a DaemonSet on every
+    node, many Deployments, a GPU pool, pods without workload and below a broken chain."""
+    index = ClusterIndex()
+    index.set_node_summarizer("host", HOST)
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", configured(("apps", "DaemonSet"), ("apps", "Deployment"),
+                                                  ("apps", "StatefulSet")))
+    add_owner(index, Owner("ds", "apps", "DaemonSet", "ns", "agent", None))
+    for i in range(nodes):
+        alloc = {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"} if i % 3 == 0 else None
+        index.upsert_node(make_node(f"n{i}", {HOST: f"n{i}", "pool": f"p{i % 3}"}, allocatable=alloc,
+                                    ready="False" if i % 7 == 0 else "True"))
+        index.upsert_pod(make_pod(f"agent-{i}", f"ds-{i}", node=f"n{i}", owner=ref(("apps", "DaemonSet", "ds"))))
+    for d in range(deployments):
+        add_owner(index, Owner(f"d{d}", "apps", "Deployment", "ns", f"web{d}", None))
+        for r in range(3):
+            index.upsert_pod(make_pod(f"web{d}-{r}", f"w{d}-{r}", node=f"n{(d * 7 + r) % nodes}",
+                                      owner=ref(("apps", "Deployment", f"d{d}")), phase=PHASES[r % 5]))
+    add_owner(index, Owner("sts", "apps", "StatefulSet", "ns", "lab", "notebook-forbidden"))
+    index.upsert_pod(make_pod("lab-0", "lab-0", node="n1", owner=ref(("apps", "StatefulSet", "sts"))))
+    index.upsert_pod(make_pod("bare", "bare", node="n2"))
+    return index
+
+
+def test_every_family_stays_under_its_bound_with_a_hostname_summarizer() -> None:
+    nodes, deployments, g_cap, w_cap = 1500, 60, 400, 25
+    index = _hostname_cluster(nodes, deployments)
+    renderer = Renderer(index, w_cap, g_cap, registry=CollectorRegistry())
+    s = _render(renderer)
+    counts = _series_per_family(s)
+    # The symbols of docs/metrics.md.
+    n_s = {"host": nodes, "pool": 3}
+    g_s = {k: min(n, g_cap) + (n > g_cap) for k, n in n_s.items()}
+    groups = sum(g_s.values())
+    resources = 4  # cpu, memory, pods, nvidia.com/gpu
+    w = min(len(index.workloads), w_cap) + (len(index.workloads) > w_cap)
+    bounds = {
+        "nws_nodegroup_nodes": groups, "nws_nodegroup_nodes_by_condition": 3 * groups,
+        "nws_nodegroup_nodes_unschedulable": groups, "nws_nodegroup_allocatable": resources * groups,
+        "nws_nodegroup_capacity": resources * groups, "nws_nodegroup_pods": 5 * groups,
+        "nws_nodegroup_requested": resources * groups, "nws_workload_pods": 5 * w,
+        "nws_workload_nodes": min(len(index.workloads), w_cap) * groups,
+        "nws_nodegroups": 2, "nws_nodegroup_series_limit": 1, "nws_nodegroup_series_overflow": 2,
+        "nws_nodegroup_series_dropped_total": 2, "nws_workloads": 1, "nws_workload_series_limit": 1,
+        "nws_workload_series_overflow": 1, "nws_workload_series_dropped_total": 1, "nws_pods_without_workload": 4,
+        "nws_pods_owner_chain_broken": 1, "nws_scrape_render_seconds": 1, "nws_build_info": 1,
+    }
+    assert set(counts) == set(bounds)  # the renderer's own families: every one has a bound here
+    for name, n in counts.items():
+        assert n <= bounds[name], (name, n, bounds[name])
+    assert counts["nws_nodegroup_nodes"] == g_cap + 1 + 3  # host: 400 + other; pool: 3
+    # Nothing is lost: "other" holds the rest, the DaemonSet's nodes add up.
+    assert value(s, "nws_nodegroup_nodes", summarizer="host", group="other") == nodes - g_cap
+    assert sum(select(s, "nws_nodegroup_nodes", summarizer="host").values()) == nodes
+    assert sum(select(s, "nws_nodegroup_allocatable", summarizer="host", resource="cpu").values()) == 8 * 500 + 4 * 1000
+    assert value(s, "nws_nodegroup_series_overflow", summarizer="host") == nodes - g_cap
+    assert value(s, "nws_nodegroup_series_overflow", summarizer="pool") == 0
+    assert value(s, "nws_nodegroup_series_dropped_total", summarizer="host") == nodes - g_cap
+    agent = select(s, "nws_workload_nodes", workload="agent", summarizer="host")
+    assert len(agent) == g_cap + 1 and sum(agent.values()) == nodes
+    assert value(s, "nws_workload_nodes", namespace="ns", workload="agent", kind="DaemonSet",
+                 summarizer="host", group="other") == nodes - g_cap
+    assert sum(select(s, "nws_workload_nodes", workload="agent", summarizer="pool").values()) == nodes
+    assert value(s, "nws_pods_without_workload", reason="no_workload_type") == 1
+    assert value(s, "nws_pods_without_workload", reason="cycle") == 0  # present at 0
+    assert value(s, "nws_pods_owner_chain_broken", reason="missing_owner") == 1
+    assert value(s, "nws_workload_series_overflow") == len(index.workloads) - w_cap
+    assert sum(select(s, "nws_workload_pods").values()) == nodes + 3 * deployments + 1  # all but "bare"
+
+
+def test_node_groups_keep_their_slot_and_free_slots_are_taken() -> None:
+    index = ClusterIndex()
+    index.set_node_summarizer("host", HOST)
+    for i in range(3):
+        index.upsert_node(make_node(f"n{i}", {HOST: f"n{i}"}))
+    renderer = Renderer(index, 10, 2, registry=CollectorRegistry())
+    s = _render(renderer)
+    own = {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")}
+    assert own == {"n0", "n1", "other"}
+    index.upsert_node(make_node("n3", {HOST: "n3"}))  # a new group: no slot free
+    s = _render(renderer)
+    assert {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")} == own
+    assert value(s, "nws_nodegroup_nodes", summarizer="host", group="other") == 2
+    assert value(s, "nws_nodegroup_series_dropped_total", summarizer="host") == 2
+    index.delete_node("n0")  # its slot goes to a waiting group
+    s = _render(renderer)
+    groups = {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")}
+    assert "n1" in groups and "other" in groups and len(groups) == 3
+    assert value(s, "nws_nodegroup_nodes", summarizer="host", group="other") == 1
+    index.delete_node("n3"), index.delete_node("n2")
+    s = _render(renderer)
+    assert {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")} == {"n1"}  # no other left
+
+
+def test_scrape_formats_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    index = _hostname_cluster(50, 10)
+    renderer = Renderer(index, 100, 100, registry=CollectorRegistry())
+    renderer.render()
+    calls: list[str] = []
+    real = metrics.chunks
+    monkeypatch.setattr(metrics, "chunks", lambda table, base, agg: calls.append(base) or real(table, base, agg))
+    renderer.render()
+    assert calls == []
+    index.upsert_pod(make_pod("agent-3", "ds-3", node="n3", owner=ref(("apps", "DaemonSet", "ds")), phase="Failed"))
+    renderer.render()
+    assert sorted(calls) == sorted([
+        'summarizer="host",group="n3"', 'summarizer="pool",group="p0"',
+        'namespace="ns",workload="agent",kind="DaemonSet"'])
+
+
+def test_every_unresolved_reason_is_present_at_zero() -> None:
+    s = _render(Renderer(ClusterIndex(), 10, registry=CollectorRegistry()))
+    assert select(s, "nws_pods_without_workload") == {
+        frozenset({("reason", r)}): 0 for r in ("no_workload_type", "missing_owner", "cycle", "too_deep")}
+    assert value(s, "nws_pods_owner_chain_broken", reason="missing_owner") == 0
+
+
+def test_sources_and_reconciler_collectors() -> None:
+    stats = SourceStats(events={"ADDED": 3}, relists=1, objects=3, synced=True)
+    sources = SimpleNamespace(stats={"pods": stats}, sync_seconds=None, missing_kinds={("kubeflow.org", "Notebook")},
+                              forbidden_kinds={("serving.knative.dev", "Revision")})
+    reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 2}, errors={"409": 1}),
+                                 actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}})
+    elector = SimpleNamespace(is_leader=False)
+    registry = CollectorRegistry()
+    registry.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry.register(ReconcilerCollector(reconciler, elector))
+    s = _render(Renderer(ClusterIndex(), 10, registry=registry))
+    assert value(s, "nws_watch_events_total", resource="pods", type="ADDED") == 3
+    assert value(s, "nws_watch_synced", resource="pods") == 1
+    assert value(s, "nws_initial_sync_duration_seconds") is None
+    assert value(s, "nws_kind_not_served", group="kubeflow.org", kind="Notebook") == 1
+    assert value(s, "nws_kind_forbidden", group="serving.knative.dev", kind="Revision") == 1
+    assert value(s, "nws_reconciler_writes_total", verb="apply") == 2
+    assert value(s, "nws_reconciler_write_errors_total", code="409") == 1
+    assert value(s, "nws_reconciler_leader") == 0
+    assert value(s, "nws_reconciler_summaries", kind="nodesummaries") == 2
+    elector.is_leader = True
+    sources.missing_kinds.clear()  # a kind no longer configured: its series goes
+    s = _render(Renderer(ClusterIndex(), 10, registry=registry))
+    assert value(s, "nws_reconciler_leader") == 1 and not select(s, "nws_kind_not_served")
+    del sources.forbidden_kinds  # an older Sources without the attribute
+    registry2 = CollectorRegistry()
+    registry2.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry2.register(ReconcilerCollector(reconciler, None))
+    s = _render(Renderer(ClusterIndex(), 10, registry=registry2))
+    assert not select(s, "nws_kind_forbidden") and value(s, "nws_reconciler_leader") == 1

@@ -1,0 +1,67 @@
+"""The watches' own metrics: a prometheus_client collector over Sources, read at scrape time.
+
+Bounds: one series per watched resource (and event type or restart reason), one per configured
+or referenced kind that is not served or not allowed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from .sources import Sources
+
+
+class SourcesCollector(Collector):
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def collect(self) -> Iterator[Metric]:
+        sources = self.sources
+        stats = sources.stats
+        events = CounterMetricFamily("nws_watch_events", "Watch events received, by resource and event type.",
+                                     labels=["resource", "type"])
+        relists = CounterMetricFamily("nws_watch_relists", "Full LISTs (initial, after 410 Gone), by resource.",
+                                      labels=["resource"])
+        restarts = CounterMetricFamily("nws_watch_restarts",
+                                       "Watch restarts by resource and reason (gone, timeout, ...).",
+                                       labels=["resource", "reason"])
+        age = GaugeMetricFamily("nws_watch_last_event_age_seconds",
+                                "Seconds since the last event or list page, by resource.", labels=["resource"])
+        objects = GaugeMetricFamily("nws_watch_objects", "Objects currently known, by resource.", labels=["resource"])
+        synced = GaugeMetricFamily("nws_watch_synced", "1 once the resource's initial LIST completed.",
+                                   labels=["resource"])
+        now = time.time()
+        for resource, s in stats.items():
+            for kind, n in sorted(s.events.items()):
+                events.add_metric([resource, kind], n)
+            relists.add_metric([resource], s.relists)
+            for reason, n in sorted(s.restarts.items()):
+                restarts.add_metric([resource, reason], n)
+            if s.last_event:
+                age.add_metric([resource], round(now - s.last_event, 3))
+            objects.add_metric([resource], s.objects)
+            synced.add_metric([resource], int(s.synced))
+        yield from (events, relists, restarts, age, objects, synced)
+        sync = GaugeMetricFamily("nws_initial_sync_duration_seconds",
+                                 "Seconds from start until every watch had listed.")
+        if sources.sync_seconds is not None:
+            sync.add_metric([], round(sources.sync_seconds, 3))
+        yield sync
+        yield _kinds("nws_kind_not_served", "1 for each configured or referenced kind the API does not serve.",
+                     sources.missing_kinds)
+        yield _kinds("nws_kind_forbidden",
+                     "1 for each configured or referenced kind this service may not list or watch.",
+                     getattr(sources, "forbidden_kinds", set()))
+
+
+def _kinds(name: str, help_: str, kinds: set[tuple[str, str]]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, help_, labels=["group", "kind"])
+    for group, kind in sorted(kinds):
+        family.add_metric([group, kind], 1)
+    return family

@@ -1,0 +1,53 @@
+"""The reconciler's own metrics: a prometheus_client collector, read at scrape time.
+
+It reads only ``reconciler.stats.writes`` / ``.errors`` (dict[str, int]), ``reconciler.actual``
+(plural -> the summary objects that exist) and ``elector.is_leader`` (no elector: always leader).
+Bounds: one series per write verb, per HTTP status seen, per summary kind, and the leader gauge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class _Stats(Protocol):
+    writes: dict[str, int]
+    errors: dict[str, int]
+
+
+class _Reconciler(Protocol):
+    stats: _Stats
+    actual: Mapping[str, Mapping[str, Any]]
+
+
+class _Elector(Protocol):
+    @property
+    def is_leader(self) -> bool: ...
+
+
+class ReconcilerCollector(Collector):
+    def __init__(self, reconciler: _Reconciler, elector: _Elector | None = None) -> None:
+        self.reconciler = reconciler
+        self.elector = elector
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.reconciler.stats
+        writes = CounterMetricFamily("nws_reconciler_writes", "Successful API writes of the reconciler, by verb.",
+                                     labels=["verb"])
+        for verb, n in sorted(stats.writes.items()):
+            writes.add_metric([verb], n)
+        errors = CounterMetricFamily("nws_reconciler_write_errors",
+                                     "Failed API writes of the reconciler, by HTTP status.", labels=["code"])
+        for code, n in sorted(stats.errors.items()):
+            errors.add_metric([code], n)
+        leader = GaugeMetricFamily("nws_reconciler_leader", "1 while this replica holds the lease and writes.")
+        leader.add_metric([], int(self.elector.is_leader if self.elector is not None else True))
+        summaries = GaugeMetricFamily("nws_reconciler_summaries", "Summary objects that exist, by kind.",
+                                      labels=["kind"])
+        for kind, objects in sorted(self.reconciler.actual.items()):
+            summaries.add_metric([kind], len(objects))
+        yield from (writes, errors, leader, summaries)
