@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .replicas import by, one
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -20,6 +22,7 @@ class Thresholds:
     exporter_down_for: str = "5m"
     stale_seconds: int = 600  # no watch event or bookmark for this long
     stale_for: str = "5m"
+    no_leader_for: str = "5m"
     job: str = "node-workload-summary"  # the scrape job of the exporter
 
 
@@ -48,16 +51,28 @@ class Alert:
 
 
 GROUP_BY = "summarizer, group"
-PAST = "max_over_time(nws_nodegroup_nodes[1h] offset 5m)"  # the group's size in the hour before
+# The replica an alert is about: its pod where the scrape adds one, else its scrape address.
+REPLICA = "{{ if $labels.pod }}{{ $labels.pod }}{{ else }}{{ $labels.instance }}{{ end }}"
+NODES = one("nws_nodegroup_nodes")
+# The group's size in the hour before, across replicas: a replaced pod's series still counts.
+PAST = f"{by('nws_nodegroup_nodes')} (max_over_time(nws_nodegroup_nodes[1h] offset 5m))"
+
+
+def _by_condition(selector: str) -> str:
+    return f"sum by ({GROUP_BY}) ({one('nws_nodegroup_nodes_by_condition', selector)})"
+
+
+def _workload_pods(phase: str) -> str:
+    return one("nws_workload_pods", f'phase="{phase}", workload!="other"')
 
 
 def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
-    not_ready = f'sum by ({GROUP_BY}) (nws_nodegroup_nodes_by_condition{{condition!="Ready"}})'
-    nodes = f"sum by ({GROUP_BY}) (nws_nodegroup_nodes)"
+    not_ready = _by_condition('condition!="Ready"')
+    ready = _by_condition('condition="Ready"')
     return [
         Alert(
             "NodeGroupNotReady",
-            f"{not_ready} / {nodes} > {t.not_ready_fraction}",
+            f"{not_ready} / {NODES} > {t.not_ready_fraction}",
             t.not_ready_for, "warning",
             "Node group {{ $labels.group }} has NotReady nodes",
             "{{ $value | humanizePercentage }} of the nodes of node group {{ $labels.group }} (summarizer "
@@ -65,7 +80,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupDown",
-            f'{nodes} > 0 and sum by ({GROUP_BY}) (nws_nodegroup_nodes_by_condition{{condition="Ready"}}) == 0',
+            f"{NODES} > 0 and {ready} == 0",
             t.down_for, "critical",
             "Every node of node group {{ $labels.group }} is NotReady",
             "All {{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) "
@@ -73,8 +88,8 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupShrunk",
-            f"({PAST} - nws_nodegroup_nodes) / {PAST} > {t.shrink_fraction}"
-            f" or ({PAST} unless nws_nodegroup_nodes) / {PAST}",  # the whole group went away
+            f"({PAST} - {NODES}) / {PAST} > {t.shrink_fraction}"
+            f" or ({PAST} unless {NODES}) / {PAST}",  # the whole group went away
             t.shrink_for, "warning",
             "Node group {{ $labels.group }} lost nodes",
             "Node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) has lost "
@@ -82,7 +97,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "WorkloadPodsPending",
-            'nws_workload_pods{phase="Pending", workload!="other"} > 0',
+            f'{_workload_pods("Pending")} > 0',
             t.pending_for, "warning",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Pending pods",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} have been "
@@ -90,7 +105,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "WorkloadPodsFailed",
-            'nws_workload_pods{phase="Failed", workload!="other"} > 0',
+            f'{_workload_pods("Failed")} > 0',
             t.failed_for, "warning",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Failed pods",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} are in "
@@ -104,16 +119,17 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             f'No target of job {t.job} is up: node-group and workload metrics and alerts are blind.',
         ),
         Alert(
+            # Per replica, named: a stale replica's old numbers can win the replicas' max in every query.
             "NodeWorkloadSummaryWatchStale",
-            f'max by (resource) (nws_watch_last_event_age_seconds{{resource=~"nodes|pods"}}) > {t.stale_seconds}',
+            f'nws_watch_last_event_age_seconds{{resource=~"nodes|pods"}} > {t.stale_seconds}',
             t.stale_for, "warning",
-            "node-workload-summary's {{ $labels.resource }} watch is stale",
-            "No event or bookmark on the {{ $labels.resource }} watch for {{ $value | humanizeDuration }}: "
-            "its metrics may be out of date.",
+            "node-workload-summary's {{ $labels.resource }} watch is stale on " + REPLICA,
+            "Replica " + REPLICA + " has had no event or bookmark on its {{ $labels.resource }} watch for "
+            "{{ $value | humanizeDuration }} (API server unreachable or hung?): its metrics may be out of date.",
         ),
         Alert(
             "NodeWorkloadSummarySeriesCapReached",
-            "max(nws_workload_series_overflow) > 0",
+            f"{one('nws_workload_series_overflow')} > 0",
             "15m", "info",
             "Workload series cap reached",
             "{{ $value }} workloads are folded into workload=\"other\": raise --max-workload-series.",
@@ -124,6 +140,14 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "15m", "warning",
             "node-workload-summary cannot write summaries",
             "The reconciler fails {{ $value | humanize }} writes per second: check its log and RBAC.",
+        ),
+        Alert(
+            "NodeWorkloadSummaryNoLeader",
+            "sum(nws_reconciler_leader) < 1",  # one replica holds the Lease at a time
+            t.no_leader_for, "warning",
+            "No node-workload-summary replica holds the Lease",
+            "No replica has been the reconciler's leader for " + t.no_leader_for + ": NodeSummary and "
+            "WorkloadSummary objects are not updated (the metrics are).",
         ),
     ]
 

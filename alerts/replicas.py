@@ -1,0 +1,49 @@
+"""One series per group, whatever the number of replicas.
+
+Every replica serves the same cluster metrics, and Prometheus keeps one series per replica, each
+with the labels of its target (`instance`, `pod`, `job`, `namespace`, `service`, `endpoint`,
+`container`), which change whenever a pod is replaced. So every dashboard query and alert reads a
+cluster family as ``max by (<the family's own labels>)`` first: replicas agree, so max (not sum)
+gives the single-replica answer for 1, 2 or N replicas and through a rollout, and it ignores any
+label a scrape configuration adds. Sums across groups come after that.
+
+Assumed: the scrape keeps the exporter's own `namespace` label (`honorLabels: true` in the
+ServiceMonitor); otherwise Prometheus renames it `exported_namespace` and the target's namespace
+takes its place.
+
+Per-replica families (watch ages, the Lease, render time, process metrics, write counters) are
+not listed here: they are read per replica, or summed where a total makes sense.
+"""
+
+from __future__ import annotations
+
+# A family's own labels, as in docs/metrics.md; a test checks them against a real scrape.
+LABELS: dict[str, tuple[str, ...]] = {
+    "nws_nodegroup_nodes": ("summarizer", "group"),
+    "nws_nodegroup_nodes_by_condition": ("summarizer", "group", "condition"),
+    "nws_nodegroup_nodes_unschedulable": ("summarizer", "group"),
+    "nws_nodegroup_allocatable": ("summarizer", "group", "resource"),
+    "nws_nodegroup_capacity": ("summarizer", "group", "resource"),
+    "nws_nodegroup_pods": ("summarizer", "group", "phase"),
+    "nws_nodegroup_requested": ("summarizer", "group", "resource"),
+    "nws_nodegroups": ("summarizer",),
+    "nws_workload_pods": ("namespace", "workload", "kind", "phase"),
+    "nws_workload_nodes": ("namespace", "workload", "kind", "summarizer", "group"),
+    "nws_workloads": (),
+    "nws_workload_series_limit": (),
+    "nws_workload_series_overflow": (),
+    "nws_pods_without_workload": ("reason",),
+    "nws_kind_not_served": ("group", "kind"),
+}
+
+
+def by(family: str) -> str:
+    """``max by (...)`` with the family's own labels (``max`` alone for a label-less family)."""
+    labels = LABELS[family]
+    return f"max by ({', '.join(labels)})" if labels else "max"
+
+
+def one(family: str, selector: str = "") -> str:
+    """``family{selector}`` with one series per group: the replicas' copies folded into one."""
+    series = f"{family}{{{selector}}}" if selector else family
+    return f"{by(family)} ({series})" if LABELS[family] else f"max({series})"
