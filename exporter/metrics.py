@@ -221,7 +221,6 @@ def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
                              (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
-        total.generation = max(total.generation, g.generation)
     return total
 
 
@@ -241,10 +240,6 @@ class Renderer:
         self._other_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
         self.last_render_seconds = 0.0
-
-    @property
-    def dropped_total(self) -> int:
-        return self.workload_cap.dropped_total
 
     # -- node groups under the cap -------------------------------------------------------------
 

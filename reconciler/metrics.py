@@ -7,7 +7,7 @@ Bounds: one series per write verb, per HTTP status seen, per summary kind, and t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -21,7 +21,7 @@ class _Stats(Protocol):
 
 class _Reconciler(Protocol):
     stats: _Stats
-    actual: Mapping[str, Mapping[str, Any]]
+    actual: dict[str, dict[str, Any]]  # plural -> objects
 
 
 class _Elector(Protocol):
