@@ -16,8 +16,14 @@ from grafanalib.core import (
     TimeSeries,
 )
 
+# Every cluster family is read through one(): the replicas' copies of each series folded into one
+# (alerts/replicas.py), so every number is the same with 1, 2 or N replicas and through a rollout.
+from alerts.replicas import one
+
 DS = "${datasource}"
 GROUP_SEL = 'summarizer=~"$summarizer", group=~"$group"'
+BY_GROUP = "summarizer, group"
+WORKLOAD = "namespace, workload, kind"
 
 
 def _datasource() -> Template:
@@ -45,36 +51,46 @@ def _dashboard(uid: str, title: str, panels: list, variables: list[Template], de
     ).auto_panel_ids()
 
 
+def _sum(family: str, sel: str, by: str = "") -> str:
+    """The family summed (by ``by``) after folding the replicas' copies of each series into one."""
+    return f"sum by ({by}) ({one(family, sel)})" if by else f"sum({one(family, sel)})"
+
+
+def _ratio(num: str, den: str, sel: str, by: str) -> str:
+    """Requested over allocatable of the resources in ``sel``, per ``by``."""
+    return f"{_sum(num, sel, by)} / {_sum(den, sel, by)}"
+
+
 def node_groups_overview() -> Dashboard:
-    by = "summarizer, group"
+    by = BY_GROUP
+    sel = 'summarizer=~"$summarizer"'
+    not_ready = f'{sel}, condition!="Ready"'
+    cpu = f'{sel}, resource="cpu"'
+    memory = f'{sel}, resource="memory"'
+    accelerators = f'{sel}, resource=~"nvidia.com/gpu|google.com/tpu|amd.com/gpu"'
     panels = [
         Stat(title="Node groups", dataSource=DS, gridPos=_pos(0, 0, 4, 4),
-             targets=[_t('count(nws_nodegroup_nodes{summarizer=~"$summarizer"})')]),
+             targets=[_t(f"count({one('nws_nodegroup_nodes', sel)})")]),
         Stat(title="Nodes", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
-             targets=[_t('sum(nws_nodegroup_nodes{summarizer=~"$summarizer"})')]),
+             targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
         Stat(title="Not ready nodes", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-             targets=[_t('sum(nws_nodegroup_nodes_by_condition{summarizer=~"$summarizer", condition!="Ready"})')]),
+             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", not_ready))]),
         Stat(title="Cordoned nodes", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
-             targets=[_t('sum(nws_nodegroup_nodes_unschedulable{summarizer=~"$summarizer"})')]),
+             targets=[_t(_sum("nws_nodegroup_nodes_unschedulable", sel))]),
         Stat(title="Pending pods on groups", dataSource=DS, gridPos=_pos(16, 0, 4, 4),
-             targets=[_t('sum(nws_nodegroup_pods{summarizer=~"$summarizer", phase="Pending"})')]),
+             targets=[_t(_sum("nws_nodegroup_pods", f'{sel}, phase="Pending"'))]),
         Stat(title="Running pods on groups", dataSource=DS, gridPos=_pos(20, 0, 4, 4),
-             targets=[_t('sum(nws_nodegroup_pods{summarizer=~"$summarizer", phase="Running"})')]),
+             targets=[_t(_sum("nws_nodegroup_pods", f'{sel}, phase="Running"'))]),
         Table(
             title="Node groups (sort by a column: NotReady first)", dataSource=DS, gridPos=_pos(0, 4, 24, 9),
             targets=[
-                _t(f'sum by ({by}) (nws_nodegroup_nodes{{summarizer=~"$summarizer"}})', ref="A", instant=True,
+                _t(_sum("nws_nodegroup_nodes", sel, by), ref="A", instant=True, fmt="table"),
+                _t(_sum("nws_nodegroup_nodes_by_condition", not_ready, by), ref="B", instant=True, fmt="table"),
+                _t(_sum("nws_nodegroup_nodes_unschedulable", sel, by), ref="C", instant=True, fmt="table"),
+                _t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), ref="D", instant=True,
                    fmt="table"),
-                _t(f'sum by ({by}) (nws_nodegroup_nodes_by_condition{{summarizer=~"$summarizer", condition!="Ready"}})',
-                   ref="B", instant=True, fmt="table"),
-                _t(f'sum by ({by}) (nws_nodegroup_nodes_unschedulable{{summarizer=~"$summarizer"}})', ref="C",
-                   instant=True, fmt="table"),
-                _t(f'sum by ({by}) (nws_nodegroup_requested{{summarizer=~"$summarizer", resource="cpu"}})'
-                   f' / sum by ({by}) (nws_nodegroup_allocatable{{summarizer=~"$summarizer", resource="cpu"}})',
-                   ref="D", instant=True, fmt="table"),
-                _t(f'sum by ({by}) (nws_nodegroup_pods{{summarizer=~"$summarizer"}})', ref="E", instant=True,
-                   fmt="table"),
+                _t(_sum("nws_nodegroup_pods", sel, by), ref="E", instant=True, fmt="table"),
             ],
             transformations=[
                 {"id": "merge", "options": {}},
@@ -87,27 +103,20 @@ def node_groups_overview() -> Dashboard:
                         "properties": [{"id": "unit", "value": "percentunit"}]}],
         ),
         TimeSeries(title="Nodes per group", dataSource=DS, gridPos=_pos(0, 13, 12, 8), unit="short",
-                   targets=[_t(f'sum by ({by}) (nws_nodegroup_nodes{{summarizer=~"$summarizer"}})',
-                               "{{summarizer}}/{{group}}")]),
+                   targets=[_t(_sum("nws_nodegroup_nodes", sel, by), "{{summarizer}}/{{group}}")]),
         TimeSeries(title="Not ready nodes per group", dataSource=DS, gridPos=_pos(12, 13, 12, 8), unit="short",
-                   targets=[_t(f'sum by ({by}) (nws_nodegroup_nodes_by_condition{{summarizer=~"$summarizer", '
-                               f'condition!="Ready"}})', "{{summarizer}}/{{group}}")]),
+                   targets=[_t(_sum("nws_nodegroup_nodes_by_condition", not_ready, by), "{{summarizer}}/{{group}}")]),
         BarGauge(title="CPU requested / allocatable", dataSource=DS, gridPos=_pos(0, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(f'sum by ({by}) (nws_nodegroup_requested{{summarizer=~"$summarizer", resource="cpu"}})'
-                             f' / sum by ({by}) (nws_nodegroup_allocatable{{summarizer=~"$summarizer", '
-                             f'resource="cpu"}})', "{{group}}")]),
+                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), "{{group}}")]),
         BarGauge(title="Memory requested / allocatable", dataSource=DS, gridPos=_pos(8, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(f'sum by ({by}) (nws_nodegroup_requested{{summarizer=~"$summarizer", '
-                             f'resource="memory"}}) / sum by ({by}) (nws_nodegroup_allocatable{{summarizer=~'
-                             f'"$summarizer", resource="memory"}})', "{{group}}")]),
+                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", memory, by),
+                             "{{group}}")]),
         BarGauge(title="Accelerators requested / allocatable", dataSource=DS, gridPos=_pos(16, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(f'sum by ({by}, resource) (nws_nodegroup_requested{{summarizer=~"$summarizer", '
-                             f'resource=~"nvidia.com/gpu|google.com/tpu|amd.com/gpu"}}) / sum by ({by}, resource) '
-                             f'(nws_nodegroup_allocatable{{summarizer=~"$summarizer", '
-                             f'resource=~"nvidia.com/gpu|google.com/tpu|amd.com/gpu"}})', "{{group}} {{resource}}")]),
+                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", accelerators,
+                                    f"{by}, resource"), "{{group}} {{resource}}")]),
     ]
     return _dashboard("nws-node-groups", "Node groups", panels,
                       [_var("summarizer", "label_values(nws_nodegroup_nodes, summarizer)", "Summarizer")],
@@ -115,37 +124,35 @@ def node_groups_overview() -> Dashboard:
 
 
 def node_group_detail() -> Dashboard:
+    sel = GROUP_SEL
+    cpu, memory, extended = f'{sel}, resource="cpu"', f'{sel}, resource="memory"', f'{sel}, resource=~".+/.+"'
     panels = [
-        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 6, 4),
-             targets=[_t(f"sum(nws_nodegroup_nodes{{{GROUP_SEL}}})")]),
+        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
         Stat(title="Ready", dataSource=DS, gridPos=_pos(6, 0, 6, 4),
-             targets=[_t(f'sum(nws_nodegroup_nodes_by_condition{{{GROUP_SEL}, condition="Ready"}})')]),
+             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition="Ready"'))]),
         Stat(title="Not ready", dataSource=DS, gridPos=_pos(12, 0, 6, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-             targets=[_t(f'sum(nws_nodegroup_nodes_by_condition{{{GROUP_SEL}, condition!="Ready"}})')]),
+             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition!="Ready"'))]),
         Stat(title="Cordoned", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
-             targets=[_t(f"sum(nws_nodegroup_nodes_unschedulable{{{GROUP_SEL}}})")]),
+             targets=[_t(_sum("nws_nodegroup_nodes_unschedulable", sel))]),
         TimeSeries(title="Nodes by condition", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="short",
                    stacking={"mode": "normal"}, fillOpacity=30,
-                   targets=[_t(f"sum by (condition) (nws_nodegroup_nodes_by_condition{{{GROUP_SEL}}})",
-                               "{{condition}}")]),
+                   targets=[_t(_sum("nws_nodegroup_nodes_by_condition", sel, "condition"), "{{condition}}")]),
         TimeSeries(title="Pods by phase", dataSource=DS, gridPos=_pos(12, 4, 12, 8), unit="short",
-                   targets=[_t(f"sum by (phase) (nws_nodegroup_pods{{{GROUP_SEL}}})", "{{phase}}")]),
+                   targets=[_t(_sum("nws_nodegroup_pods", sel, "phase"), "{{phase}}")]),
         TimeSeries(title="CPU: allocatable and requested", dataSource=DS, gridPos=_pos(0, 12, 8, 8), unit="none",
-                   targets=[_t(f'sum(nws_nodegroup_allocatable{{{GROUP_SEL}, resource="cpu"}})', "allocatable", "A"),
-                            _t(f'sum(nws_nodegroup_requested{{{GROUP_SEL}, resource="cpu"}})', "requested", "B")]),
+                   targets=[_t(_sum("nws_nodegroup_allocatable", cpu), "allocatable", "A"),
+                            _t(_sum("nws_nodegroup_requested", cpu), "requested", "B")]),
         TimeSeries(title="Memory: allocatable and requested", dataSource=DS, gridPos=_pos(8, 12, 8, 8), unit="bytes",
-                   targets=[_t(f'sum(nws_nodegroup_allocatable{{{GROUP_SEL}, resource="memory"}})', "allocatable", "A"),
-                            _t(f'sum(nws_nodegroup_requested{{{GROUP_SEL}, resource="memory"}})', "requested", "B")]),
+                   targets=[_t(_sum("nws_nodegroup_allocatable", memory), "allocatable", "A"),
+                            _t(_sum("nws_nodegroup_requested", memory), "requested", "B")]),
         TimeSeries(title="Extended resources: allocatable and requested", dataSource=DS, gridPos=_pos(16, 12, 8, 8),
                    unit="short",
-                   targets=[_t(f'sum by (resource) (nws_nodegroup_allocatable{{{GROUP_SEL}, resource=~".+/.+"}})',
-                               "{{resource}} allocatable", "A"),
-                            _t(f'sum by (resource) (nws_nodegroup_requested{{{GROUP_SEL}, resource=~".+/.+"}})',
-                               "{{resource}} requested", "B")]),
+                   targets=[_t(_sum("nws_nodegroup_allocatable", extended, "resource"), "{{resource}} allocatable",
+                               "A"),
+                            _t(_sum("nws_nodegroup_requested", extended, "resource"), "{{resource}} requested", "B")]),
         Table(title="Workloads on this group (distinct nodes used)", dataSource=DS, gridPos=_pos(0, 20, 24, 9),
-              targets=[_t(f"sort_desc(sum by (namespace, workload, kind) (nws_workload_nodes{{{GROUP_SEL}}}))",
-                          instant=True, fmt="table")],
+              targets=[_t(f"sort_desc({_sum('nws_workload_nodes', sel, WORKLOAD)})", instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
     ]
@@ -157,75 +164,83 @@ def node_group_detail() -> Dashboard:
 
 def workloads() -> Dashboard:
     sel = 'namespace=~"$namespace", kind=~"$kind"'
+    top = f"topk($top, {_sum('nws_workload_pods', sel, WORKLOAD)})"
     panels = [
-        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t("max(nws_workloads)")]),
+        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(one("nws_workloads"))]),
         Stat(title="Pods in workloads", dataSource=DS, gridPos=_pos(6, 0, 6, 4),
-             targets=[_t(f"sum(nws_workload_pods{{{sel}}})")]),
+             targets=[_t(_sum("nws_workload_pods", sel))]),
         Stat(title="Pending pods", dataSource=DS, gridPos=_pos(12, 0, 6, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
-             targets=[_t(f'sum(nws_workload_pods{{{sel}, phase="Pending"}})')]),
+             targets=[_t(_sum("nws_workload_pods", f'{sel}, phase="Pending"'))]),
         Stat(title="Pods without a workload", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
-             targets=[_t("sum(nws_pods_without_workload)")]),
+             targets=[_t(f"sum({one('nws_pods_without_workload')})")]),
         BarGauge(title="Top $top workloads by pods", dataSource=DS, gridPos=_pos(0, 4, 12, 12), displayMode="basic",
                  orientation="horizontal", min=0,
-                 targets=[_t(f"topk($top, sum by (namespace, workload, kind) (nws_workload_pods{{{sel}}}))",
-                             "{{namespace}}/{{workload}} ({{kind}})", instant=True)]),
+                 targets=[_t(top, "{{namespace}}/{{workload}} ({{kind}})", instant=True)]),
         Table(title="Node groups each workload uses (distinct nodes)", dataSource=DS, gridPos=_pos(12, 4, 12, 12),
-              targets=[_t(f"sum by (namespace, workload, kind, summarizer, group) (nws_workload_nodes{{{sel}}})",
-                          instant=True, fmt="table")],
+              targets=[_t(one("nws_workload_nodes", sel), instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
         TimeSeries(title="Pods by workload", dataSource=DS, gridPos=_pos(0, 16, 12, 9), unit="short",
-                   targets=[_t(f"topk($top, sum by (namespace, workload, kind) (nws_workload_pods{{{sel}}}))",
-                               "{{namespace}}/{{workload}}")]),
+                   targets=[_t(top, "{{namespace}}/{{workload}}")]),
         TimeSeries(title="Pending and failed pods by workload", dataSource=DS, gridPos=_pos(12, 16, 12, 9),
                    unit="short",
-                   targets=[_t(f'sum by (namespace, workload, phase) (nws_workload_pods{{{sel}, '
-                               f'phase=~"Pending|Failed"}}) > 0', "{{namespace}}/{{workload}} {{phase}}")]),
+                   targets=[_t(_sum("nws_workload_pods", f'{sel}, phase=~"Pending|Failed"',
+                                    "namespace, workload, phase") + " > 0", "{{namespace}}/{{workload}} {{phase}}")]),
     ]
-    top = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
+    top_n = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
     return _dashboard("nws-workloads", "Workloads", panels, [
         _var("namespace", "label_values(nws_workload_pods, namespace)", "Namespace"),
-        _var("kind", "label_values(nws_workload_pods, kind)", "Kind"), top,
+        _var("kind", "label_values(nws_workload_pods, kind)", "Kind"), top_n,
     ], "Root workloads (Deployments, JobSets, LeaderWorkerSets, ...): pods and the node groups they use.")
 
 
 def exporter_health() -> Dashboard:
+    """The service's own metrics. The rule: what every replica sees alike (the cluster, its watch
+    events) is read with max across replicas; what each replica does alone is shown per replica
+    (sync lag, scrapes, memory, CPU) or summed (relists, writes: real API requests; Lease holders:
+    1 when healthy)."""
     job = 'job=~"$job"'
     panels = [
         Stat(title="Targets up", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(f"sum(up{{{job}}})")]),
-        Stat(title="Initial sync", dataSource=DS, gridPos=_pos(6, 0, 6, 4), format="s",
+        Stat(title="Initial sync (slowest replica)", dataSource=DS, gridPos=_pos(6, 0, 6, 4), format="s",
              targets=[_t(f"max(nws_initial_sync_duration_seconds{{{job}}})")]),
-        Stat(title="Leader", dataSource=DS, gridPos=_pos(12, 0, 6, 4),
-             targets=[_t(f"max by (instance) (nws_reconciler_leader{{{job}}})", "{{instance}}")]),
+        Stat(title="Replicas holding the Lease", dataSource=DS, gridPos=_pos(12, 0, 6, 4), colorMode="background",
+             thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}, {"color": "red", "value": 2}],
+             targets=[_t(f"sum(nws_reconciler_leader{{{job}}})")]),
         Stat(title="Workloads folded into other", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
-             targets=[_t(f"max(nws_workload_series_overflow{{{job}}})")]),
+             targets=[_t(one("nws_workload_series_overflow", job))]),
         TimeSeries(title="Watch events / s", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="ops",
-                   targets=[_t(f"sum by (resource, type) (rate(nws_watch_events_total{{{job}}}[$__rate_interval]))",
+                   targets=[_t(f"max by (resource, type) (rate(nws_watch_events_total{{{job}}}[$__rate_interval]))",
                                "{{resource}} {{type}}")]),
-        TimeSeries(title="Sync lag: seconds since the last event", dataSource=DS, gridPos=_pos(12, 4, 12, 8), unit="s",
-                   targets=[_t(f"max by (resource) (nws_watch_last_event_age_seconds{{{job}}})", "{{resource}}")]),
-        TimeSeries(title="Relists and watch restarts", dataSource=DS, gridPos=_pos(0, 12, 12, 8), unit="short",
+        TimeSeries(title="Sync lag: seconds since the last event, per replica", dataSource=DS,
+                   gridPos=_pos(12, 4, 12, 8), unit="s",
+                   targets=[_t(f"max by (resource, instance) (nws_watch_last_event_age_seconds{{{job}}})",
+                               "{{resource}} {{instance}}")]),
+        TimeSeries(title="Relists and watch restarts (all replicas)", dataSource=DS, gridPos=_pos(0, 12, 12, 8),
+                   unit="short",
                    targets=[_t(f"sum by (resource) (increase(nws_watch_relists_total{{{job}}}[$__rate_interval]))",
                                "relist {{resource}}", "A"),
                             _t(f"sum by (resource, reason) (increase(nws_watch_restarts_total{{{job}}}"
                                f"[$__rate_interval]))", "restart {{resource}} {{reason}}", "B")]),
         TimeSeries(title="Dropped workload series", dataSource=DS, gridPos=_pos(12, 12, 12, 8), unit="short",
-                   targets=[_t(f"sum(increase(nws_workload_series_dropped_total{{{job}}}[$__rate_interval]))",
+                   targets=[_t(f"max(increase(nws_workload_series_dropped_total{{{job}}}[$__rate_interval]))",
                                "dropped", "A"),
-                            _t(f"max(nws_workload_series_limit{{{job}}})", "limit", "B")]),
+                            _t(one("nws_workload_series_limit", job), "limit", "B")]),
         TimeSeries(title="Scrape: render time and duration", dataSource=DS, gridPos=_pos(0, 20, 12, 8), unit="s",
                    targets=[_t(f"max by (instance) (nws_scrape_render_seconds{{{job}}})", "render {{instance}}", "A"),
                             _t(f"max by (instance) (scrape_duration_seconds{{{job}}})", "scrape {{instance}}", "B")]),
-        TimeSeries(title="Reconciler writes and errors / s", dataSource=DS, gridPos=_pos(12, 20, 12, 8), unit="ops",
+        TimeSeries(title="Reconciler writes and errors / s (all replicas)", dataSource=DS,
+                   gridPos=_pos(12, 20, 12, 8), unit="ops",
                    targets=[_t(f"sum by (verb) (rate(nws_reconciler_writes_total{{{job}}}[$__rate_interval]))",
                                "{{verb}}", "A"),
                             _t(f"sum by (code) (rate(nws_reconciler_write_errors_total{{{job}}}[$__rate_interval]))",
                                "error {{code}}", "B")]),
         TimeSeries(title="Memory (RSS)", dataSource=DS, gridPos=_pos(0, 28, 12, 8), unit="bytes",
-                   targets=[_t(f"process_resident_memory_bytes{{{job}}}", "{{instance}}")]),
+                   targets=[_t(f"max by (instance) (process_resident_memory_bytes{{{job}}})", "{{instance}}")]),
         TimeSeries(title="CPU", dataSource=DS, gridPos=_pos(12, 28, 12, 8), unit="percentunit",
-                   targets=[_t(f"rate(process_cpu_seconds_total{{{job}}}[$__rate_interval])", "{{instance}}")]),
+                   targets=[_t(f"max by (instance) (rate(process_cpu_seconds_total{{{job}}}[$__rate_interval]))",
+                               "{{instance}}")]),
     ]
     return _dashboard("nws-health", "node-workload-summary health", panels,
                       [_var("job", "label_values(nws_build_info, job)", "Job")],

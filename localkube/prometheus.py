@@ -15,9 +15,13 @@ from .cluster import ClusterError, Process, _wait, free_port
 
 class Prometheus:
     def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path], interval: str = "1s",
-                 job: str = "node-workload-summary") -> None:
+                 job: str = "node-workload-summary", target_labels: dict[str, dict[str, str]] | None = None,
+                 honor_labels: bool = False) -> None:
         self.workdir = workdir
         self.targets = targets
+        # Extra labels per target address, as service discovery would add them (pod, namespace, ...).
+        self.target_labels = target_labels or {}
+        self.honor_labels = honor_labels
         self.rule_files = rule_files
         self.interval = interval
         self.job = job
@@ -36,7 +40,10 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": [{"job_name": self.job, "static_configs": [{"targets": self.targets}]}],
+            "scrape_configs": [{
+                "job_name": self.job, "honor_labels": self.honor_labels,
+                "static_configs": [{"targets": [t], "labels": self.target_labels.get(t, {})} for t in self.targets],
+            }],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
