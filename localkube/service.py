@@ -61,7 +61,8 @@ class Service:
     port: int = 0
     log: Path | None = None
 
-    def start(self) -> Service:
+    def start(self, ready: bool = True) -> Service:
+        """Start the process; wait for /readyz 200 (``ready``), or only for the HTTP server."""
         self.port = free_port()
         self.log = self.cluster.workdir / "logs" / f"node-workload-summary-{self.port}.log"
         with self.log.open("w") as log:
@@ -72,7 +73,7 @@ class Service:
                 preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),  # never outlives pytest
             )
         try:
-            wait_for(lambda: self.get("/readyz")[0] == 200, timeout=60)
+            wait_for(lambda: self.get("/readyz")[0] == 200 if ready else self.get("/healthz")[0] == 200, timeout=60)
         except AssertionError:
             self.stop()
             readyz = self.get_readyz_text()

@@ -1,11 +1,18 @@
 """Keeps NodeSummary / WorkloadSummary objects and the summarizers' status equal to the index.
 
 Desired objects come from the aggregates (desired.py); actual ones from a watch on our own
-outputs (label ux.sean.example.com/managed-by). Only differences are written: server-side apply
-with our field manager (metadata+spec once, status through the status subresource), a per-object
-throttle (the first change goes out at once, later ones at most every ``debounce`` seconds), a
-global token bucket, retries with backoff on 409/429/5xx. Stale objects are deleted (with a UID
-precondition). Only the lease holder writes.
+outputs (label ux.sean.example.com/managed-by). The write path is a keyed work queue
+(workqueue.py), client-go style:
+
+- producers only add keys: a pass every ``interval`` adds the keys whose desired object changed,
+  the watch of our objects adds the key of every object that changed, a leadership gain adds all;
+- a worker takes a key and decides then, from the current desired and actual state, what to do:
+  nothing, a server-side apply (metadata+spec, status through the status subresource) or a delete
+  (with a UID precondition);
+- "differs" means differs on the fields this manager owns (read from managedFields): another
+  manager's labels or annotations are never a reason to write, and a field of ours that someone
+  else changed is taken back;
+- before every request the worker checks that it still leads; losing the lease drops the queue.
 """
 
 from __future__ import annotations
@@ -15,18 +22,18 @@ import datetime as dt
 import json
 import logging
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from kubeindex.api import ApiClient
 from kubeindex.index import ClusterIndex
-from kubeindex.objects import ObjectMeta
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
+from . import fields
 from .desired import (
     API_VERSION,
     GROUP,
@@ -34,24 +41,52 @@ from .desired import (
     MANAGER,
     VERSION,
     Desired,
+    Naming,
     TypeInfo,
     desired_state,
     long_type,
+    node_claim,
     short_type,
+    workload_claim,
 )
 from .leader import LeaderElector
+from .names import Claim, NameAllocator
+from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"  # JSON is YAML
 RETRYABLE = {409, 429, 500, 502, 503, 504}
+SUMMARIES = ("nodesummaries", "workloadsummaries")
+SUMMARIZERS = ("nodesummarizers", "workloadsummarizers")
+KIND_OF = {"nodesummaries": "NodeSummary", "workloadsummaries": "WorkloadSummary",
+           "nodesummarizers": "NodeSummarizer", "workloadsummarizers": "WorkloadSummarizer"}
+Key = tuple[str, str]  # (plural, "namespace/name" or name)
+
+
+class SummaryMeta(msgspec.Struct):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resourceVersion: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+    ownerReferences: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    managedFields: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class Summary(msgspec.Struct):
     """One of our output objects as the API server has it."""
 
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    metadata: SummaryMeta = msgspec.field(default_factory=SummaryMeta)
     spec: dict[str, Any] = msgspec.field(default_factory=dict)
     status: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    def ours(self) -> dict[str, Any]:
+        """The part of the object this service's applies own."""
+        whole = {"metadata": {"labels": self.metadata.labels, "annotations": self.metadata.annotations,
+                              "ownerReferences": self.metadata.ownerReferences},
+                 "spec": self.spec, "status": self.status}
+        return fields.project(whole, fields.owned(self.metadata.managedFields, MANAGER))
 
 
 @dataclass
@@ -61,12 +96,13 @@ class ReconcilerSettings:
     burst: int = 100
     concurrency: int = 8
     interval: float = 0.2  # seconds between passes over the aggregates
+    summarizer_interval: float = 1.0  # seconds between evaluations of the summarizers' status
 
 
 @dataclass
 class WriteStats:
     writes: dict[str, int] = field(default_factory=dict)  # "apply" / "apply_status" / "delete" -> count
-    errors: dict[str, int] = field(default_factory=dict)  # http status -> count
+    errors: dict[str, int] = field(default_factory=dict)  # http status (or transport error) -> count
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
@@ -89,11 +125,48 @@ class TokenBucket:
             await asyncio.sleep((1 - self.tokens) / self.rate)
 
 
+class Retry(Exception):
+    """The write failed in a way worth retrying with backoff."""
+
+
+class Deposed(Exception):
+    """Leadership was lost: this replica writes nothing more."""
+
+
 def _path(plural: str, namespace: str = "", name: str = "") -> str:
     base = f"/apis/{GROUP}/{VERSION}"
     if namespace:
         base += f"/namespaces/{namespace}"
     return f"{base}/{plural}" + (f"/{name}" if name else "")
+
+
+def _split(key: str) -> tuple[str, str]:
+    namespace, _, name = key.rpartition("/")
+    return namespace, name
+
+
+def _namespace_terminating(status: int, body: bytes) -> bool:
+    """403 because the namespace is being deleted: expected while its workloads go away."""
+    if status != 403:
+        return False
+    try:
+        details = json.loads(body).get("details") or {}
+    except ValueError:
+        return False
+    return any(c.get("reason") == "NamespaceTerminating" for c in details.get("causes") or [])  # StatusCause.Type
+
+
+def claim_of(plural: str, obj: Summary) -> Claim | None:
+    """Which summary an existing object is (its name may be plain or hashed)."""
+    if plural == "nodesummaries":
+        owner = next((r.get("name") for r in obj.metadata.ownerReferences if r.get("kind") == "NodeSummarizer"), None)
+        labels = (obj.spec.get("selector") or {}).get("matchLabels") or {}
+        return node_claim(owner, next(iter(labels.values()))) if owner and len(labels) == 1 else None
+    ref = obj.spec.get("workloadRef") or {}
+    if not ref.get("kind") or not ref.get("name"):
+        return None
+    group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+    return workload_claim(obj.metadata.namespace, group, ref["kind"], ref["name"])
 
 
 class Reconciler:
@@ -105,28 +178,74 @@ class Reconciler:
         self.elector = elector
         self.s = settings or ReconcilerSettings()
         self.stats = WriteStats()
-        self.actual: dict[str, dict[str, Summary]] = {"nodesummaries": {}, "workloadsummaries": {}}
-        self._written: dict[tuple[str, str], tuple[str, str]] = {}  # -> (desired status json, rv we wrote)
-        self._last_write: dict[tuple[str, str], float] = {}
-        self._bucket = TokenBucket(self.s.writes_per_second, self.s.burst)
-        self._sem = asyncio.Semaphore(self.s.concurrency)
-        self._inflight: set[tuple[str, str]] = set()
-        self._summarizer_written: dict[tuple[str, str], str] = {}  # what we last wrote
+        self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
+        self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
+        self.desired: dict[Key, Desired] = {}
+        self.queue: WorkQueue[Key] = WorkQueue(self.s.debounce)
+        self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
+                             self.held["workloadsummaries"])
         self._desired_cache: dict = {}
-        self._tasks: set[asyncio.Task] = set()
-        self._checked: dict[tuple[str, str], tuple[Desired, str]] = {}  # -> (desired, actual rv) found equal
-        selector = f"{MANAGED_BY}={MANAGER}"
+        self._infos: dict[tuple[str, str], TypeInfo] = {}
+        self._bucket = TokenBucket(self.s.writes_per_second, self.s.burst)
+        self._resync = True  # add every key on the next pass (start, leadership gained)
+        self._next_summarizers = 0.0
+        self._logged: set[tuple[str, str]] = set()  # (summarizer uid, reason) said once in the log
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
-                      Handler(lambda o, p=plural: self._seen(p, o), lambda k, p=plural: self.actual[p].pop(k, None)),
-                      settings=watch, label_selector=selector)
-            for plural in self.actual
+                      Handler(lambda o, p=plural: self._seen(p, o), lambda k, p=plural: self._gone(p, k)),
+                      settings=watch, label_selector=f"{MANAGED_BY}={MANAGER}")
+            for plural in SUMMARIES
         ]
         self.ready = asyncio.Event()
+        if elector is not None:
+            elector.on_change(self._leadership)
+
+    # -- our objects as they are ------------------------------------------------------------------
 
     def _seen(self, plural: str, obj: Summary) -> None:
-        meta = obj.metadata
-        self.actual[plural][f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name] = obj
+        key = f"{obj.metadata.namespace}/{obj.metadata.name}" if obj.metadata.namespace else obj.metadata.name
+        old = self.actual[plural].get(key)
+        if old is not None:
+            self._unhold(plural, old, key)
+        self.actual[plural][key] = obj
+        claim = claim_of(plural, obj)
+        if claim is not None:
+            self.held[plural].setdefault(claim, set()).add(obj.metadata.name)
+        self.queue.add((plural, key))
+
+    def _gone(self, plural: str, key: str) -> None:
+        old = self.actual[plural].pop(key, None)
+        if old is not None:
+            self._unhold(plural, old, key)
+        self.queue.add((plural, key))
+
+    def _unhold(self, plural: str, obj: Summary, key: str) -> None:
+        claim = claim_of(plural, obj)
+        names = self.held[plural].get(claim) if claim else None
+        if names is not None:
+            names.discard(obj.metadata.name)
+            if not names:
+                del self.held[plural][claim]  # type: ignore[arg-type]
+
+    # -- leadership ------------------------------------------------------------------------------
+
+    @property
+    def leading(self) -> bool:
+        return self.elector is None or self.elector.is_leader
+
+    def not_ready(self) -> list[str]:
+        """Why this replica's view is not current enough to write ([] when it is)."""
+        problems = getattr(self.sources, "sync_problems", None)
+        reasons = list(problems()) if problems is not None else (
+            [] if self.sources.ready.is_set() else ["initial sync in progress"])
+        reasons += [f"{r.name}: initial sync in progress" for r in self.reflectors if not r.synced.is_set()]
+        return reasons
+
+    def _leadership(self, leader: bool) -> None:
+        if leader:
+            self._resync = True
+        else:
+            self.queue.clear()  # nothing queued by a leader is done by a follower
 
     # -- loop -----------------------------------------------------------------------------------
 
@@ -139,209 +258,249 @@ class Reconciler:
             self.ready.set()
             log.info("reconciler synced: %d NodeSummaries, %d WorkloadSummaries exist",
                      len(self.actual["nodesummaries"]), len(self.actual["workloadsummaries"]))
+            tasks += [asyncio.create_task(self._worker()) for _ in range(self.s.concurrency)]
             while True:
-                if self.elector is None or self.elector.is_leader:
+                if self.leading:
                     try:
-                        await self.reconcile_once()
+                        self.refresh()
                     except Exception:  # a bug must not stop the loop for good: log it, go on
                         log.exception("reconcile pass failed")
                 await asyncio.sleep(self.s.interval)
         finally:
-            for t in [*tasks, *self._tasks]:
+            for t in tasks:
                 t.cancel()
 
     def type_infos(self) -> dict[tuple[str, str], TypeInfo]:
+        """How each configured kind is written; kinds that cannot be (not served at the configured
+        version, forbidden, cluster-scoped) are left out: the summarizer's status says why."""
         infos = {}
         for gk, t in self.index.workload_types.items():
             resource = self.sources.owner_resources.get(gk)
-            if resource is None:
-                continue  # not served: the summarizer's status says so
+            if resource is None or self._kind_problem(t.group, t.kind, t.version) is not None:
+                continue
             version = t.version or resource.version
             infos[gk] = TypeInfo(resource.api_version, short_type(t.group, t.kind, t.short_type),
                                  long_type(t.group, t.kind, version))
         return infos
 
-    async def reconcile_once(self) -> None:
-        """One pass: start the writes and deletes that are due. They run as tasks (bounded by the
-        semaphore and the token bucket), so a long burst never delays the next pass."""
+    def _kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
+        problem = getattr(self.sources, "kind_problem", None)
+        if problem is not None:
+            return problem(group, kind, version)
+        if (group, kind) in self.sources.missing_kinds:
+            return "KindNotServed", f"{kind} ({group or 'core'}) is not served by the API server"
+        return None
+
+    def refresh(self) -> None:
+        """One pass: recompute the desired objects (cheap when little changed) and queue the keys
+        whose desired object is new, changed or gone."""
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
         infos = self.type_infos()
-        desired = desired_state(self.index, uids, infos, self._desired_cache)
-        wanted: dict[str, set[str]] = {p: set() for p in self.actual}
-        jobs = []
+        if infos != self._infos:
+            self._infos = infos
+            self._resync = True  # kept summaries of a kind that was not usable may now be stale
+        desired = {(d.plural, d.key): d for d in desired_state(self.index, uids, infos, self._desired_cache,
+                                                                self.naming)}
+        previous, self.desired = self.desired, desired
+        if self._resync:
+            self._resync = False
+            for key in [*desired, *((p, k) for p in SUMMARIES for k in self.actual[p])]:
+                self.queue.add(key)
+        else:
+            for key, d in desired.items():
+                if previous.get(key) is not d:
+                    self.queue.add(key)
+            for key in previous.keys() - desired.keys():
+                self.queue.add(key)
         now = time.monotonic()
-        for d in desired:
-            wanted[d.plural].add(d.key)
-            ident = (d.plural, d.key)
-            if ident in self._inflight or now - self._last_write.get(ident, -1e9) < self.s.debounce:
-                continue
-            actual = self.actual[d.plural].get(d.key)
-            # Same desired object and same actual resourceVersion as a pass that found them equal:
-            # nothing to compare again (a quiet cluster costs a dict lookup per summary).
-            rv = actual.metadata.resourceVersion if actual else ""
-            checked = self._checked.get(ident)
-            if checked is not None and checked[0] is d and checked[1] == rv:
-                continue
-            if self._needs_write(d, actual):
-                jobs.append(self._write(d, actual))
-            else:
-                self._checked[ident] = (d, rv)
-        for plural, objects in self.actual.items():
-            for key, obj in list(objects.items()):
-                if key not in wanted[plural] and (plural, key) not in self._inflight and not self._unknown(obj, infos):
-                    jobs.append(self._delete(plural, obj))
-        for table in (self._checked, self._last_write, self._written):  # forget summaries that are gone
-            for ident in [i for i in table if i[0] in wanted and i[1] not in wanted[i[0]]]:
-                del table[ident]
-        jobs.extend(self._summarizer_statuses())
-        for job in jobs:
-            task = asyncio.create_task(job)
-            self._tasks.add(task)
-            task.add_done_callback(self._finished)
+        if now >= self._next_summarizers:
+            self._next_summarizers = now + self.s.summarizer_interval
+            for plural, name in self._summarizer_statuses():
+                self.queue.add((plural, name))
 
-    def _finished(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("write failed: %r", task.exception())
+    # -- workers --------------------------------------------------------------------------------
 
-    def _unknown(self, obj: Summary, infos: dict[tuple[str, str], TypeInfo]) -> bool:
-        """A WorkloadSummary of a type that is configured but not (yet) discovered: keep it rather
-        than delete it on a transient discovery failure."""
-        ref = obj.spec.get("workloadRef") or {}
-        gk = (str(ref.get("apiVersion", "")).rpartition("/")[0], str(ref.get("kind", "")))
-        return gk in self.index.workload_types and gk not in infos
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            try:
+                if self.leading:
+                    await self._sync(key)
+                    self.queue.forget(key)
+            except Deposed:
+                pass
+            except Retry:
+                if self.leading:
+                    self.queue.retry(key)
+            except Exception:
+                log.exception("sync of %s %s failed", KIND_OF[key[0]], key[1])
+                if self.leading:
+                    self.queue.retry(key)
+            finally:
+                self.queue.done(key)
+
+    async def _sync(self, key: Key) -> None:
+        plural, name = key
+        if plural in SUMMARIZERS:
+            await self._sync_summarizer(plural, name)
+            return
+        desired = self.desired.get(key)
+        actual = self.actual[plural].get(name)
+        if desired is None:
+            if actual is not None and not self._unknown(actual):
+                await self._delete(key, actual)
+            return
+        if actual is not None and actual.spec.get("selector") not in (None, desired.body["spec"].get("selector")):
+            await self._delete(key, actual)  # an immutable field differs: recreate
+            actual = None
+        ours = actual.ours() if actual is not None else {}
+        if actual is None or not self._main_equal(desired, ours):
+            self.queue.wrote(key)
+            if not await self._apply(key, desired.body):
+                return
+        if actual is None or not fields.same(desired.status, ours.get("status", {})):
+            self.queue.wrote(key)
+            await self._apply(key, self._status_body(desired.body["kind"], desired.namespace, desired.name,
+                                                      desired.status), status=True)
 
     @staticmethod
-    def _body_differs(d: Desired, actual: Summary | None) -> bool:
-        return actual is None or actual.spec != d.body["spec"] or actual.metadata.labels != d.body["metadata"]["labels"]
+    def _main_equal(desired: Desired, ours: dict[str, Any]) -> bool:
+        meta = desired.body["metadata"]
+        want = {"metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if meta.get(k)},
+                "spec": desired.body["spec"]}
+        have = {"metadata": ours.get("metadata", {}), "spec": ours.get("spec", {})}
+        return fields.same(want, have)
 
-    def _needs_write(self, d: Desired, actual: Summary | None) -> bool:
-        if actual is None or self._body_differs(d, actual):
-            return True
-        if actual.status == d.status:
-            return False
-        # Different: write, unless we already wrote exactly this and nobody touched it since (a
-        # field another manager owns would otherwise make us write forever).
-        written = self._written.get((d.plural, d.key))
-        return written != (json.dumps(d.status, sort_keys=True), actual.metadata.resourceVersion)
+    def _unknown(self, obj: Summary) -> bool:
+        """A WorkloadSummary of a configured kind that cannot be read now (not yet discovered,
+        forbidden): kept rather than deleted on what may be a transient failure."""
+        ref = obj.spec.get("workloadRef") or {}
+        gk = (str(ref.get("apiVersion", "")).rpartition("/")[0], str(ref.get("kind", "")))
+        return gk in self.index.workload_types and gk not in self._infos
 
-    # -- writes ---------------------------------------------------------------------------------
+    @staticmethod
+    def _status_body(kind: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": kind,
+                "metadata": {"name": name, **({"namespace": namespace} if namespace else {})}, "status": status}
+
+    # -- requests -------------------------------------------------------------------------------
 
     async def _request(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                       content_type: str = APPLY) -> tuple[int, bytes]:
-        for attempt in range(6):
-            await self._bucket.take()
-            async with self._sem:
-                status, data = await self.api.request(method, path, body, params=params, content_type=content_type)
-            if status < 300 or (status == 404 and verb == "delete"):
-                self.stats.count(self.stats.writes, verb)
-                return status, data
-            self.stats.count(self.stats.errors, str(status))
-            if status not in RETRYABLE:
-                log.error("%s %s: HTTP %d %s", method, path, status, data[:300])
-                return status, data
-            await asyncio.sleep(min(5.0, 0.2 * 2**attempt))
-        return status, data
-
-    async def _write(self, d: Desired, actual: Summary | None) -> None:
-        ident = (d.plural, d.key)
-        self._inflight.add(ident)
-        self._last_write[ident] = time.monotonic()
+                       content_type: str = APPLY) -> bool:
+        """True when done; False when there is nothing to do (already deleted, namespace being
+        deleted). Raises Retry on any other failure (the queue retries with backoff) and Deposed
+        when this replica no longer leads."""
+        await self._bucket.take()
+        if not self.leading:
+            raise Deposed
         try:
-            params = {"fieldManager": MANAGER, "force": "true"}
-            path = _path(d.plural, d.namespace, d.name)
-            if actual is not None and actual.spec.get("selector") not in (None, d.body["spec"].get("selector")):
-                await self._delete(d.plural, actual)  # an immutable field differs: recreate
-                actual = None
-            if self._body_differs(d, actual):
-                status, data = await self._request("apply", "PATCH", path, d.body, params)
-                if status >= 300:
-                    return
-            body = {"apiVersion": API_VERSION, "kind": d.body["kind"],
-                    "metadata": {"name": d.name, **({"namespace": d.namespace} if d.namespace else {})},
-                    "status": d.status}
-            status, data = await self._request("apply_status", "PATCH", path + "/status", body, params)
-            if status < 300:
-                rv = json.loads(data)["metadata"]["resourceVersion"]
-                self._written[ident] = (json.dumps(d.status, sort_keys=True), rv)
-        finally:
-            self._inflight.discard(ident)
+            status, data = await self.api.request(method, path, body, params=params, content_type=content_type)
+        except (aiohttp.ClientError, TimeoutError, OSError) as err:
+            self.stats.count(self.stats.errors, type(err).__name__)
+            log.warning("%s %s: %s", method, path, err)
+            raise Retry from err
+        if status < 300:
+            self.stats.count(self.stats.writes, verb)
+            return True
+        if (verb == "delete" and status in (404, 409)) or _namespace_terminating(status, data):
+            return False  # 404: already gone; 409: the UID precondition failed (replaced since)
+        self.stats.count(self.stats.errors, str(status))
+        if status not in RETRYABLE:
+            log.error("%s %s: HTTP %d %s", method, path, status, _message(data))
+        raise Retry
 
-    async def _delete(self, plural: str, obj: Summary) -> None:
+    async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:
+        namespace, name = _split(key[1])
+        path = _path(key[0], namespace, name) + ("/status" if status else "")
+        return await self._request("apply_status" if status else "apply", "PATCH", path, body,
+                            {"fieldManager": MANAGER, "force": "true"})
+
+    async def _delete(self, key: Key, obj: Summary) -> None:
         meta = obj.metadata
-        ident = (plural, f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name)
-        self._inflight.add(ident)
-        try:
-            await self._request("delete", "DELETE", _path(plural, meta.namespace, meta.name),
-                                {"preconditions": {"uid": meta.uid}, "propagationPolicy": "Background"},
-                                content_type="application/json")
-            self._written.pop(ident, None)
-        finally:
-            self._inflight.discard(ident)
+        await self._request("delete", "DELETE", _path(key[0], meta.namespace, meta.name),
+                            {"preconditions": {"uid": meta.uid}, "propagationPolicy": "Background"},
+                            content_type="application/json")
 
     # -- summarizer status ----------------------------------------------------------------------
 
-    def _summarizer_statuses(self) -> list[Coroutine[Any, Any, None]]:
-        jobs = []
-        groups: dict[str, int] = {}
-        for summarizer, _ in self.index.groups:
-            groups[summarizer] = groups.get(summarizer, 0) + 1
-        for name, obj in self.sources.summarizers.node.items():
-            count = groups.get(name, 0)
-            label = obj.spec.labelKey
-            if count:
-                cond = ("True", "Summarizing", f"{count} node groups from the values of node label {label}")
-            else:
-                cond = ("True", "NoMatchingNodes", f"no node carries the label {label}")
-            jobs.append(self._summarizer_status("nodesummarizers", obj, cond, {"groupCount": count}))
-        workloads: dict[str, int] = {}
-        for w in self.index.workloads.values():
-            info = self.index.workload_types.get((w.group, w.kind))
-            if info is not None and w.is_object:
-                workloads[info.summarizer] = workloads.get(info.summarizer, 0) + 1
-        for name, obj in self.sources.summarizers.workload.items():
-            missing = [f"{t.kind} ({t.group or 'core'})" for t in obj.spec.workloadTypes
-                       if (t.group, t.kind) in self.sources.missing_kinds]
-            if missing:
-                cond = ("False", "KindNotServed",
-                        f"not served by the API server (CRD not installed?): {', '.join(missing)}")
-            else:
-                cond = ("True", "Summarizing", f"{workloads.get(name, 0)} root workloads of the configured types")
-            jobs.append(self._summarizer_status("workloadsummarizers", obj, cond,
-                                                {"workloadCount": workloads.get(name, 0)}))
-        return [j for j in jobs if j is not None]
+    def _summarizer_statuses(self) -> list[Key]:
+        """The summarizers whose status differs from what it should be."""
+        return [(plural, name) for plural, objects in (("nodesummarizers", self.sources.summarizers.node),
+                                                       ("workloadsummarizers", self.sources.summarizers.workload))
+                for name, obj in objects.items() if obj.status != self._summarizer_status(plural, obj)]
 
-    def _summarizer_status(self, plural: str, obj: Any, cond: tuple[str, str, str], counts: dict[str, int]):
-        meta = obj.metadata
+    async def _sync_summarizer(self, plural: str, name: str) -> None:
+        objects = self.sources.summarizers.node if plural == "nodesummarizers" else self.sources.summarizers.workload
+        obj = objects.get(name)
+        if obj is None:
+            return
+        status = self._summarizer_status(plural, obj)
+        if obj.status == status:  # compared with the live object: a recreated one (new UID) is seen as new
+            return
+        self.queue.wrote((plural, name))
+        await self._request("apply_status", "PATCH", _path(plural, name=name) + "/status",
+                            self._status_body(KIND_OF[plural], "", name, status),
+                            {"fieldManager": MANAGER, "force": "true"})
+
+    def _summarizer_status(self, plural: str, obj: Any) -> dict[str, Any]:
+        if plural == "nodesummarizers":
+            cond, counts = self._node_summarizer_condition(obj)
+        else:
+            cond, counts = self._workload_summarizer_condition(obj)
         status_value, reason, message = cond
-        key = json.dumps([meta.generation, cond, counts])
-        ident = (plural, meta.name)
-        if self._summarizer_written.get(ident) == key or ident in self._inflight:
-            return None
-        now = time.monotonic()
-        if now - self._last_write.get(ident, -1e9) < self.s.debounce:
-            return None
+        meta = obj.metadata
         previous = {c.get("type"): c for c in obj.status.get("conditions", [])}.get("Ready", {})
         transition = previous.get("lastTransitionTime") if previous.get("status") == status_value else None
         condition = {"type": "Ready", "status": status_value, "reason": reason, "message": message,
                      "observedGeneration": meta.generation,
                      "lastTransitionTime": transition or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        status = {"observedGeneration": meta.generation, "conditions": [condition], **counts}
-        if obj.status == status:  # already so (e.g. written by an earlier leader)
-            self._summarizer_written[ident] = key
-            return None
+        return {"observedGeneration": meta.generation, "conditions": [condition], **counts}
 
-        async def write() -> None:
-            self._inflight.add(ident)
-            self._last_write[ident] = time.monotonic()
-            try:
-                body = {"apiVersion": API_VERSION, "kind": "NodeSummarizer" if plural == "nodesummarizers"
-                        else "WorkloadSummarizer", "metadata": {"name": meta.name}, "status": status}
-                code, _ = await self._request("apply_status", "PATCH", _path(plural, name=meta.name) + "/status",
-                                              body, {"fieldManager": MANAGER, "force": "true"})
-                if code < 300:
-                    self._summarizer_written[ident] = key
-            finally:
-                self._inflight.discard(ident)
+    def _node_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
+        name, label = obj.metadata.name, obj.spec.labelKey
+        count = sum(1 for summarizer, _ in self.index.groups if summarizer == name)
+        if count:
+            return ("True", "Summarizing", f"{count} node groups from the values of node label {label}"), \
+                {"groupCount": count}
+        return ("True", "NoMatchingNodes", f"no node carries the label {label}"), {"groupCount": 0}
 
-        return write()
+    def _workload_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
+        types = obj.spec.workloadTypes
+        problems = [p for t in types if (p := self._kind_problem(t.group, t.kind, t.version)) is not None]
+        count = self._workload_count({(t.group, t.kind) for t in types})
+        if problems:
+            self._log_once(obj.metadata.uid, problems)
+            reasons = dict.fromkeys(reason for reason, _ in problems)
+            return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
+                {"workloadCount": count}
+        message = f"{count} root workloads of the configured types"
+        overlaps = self._overlaps(obj)
+        if overlaps:
+            message += f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind)"
+        return ("True", "Summarizing", message), {"workloadCount": count}
+
+    def _workload_count(self, kinds: set[tuple[str, str]]) -> int:
+        return sum(1 for w in self.index.workloads.values()
+                   if w.is_object and (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos)
+
+    def _overlaps(self, obj: Any) -> str:
+        mine = {(t.group, t.kind) for t in obj.spec.workloadTypes}
+        others = []
+        for name, other in sorted(self.sources.summarizers.workload.items()):
+            shared = sorted(mine & {(t.group, t.kind) for t in other.spec.workloadTypes})
+            if name != obj.metadata.name and shared:
+                others.append(f"{name} ({', '.join(k for _, k in shared)})")
+        return ", ".join(others)
+
+    def _log_once(self, uid: str, problems: list[tuple[str, str]]) -> None:
+        for reason, message in problems:
+            if (uid, message) not in self._logged:
+                self._logged.add((uid, message))
+                log.warning("%s: %s", reason, message)
+
+
+def _message(body: bytes) -> str:
+    try:
+        return str(json.loads(body).get("message", ""))
+    except ValueError:
+        return body[:300].decode(errors="replace")

@@ -6,15 +6,15 @@ equal to what the API server stores and returns.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubeindex.index import PHASES, ClusterIndex, GroupAgg, WorkloadAgg
 from kubeindex.quantity import format_quantity
+
+from .names import Claim, NameAllocator
 
 GROUP = "ux.sean.example.com"
 VERSION = "v1alpha1"
@@ -22,7 +22,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MANAGED_BY = f"{GROUP}/managed-by"
 MANAGER = "node-workload-summary"
 SUMMARIZER_LABEL = f"{GROUP}/summarizer"
-MAX_NAME = 63  # short enough for kubectl columns and for use as a label value
+MAX_LABEL_VALUE = 63
 
 SHORT_TYPES = {
     ("apps", "Deployment"): "deploy", ("apps", "StatefulSet"): "sts", ("apps", "DaemonSet"): "ds",
@@ -35,25 +35,6 @@ SHORT_TYPES = {
     ("trainer.kubeflow.org", "TrainJob"): "trainjob", ("argoproj.io", "Workflow"): "wf",
     ("argoproj.io", "Rollout"): "rollout", ("batch.volcano.sh", "Job"): "vcjob",
 }
-
-
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def dns_name(raw: str) -> str:
-    """``raw`` if it is a valid short DNS-1123 name; otherwise a sanitized, shortened form with a
-    stable hash of ``raw`` appended, so two different inputs never end up with the same name."""
-    candidate = re.sub(r"[^a-z0-9.-]+", "-", raw.lower())
-    candidate = re.sub(r"^[^a-z0-9]+|[^a-z0-9]+$", "", candidate)
-    if candidate == raw and 0 < len(raw) <= MAX_NAME:
-        return raw
-    stem = candidate[: MAX_NAME - 9].rstrip("-.")
-    return f"{stem}-{_hash(raw)}" if stem else _hash(raw)
-
-
-def node_summary_name(summarizer: str, value: str) -> str:
-    return dns_name(f"{summarizer}-{value}")
 
 
 def short_type(group: str, kind: str, configured: str | None) -> str:
@@ -99,8 +80,15 @@ class Desired:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
 
 
-def node_summary(agg: GroupAgg, label_key: str, summarizer_uid: str) -> Desired:
-    name = node_summary_name(agg.summarizer, agg.value)
+def node_claim(summarizer: str, value: str) -> Claim:
+    return Claim("", f"{summarizer}\x00{value}", f"{summarizer}-{value}")
+
+
+def workload_claim(namespace: str, group: str, kind: str, name: str) -> Claim:
+    return Claim(namespace, f"{group}\x00{kind}\x00{name}", name)
+
+
+def node_summary(agg: GroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
     not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
     status = _drop_empty({
         "nodeCount": agg.nodes,
@@ -118,13 +106,21 @@ def node_summary(agg: GroupAgg, label_key: str, summarizer_uid: str) -> Desired:
         "apiVersion": API_VERSION, "kind": "NodeSummary",
         "metadata": {
             "name": name,
-            "labels": {MANAGED_BY: MANAGER, SUMMARIZER_LABEL: agg.summarizer},
+            "labels": _summary_labels(agg.summarizer),
             "ownerReferences": [{"apiVersion": API_VERSION, "kind": "NodeSummarizer", "name": agg.summarizer,
                                  "uid": summarizer_uid, "controller": True}],
         },
         "spec": {"selector": {"matchLabels": {label_key: agg.value}}},
     }
     return Desired("nodesummaries", "", name, body, status)
+
+
+def _summary_labels(summarizer: str) -> dict[str, str]:
+    """Our labels; the summarizer's name only where it fits a label value (names may be longer)."""
+    labels = {MANAGED_BY: MANAGER}
+    if len(summarizer) <= MAX_LABEL_VALUE:
+        labels[SUMMARIZER_LABEL] = summarizer
+    return labels
 
 
 @dataclass(frozen=True)
@@ -159,22 +155,6 @@ def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names:
     return Desired("workloadsummaries", agg.namespace, name, body, status)
 
 
-def workload_names(workloads: list[WorkloadAgg]) -> dict[str, str]:
-    """uid -> WorkloadSummary name. A workload keeps its own name unless workloads of several
-    kinds share it in one namespace: then the one whose (group, kind) sorts first keeps it and
-    the others get `<name>-<kind>` (with a hash when that is too long)."""
-    by_name: dict[tuple[str, str], list[WorkloadAgg]] = {}
-    for w in workloads:
-        by_name.setdefault((w.namespace, w.name), []).append(w)
-    names: dict[str, str] = {}
-    for (_, name), same in by_name.items():
-        same.sort(key=lambda w: (w.group, w.kind, w.uid))
-        names[same[0].uid] = name
-        for w in same[1:]:
-            names[w.uid] = dns_name(f"{name}-{w.kind.lower()}")
-    return names
-
-
 Cache = dict[object, tuple[tuple, Desired]]
 
 
@@ -187,31 +167,58 @@ def _cached(cache: Cache, key: object, stamp: tuple, make: Callable[[], Desired]
     return hit[1]
 
 
+@dataclass
+class Naming:
+    """The name allocators of both kinds, and the names of the objects that exist per claim
+    (kept by the reconciler from its watch of our objects)."""
+
+    nodes: NameAllocator
+    workloads: NameAllocator
+    held_nodes: Mapping[Claim, Iterable[str]]
+    held_workloads: Mapping[Claim, Iterable[str]]
+
+    @classmethod
+    def empty(cls) -> Naming:
+        return cls(NameAllocator(), NameAllocator(), {}, {})
+
+
 def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
-                  type_infos: dict[tuple[str, str], TypeInfo], cache: Cache | None = None) -> list[Desired]:
+                  type_infos: dict[tuple[str, str], TypeInfo], cache: Cache | None = None,
+                  naming: Naming | None = None) -> list[Desired]:
     """Every object that should exist. O(groups + workloads), with a cheap constant when ``cache``
-    is kept between calls."""
+    and ``naming`` are kept between calls."""
     cache = {} if cache is None else cache
+    naming = naming or Naming.empty()
     out = []
     seen: set[object] = set()
-    summary_names: dict[tuple[str, str], str] = {}
-    for key, agg in index.groups.items():
-        uid = node_summarizer_uids.get(agg.summarizer)
-        if uid is None:
-            continue
-        summary_names[key] = node_summary_name(*key)
+    groups = [agg for agg in index.groups.values() if agg.summarizer in node_summarizer_uids]
+    group_claims = {(agg.summarizer, agg.value): node_claim(agg.summarizer, agg.value) for agg in groups}
+    node_names = naming.nodes.assign(group_claims.values(), naming.held_nodes)
+    summary_names = {key: node_names[claim] for key, claim in group_claims.items()}
+    for agg in groups:
+        key = (agg.summarizer, agg.value)
+        uid = node_summarizer_uids[agg.summarizer]
         label_key = index.node_summarizers[agg.summarizer]
+        name = summary_names[key]
         seen.add(key)
-        out.append(_cached(cache, key, (agg.generation, label_key, uid),
-                           lambda agg=agg, label_key=label_key, uid=uid: node_summary(agg, label_key, uid)))
+        out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
+                           lambda agg=agg, name=name, label_key=label_key, uid=uid:
+                           node_summary(agg, name, label_key, uid)))
     workloads = [w for w in index.workloads.values() if w.is_object and (w.group, w.kind) in type_infos]
-    names = workload_names(workloads)
+    claims = {w.uid: workload_claim(w.namespace, w.group, w.kind, w.name) for w in workloads}
+    names = naming.workloads.assign(claims.values(), naming.held_workloads)
+    emitted: set[Claim] = set()
     for w in workloads:
+        claim = claims[w.uid]
+        if claim in emitted:
+            continue  # deleted and recreated under the same name: both known for a moment
+        emitted.add(claim)
         info = type_infos[(w.group, w.kind)]
+        name = names[claim]
         refs = tuple(summary_names.get(g) for g in w.group_nodes)  # the names its refs point at
         seen.add(w.uid)
-        out.append(_cached(cache, w.uid, (w.generation, names[w.uid], info, refs),
-                           lambda w=w, info=info: workload_summary(w, names[w.uid], info, summary_names)))
+        out.append(_cached(cache, w.uid, (w.generation, name, info, refs),
+                           lambda w=w, info=info, name=name: workload_summary(w, name, info, summary_names)))
     for key in cache.keys() - seen:
         del cache[key]
     return out

@@ -9,32 +9,58 @@ from kubeindex.objects import WorkloadType
 from reconciler.desired import (
     TypeInfo,
     desired_state,
-    dns_name,
     long_type,
     names_prefix,
-    node_summary_name,
+    node_claim,
     short_type,
-    workload_names,
+    workload_claim,
 )
+from reconciler.names import NameAllocator
 from tests.reference import Owner
 from tests.test_index import make_node, make_pod, ref
 
-DNS = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
+DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def node_names(pairs: list[tuple[str, str]]) -> list[str]:
+    names = NameAllocator().assign([node_claim(s, v) for s, v in pairs])
+    return [names[node_claim(s, v)] for s, v in pairs]
 
 
 def test_valid_names_are_kept() -> None:
-    assert node_summary_name("gke-nodepool", "pool-a") == "gke-nodepool-pool-a"
-    assert dns_name("a.b-c") == "a.b-c"
+    assert node_names([("gke-nodepool", "pool-a")]) == ["gke-nodepool-pool-a"]
 
 
 def test_odd_label_values_get_safe_distinct_names() -> None:
-    values = ["Pool_A", "pool-a", "pool_a", "POOL.A", "", "x" * 63, "x" * 62 + "y", "-lead", "trail.", "a..b"]
-    names = [node_summary_name("sum", v) for v in values]
+    values = ["Pool_A", "pool-a", "pool_a", "POOL.A", "", "x" * 63, "x" * 62 + "y", "-lead", "trail.", "a..b",
+              "a.-b", "a-.b"]
+    names = node_names([("sum", v) for v in values])
     assert len(set(names)) == len(values), names
     for name in names:
-        assert DNS.match(name), name
+        assert DNS.match(name) and len(name) <= 253, name
     assert names[1] == "sum-pool-a"  # unchanged where valid
-    assert node_summary_name("sum", "Pool_A") == names[0]  # stable
+    assert node_names([("sum", "Pool_A")]) == names[:1]  # a pure function of the claim where nothing collides
+
+
+def test_colliding_plain_names_across_summarizers() -> None:
+    """`gke` + `pool-a` and `gke-pool` + `a` both want `gke-pool-a`: the first claim placed keeps
+    it, the other gets a hashed name, and neither changes when the other comes or goes."""
+    allocator = NameAllocator()
+    first = allocator.assign([node_claim("gke", "pool-a")])
+    assert first == {node_claim("gke", "pool-a"): "gke-pool-a"}
+    both = allocator.assign([node_claim("gke", "pool-a"), node_claim("gke-pool", "a")])
+    assert both[node_claim("gke", "pool-a")] == "gke-pool-a"
+    hashed = both[node_claim("gke-pool", "a")]
+    assert hashed != "gke-pool-a" and hashed.startswith("gke-pool-a-")
+    assert allocator.assign([node_claim("gke-pool", "a")]) == {node_claim("gke-pool", "a"): hashed}
+
+
+def test_names_are_read_back_from_existing_objects() -> None:
+    """After a restart (a new allocator), an object that exists keeps its name, even a hashed one
+    whose plain name is free now."""
+    claim = node_claim("gke-pool", "a")
+    names = NameAllocator().assign([claim], {claim: ["gke-pool-a-1234567890"]})
+    assert names[claim] == "gke-pool-a-1234567890"
 
 
 def test_short_and_long_types() -> None:
@@ -57,8 +83,11 @@ def test_same_name_different_kinds_disambiguated_deterministically() -> None:
     a = WorkloadAgg("u1", "ns", "train", "batch", "Job")
     b = WorkloadAgg("u2", "ns", "train", "jobset.x-k8s.io", "JobSet")
     c = WorkloadAgg("u3", "other", "train", "batch", "Job")
-    for order in ([a, b, c], [c, b, a]):
-        assert workload_names(order) == {"u1": "train", "u2": "train-jobset", "u3": "train"}
+    claims = [workload_claim(w.namespace, w.group, w.kind, w.name) for w in (a, b, c)]
+    for order in (claims, claims[::-1]):
+        names = NameAllocator().assign(order)
+        assert [names[c] for c in claims][::2] == ["train", "train"]
+        assert names[claims[1]].startswith("train-") and names[claims[1]] != "train"
 
 
 def test_desired_state_from_index() -> None:

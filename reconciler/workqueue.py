@@ -1,0 +1,119 @@
+"""A keyed, rate-limited work queue in the manner of client-go's workqueue.
+
+- A key is queued at most once; a key being processed is never handed to a second worker, and
+  if it is added meanwhile it is queued again when the worker is done (nothing is lost).
+- Items carry no state: the worker computes what to do when it takes the key.
+- ``add`` after a write of the same key waits until ``debounce`` seconds after that write (the
+  first change goes out at once, a flapping object costs one write per debounce period).
+- ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
+- ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import time
+from collections import deque
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, debounce: float = 1.0, base_delay: float = 0.2, max_delay: float = 60.0) -> None:
+        self.debounce = debounce
+        self.base_delay, self.max_delay = base_delay, max_delay
+        self._queue: deque[K] = deque()
+        self._dirty: set[K] = set()  # queued or to be queued again after processing
+        self._processing: set[K] = set()
+        self._waiting: list[tuple[float, int, K]] = []  # (when, serial, key): a heap
+        self._waiting_at: dict[K, float] = {}  # the earliest time each waiting key is due
+        self._serial = 0
+        self._failures: dict[K, int] = {}
+        self._done_at: dict[K, float] = {}  # last write, for the debounce (pruned as it ages)
+        self._wake = asyncio.Event()
+
+    def __len__(self) -> int:
+        return len(self._dirty | self._waiting_at.keys())
+
+    def add(self, key: K) -> None:
+        written = self._done_at.get(key)
+        if written is not None:
+            ready = written + self.debounce
+            if time.monotonic() < ready:
+                self._add_at(key, ready)
+                return
+            del self._done_at[key]
+        if key in self._dirty:
+            return
+        self._dirty.add(key)
+        if key not in self._processing:
+            self._queue.append(key)
+            self._wake.set()
+
+    def retry(self, key: K) -> None:
+        """Again after an error, with backoff: base * 2^failures, capped."""
+        failures = self._failures.get(key, 0)
+        self._failures[key] = failures + 1
+        self._add_at(key, time.monotonic() + min(self.max_delay, self.base_delay * 2**failures))
+
+    def forget(self, key: K) -> None:
+        self._failures.pop(key, None)
+
+    def wrote(self, key: K) -> None:
+        """Mark a write of ``key`` now: later adds wait for the debounce."""
+        if self.debounce > 0:
+            self._done_at[key] = time.monotonic()
+
+    def done(self, key: K) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._queue.append(key)
+            self._wake.set()
+
+    def clear(self) -> None:
+        self._queue.clear()
+        self._dirty.clear()
+        self._waiting.clear()
+        self._waiting_at.clear()
+        self._failures.clear()
+        self._done_at.clear()
+
+    async def get(self) -> K:
+        while True:
+            self._promote_waiting()
+            if self._queue:
+                key = self._queue.popleft()
+                self._dirty.discard(key)
+                self._processing.add(key)
+                return key
+            self._wake.clear()
+            timeout = self._waiting[0][0] - time.monotonic() if self._waiting else None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _add_at(self, key: K, when: float) -> None:
+        if self._waiting_at.get(key, float("inf")) <= when:
+            return  # already due as early
+        self._waiting_at[key] = when
+        self._serial += 1
+        heapq.heappush(self._waiting, (when, self._serial, key))
+        self._wake.set()
+
+    def _promote_waiting(self) -> None:
+        now = time.monotonic()
+        while self._waiting and self._waiting[0][0] <= now:
+            when, _, key = heapq.heappop(self._waiting)
+            if self._waiting_at.get(key) != when:
+                continue  # superseded by an earlier entry
+            del self._waiting_at[key]
+            if key not in self._dirty:
+                self._dirty.add(key)
+                if key not in self._processing:
+                    self._queue.append(key)
+        if len(self._done_at) > 1024:  # drop debounce marks that no longer delay anything
+            horizon = now - self.debounce
+            self._done_at = {k: t for k, t in self._done_at.items() if t > horizon}

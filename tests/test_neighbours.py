@@ -1,0 +1,326 @@
+"""The reconciler beside neighbours, on a real control plane: two replicas, other field managers
+and people with kubectl, a lease that moves, colliding and odd names, forbidden credentials,
+namespaces being deleted. Each test failed before the fix it covers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from demo.workloads import create, node_summarizer, ok, workload_summarizer
+from kubeindex.api import ApiClient, Connection, load_connection
+from localkube.cluster import LocalCluster, Options
+from localkube.service import Service, select, value, wait_for
+from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
+from reconciler.leader import LeaderElector, LeaseSettings
+from tests.conftest import CRDS
+from tests.kube import create_node, delete
+
+API = "ux.sean.example.com/v1alpha1"
+NS = "team"
+FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/node-workload-summary"
+
+
+@pytest.fixture(scope="module")
+def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    with LocalCluster(Options(), binaries) as c:
+        c.install_crds(CRDS)
+        node_summarizer(c, "pool", "pool")
+        workload_summarizer(c, "apps", [("apps", "Deployment")])
+        c.kubectl("create", "namespace", NS)
+        for i in range(2):
+            create_node(c, f"n-{i}", {"pool": "a"})
+        deployment(c, NS, "web")
+        yield c
+
+
+@pytest.fixture(scope="module")
+def leader(kube: LocalCluster) -> Iterator[Service]:
+    svc = Service(kube, ("--identity=replica-a", *FAST_LEASE)).start()
+    wait_for(lambda: summary(kube, "workloadsummaries", "web", NS) is not None, timeout=15)
+    yield svc
+    svc.stop()
+
+
+def deployment(kube: LocalCluster, namespace: str, name: str, finalizers: list[str] | None = None) -> dict:
+    labels = {"app": name}
+    return create(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "finalizers": finalizers or []},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})
+
+
+def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict | None:
+    path = f"/apis/{API}/" + (f"namespaces/{namespace}/" if namespace else "") + f"{plural}/{name}"
+    code, body = kube.request(path)
+    return body if code == 200 else None  # type: ignore[return-value]
+
+
+def writes(svc: Service) -> float:
+    return sum(select(svc.scrape(), "nws_reconciler_writes_total").values())
+
+
+def errors(svc: Service) -> dict[frozenset, float]:
+    return select(svc.scrape(), "nws_reconciler_write_errors_total")
+
+
+def settled(svc: Service, quiet: float = 1.5) -> float:
+    """Wait until the replica has written nothing for ``quiet`` seconds; its write count."""
+    last = [writes(svc), time.monotonic()]
+
+    def still() -> bool:
+        now = writes(svc)
+        if now != last[0]:
+            last[:] = [now, time.monotonic()]
+        return time.monotonic() - last[1] >= quiet
+
+    wait_for(still, timeout=30, interval=0.2)
+    return last[0]
+
+
+def is_leader(svc: Service) -> bool:
+    return value(svc.scrape(), "nws_reconciler_leader") == 1
+
+
+# -- other field managers -----------------------------------------------------------------------
+
+def test_foreign_labels_and_annotations_cause_no_writes(kube: LocalCluster, leader: Service) -> None:
+    """A policy engine or a person labels and annotates our summaries: we must not re-apply every
+    debounce period (the old code compared the whole labels map, forever)."""
+    before = settled(leader)
+    kube.kubectl("label", "workloadsummary", "web", "-n", NS, "team=ml")
+    kube.kubectl("annotate", "nodesummary", "pool-a", "policy.example.com/checked=yes")
+    kube.kubectl("label", "nodesummary", "pool-a", "cost-center=42")
+    time.sleep(3)
+    assert writes(leader) == before
+    assert summary(kube, "workloadsummaries", "web", NS)["metadata"]["labels"]["team"] == "ml"  # type: ignore[index]
+
+
+def test_a_field_of_ours_taken_by_kubectl_is_taken_back_once(kube: LocalCluster, leader: Service) -> None:
+    before = settled(leader)
+    ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
+                    content_type="application/merge-patch+json"))
+    wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+             timeout=10)
+    assert settled(leader) - before == 1  # one status apply, then quiet again
+
+
+def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
+    async def main() -> dict[str, int]:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            reconciler = Reconciler(api, None, None, None)  # type: ignore[arg-type]
+            gone = Summary(SummaryMeta(name="never-existed", uid="x"))
+            with contextlib.suppress(Deposed):
+                await reconciler._delete(("nodesummaries", "never-existed"), gone)
+            return reconciler.stats.writes
+
+    assert asyncio.run(main()) == {}
+
+
+# -- names ---------------------------------------------------------------------------------------
+
+def test_colliding_and_odd_names(kube: LocalCluster, leader: Service) -> None:
+    """`gke` + `pool-a` and `gke-pool` + `a` both wanted `gke-pool-a`, and the two selectors took
+    turns deleting and recreating it; `a..b` gave an invalid name and a 422 on every pass."""
+    node_summarizer(kube, "gke", "gke")
+    node_summarizer(kube, "gke-pool", "gke-pool")
+    create_node(kube, "m-0", {"gke": "pool-a", "gke-pool": "a"})
+    create_node(kube, "m-1", {"gke": "a..b", "gke-pool": "a.-b"})
+
+    def mine() -> dict[str, dict]:
+        items = json.loads(kube.kubectl("get", "nodesummaries", "-o", "json").stdout)["items"]
+        return {o["metadata"]["name"]: o for o in items if o["metadata"]["ownerReferences"][0]["name"] in
+                ("gke", "gke-pool")}
+
+    wait_for(lambda: len(mine()) == 4, timeout=15)
+    selectors = sorted(json.dumps(o["spec"]["selector"]) for o in mine().values())
+    assert selectors == sorted(json.dumps({"matchLabels": {k: v}}) for k, v in
+                               [("gke", "pool-a"), ("gke-pool", "a"), ("gke", "a..b"), ("gke-pool", "a.-b")])
+    names = set(mine())
+    before = settled(leader)
+    time.sleep(3)
+    assert writes(leader) == before and set(mine()) == names  # no delete/recreate dance
+    assert not errors(leader), errors(leader)
+    for name in ("gke", "gke-pool"):
+        delete(kube, f"/apis/{API}/nodesummarizers/{name}")
+    delete(kube, "/api/v1/nodes/m-0")
+    delete(kube, "/api/v1/nodes/m-1")
+    wait_for(lambda: not mine(), timeout=15)
+
+
+# -- leadership ------------------------------------------------------------------------------------
+
+def test_a_deposed_leader_writes_nothing(kube: LocalCluster, leader: Service) -> None:
+    """The lease moves to another holder: the old leader stops at once and writes nothing, even
+    with changes waiting (the old code kept applying queued, minutes-old state)."""
+    settled(leader)
+    lease = ok(kube.request(LEASE))
+    lease["spec"] |= {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+                      "renewTime": time.strftime("%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime())}
+    ok(kube.request(LEASE, "PUT", lease))
+    wait_for(lambda: not is_leader(leader), timeout=5)
+    before = writes(leader)
+    deployment(kube, NS, "api")  # a change the old leader would have written
+    ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 7}},
+                    content_type="application/merge-patch+json"))
+    time.sleep(3)
+    assert writes(leader) == before
+    assert summary(kube, "workloadsummaries", "api", NS) is None
+    lease = ok(kube.request(LEASE))
+    lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
+    ok(kube.request(LEASE, "PUT", lease))
+    wait_for(lambda: is_leader(leader), timeout=10)
+    wait_for(lambda: summary(kube, "workloadsummaries", "api", NS) is not None, timeout=10)
+    wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+             timeout=10)
+
+
+def test_elector_survives_dropped_connections() -> None:
+    """A load balancer that closes kept-alive connections (aiohttp's ServerDisconnectedError)
+    used to escape the elector and end the process."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    stop = threading.Event()
+
+    def accept_and_drop() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # the accept timeout, or the socket closed at the end
+                conn, _ = server.accept()
+                conn.recv(65536)
+                conn.close()  # mid-request, no answer
+
+    threading.Thread(target=accept_and_drop, daemon=True).start()
+
+    async def main() -> str:
+        api = ApiClient(Connection(f"http://127.0.0.1:{port}", False, client.Configuration()))
+        async with api:
+            elector = LeaderElector(api, LeaseSettings("default", identity="x", retry_period=0.1))
+            for _ in range(3):
+                await elector._step()
+            assert not elector.is_leader
+            return elector.last_error
+
+    try:
+        assert "ServerDisconnected" in asyncio.run(main())
+    finally:
+        stop.set()
+        server.close()
+
+
+def _token_kubeconfig(kube: LocalCluster, account: str, rules: str) -> Path:
+    """A kubeconfig for a ServiceAccount bound to ``rules`` (a ClusterRole's YAML rules)."""
+    kube.kubectl("create", "serviceaccount", account, "-n", "default")
+    role = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": account},
+            "rules": yaml.safe_load(rules)}
+    kube.kubectl("apply", "-f", "-", input=json.dumps(role))
+    kube.kubectl("create", "clusterrolebinding", account, f"--clusterrole={account}",
+                 f"--serviceaccount=default:{account}")
+    token = kube.kubectl("create", "token", account, "-n", "default", "--duration=1h").stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": token}}]
+    path = kube.workdir / f"{account}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_an_unsynced_replica_never_holds_the_lease(kube: LocalCluster, leader: Service) -> None:
+    """Credentials that can take the Lease but list nothing: that replica used to win the lease
+    and hold it with /readyz 503 while the summaries went stale."""
+    leases_only = _token_kubeconfig(kube, "leases-only", """
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [get, create, update]
+""")
+    leader.stop()  # free the lease: the blind replica starts first and would take it
+    lease = ok(kube.request(LEASE))
+    lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
+    ok(kube.request(LEASE, "PUT", lease))
+    blind = Service(kube, (f"--kubeconfig={leases_only}", "--identity=blind", *FAST_LEASE))
+    blind.start(ready=False)
+    try:
+        time.sleep(3)
+        assert ok(kube.request(LEASE))["spec"].get("holderIdentity") in (None, "")
+        leader.start()
+        wait_for(lambda: is_leader(leader), timeout=10)
+        assert "not a candidate" in blind.log_text()
+        # The healthy leader keeps the summaries current.
+        create_node(kube, "n-9", {"pool": "a"})
+        wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 3,  # type: ignore[index]
+                 timeout=10)
+        delete(kube, "/api/v1/nodes/n-9")
+    finally:
+        blind.stop()
+
+
+def test_a_missing_lease_namespace_is_said(kube: LocalCluster) -> None:
+    svc = Service(kube, ("--identity=lost", "--lease-namespace=nowhere", *FAST_LEASE,
+                         "--no-exporter")).start()
+    try:
+        wait_for(lambda: 'namespaces "nowhere" not found' in svc.log_text(), timeout=10)
+        time.sleep(3)  # retried every second, said once a minute
+        assert svc.log_text().count('namespaces "nowhere" not found') == 1
+    finally:
+        svc.stop()
+
+
+# -- namespaces being deleted, summarizers' status -------------------------------------------------
+
+def test_a_terminating_namespace_is_not_a_write_error(kube: LocalCluster, leader: Service) -> None:
+    kube.kubectl("create", "namespace", "doomed")
+    deployment(kube, "doomed", "old")
+    wait_for(lambda: summary(kube, "workloadsummaries", "old", "doomed") is not None, timeout=10)
+    kube.kubectl("delete", "namespace", "doomed", "--wait=false")  # no namespace controller: it stays
+    delete(kube, f"/apis/{API}/namespaces/doomed/workloadsummaries/old")  # recreating it is refused (403)
+    time.sleep(3)
+    assert not errors(leader), errors(leader)
+    assert 'being terminated' not in leader.log_text()
+
+
+def _ready(kube: LocalCluster, plural: str, name: str) -> dict:
+    status = (summary(kube, plural, name) or {}).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+
+
+def test_summarizer_recreated_with_the_same_spec_gets_its_status(kube: LocalCluster, leader: Service) -> None:
+    node_summarizer(kube, "again", "pool")
+    wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
+    delete(kube, f"/apis/{API}/nodesummarizers/again")
+    wait_for(lambda: summary(kube, "nodesummarizers", "again") is None, timeout=10)
+    node_summarizer(kube, "again", "pool")
+    wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
+    delete(kube, f"/apis/{API}/nodesummarizers/again")
+
+
+def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leader: Service) -> None:
+    workload_summarizer(kube, "also-apps", [("apps", "Deployment"), ("apps", "StatefulSet")])
+    wait_for(lambda: "also listed by apps" in _ready(kube, "workloadsummarizers", "also-apps").get("message", ""),
+             timeout=10)
+    count = summary(kube, "workloadsummarizers", "apps")["status"]["workloadCount"]  # type: ignore[index]
+    wait_for(lambda: summary(kube, "workloadsummarizers", "also-apps")["status"].get("workloadCount") == count,
+             timeout=10)
+    assert "also listed by also-apps" in _ready(kube, "workloadsummarizers", "apps")["message"]
+    delete(kube, f"/apis/{API}/workloadsummarizers/also-apps")
+
+
+def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, leader: Service) -> None:
+    workload_summarizer(kube, "nodes-as-workloads", [("", "Node")])
+    wait_for(lambda: _ready(kube, "workloadsummarizers", "nodes-as-workloads").get("reason") == "KindNotNamespaced",
+             timeout=15)
+    assert _ready(kube, "workloadsummarizers", "nodes-as-workloads")["status"] == "False"
+    time.sleep(2)
+    assert not errors(leader), errors(leader)
+    delete(kube, f"/apis/{API}/workloadsummarizers/nodes-as-workloads")
