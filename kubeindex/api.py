@@ -57,22 +57,54 @@ class Connection:
         return {"Authorization": token} if token else {}
 
 
+class ConfigError(Exception):
+    """No usable API server configuration; the message names the source and path that failed."""
+
+
+IN_CLUSTER = "in-cluster service account"
+HOME_KUBECONFIG = "~/.kube/config"
+
+
+def _config_source(kubeconfig: str | None) -> tuple[str, str]:
+    """(source, path) of the configuration to load, in client-go's order: --kubeconfig, $KUBECONFIG,
+    the in-cluster service account, ~/.kube/config."""
+    if kubeconfig is not None:
+        if not os.path.exists(os.path.expanduser(kubeconfig)):
+            raise ConfigError(f"--kubeconfig {kubeconfig}: no such file")
+        return "--kubeconfig", kubeconfig
+    env = os.environ.get("KUBECONFIG")
+    if env:  # a list like the PATH; client-go skips the missing entries
+        if not any(os.path.exists(os.path.expanduser(p)) for p in env.split(os.pathsep) if p):
+            raise ConfigError(f"$KUBECONFIG {env}: no such file")
+        return "$KUBECONFIG", env
+    if "KUBERNETES_SERVICE_HOST" in os.environ:
+        return IN_CLUSTER, ""
+    home = os.path.expanduser(HOME_KUBECONFIG)
+    if os.path.exists(home):
+        return HOME_KUBECONFIG, home
+    raise ConfigError("no Kubernetes API configuration: tried --kubeconfig (not set), $KUBECONFIG (not set), "
+                      f"{IN_CLUSTER} ($KUBERNETES_SERVICE_HOST not set), {home} (no such file)")
+
+
 def load_connection(kubeconfig: str | None = None, context: str | None = None) -> Connection:
-    """Kubeconfig (explicit, $KUBECONFIG or ~/.kube/config), else the in-cluster service account."""
+    """From --kubeconfig, $KUBECONFIG, the in-cluster service account or ~/.kube/config, the first
+    one set; ConfigError (one line) names what was tried and why it failed."""
     config = k8s_client.Configuration()
-    in_cluster = kubeconfig is None and not os.environ.get("KUBECONFIG") and "KUBERNETES_SERVICE_HOST" in os.environ
-    if in_cluster:
-        k8s_config.load_incluster_config(client_configuration=config)
-    else:
-        k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=config,
-                                    persist_config=False)
-    if config.verify_ssl:
-        ctx = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
-        if config.cert_file:
-            ctx.load_cert_chain(config.cert_file, config.key_file)
-        ssl_context: ssl.SSLContext | bool = ctx
-    else:
-        ssl_context = False
+    source, path = _config_source(kubeconfig)
+    try:
+        if source == IN_CLUSTER:
+            k8s_config.load_incluster_config(client_configuration=config)
+        else:
+            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=config,
+                                        persist_config=False)
+        ssl_context: ssl.SSLContext | bool = False
+        if config.verify_ssl:
+            ssl_context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+            if config.cert_file:
+                ssl_context.load_cert_chain(config.cert_file, config.key_file)
+    except Exception as err:  # any failure here is the configuration's: say where it came from
+        where = path if source == HOME_KUBECONFIG else f"{source} {path}".strip()
+        raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
     return Connection(config.host.rstrip("/"), ssl_context, config)
 
 

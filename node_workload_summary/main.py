@@ -8,7 +8,9 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
+from collections.abc import Awaitable
 from pathlib import Path
 
 import uvloop
@@ -16,7 +18,7 @@ from aiohttp import web
 
 from exporter.metrics import Renderer
 from exporter.server import make_app
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import ApiClient, ConfigError, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import WatchSettings
@@ -30,6 +32,15 @@ from .settings import InvalidSettings, Settings, load
 
 log = logging.getLogger("node-workload-summary")
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+LEASE_CONNECTIONS = 2
+# Shutdown is bounded (about 5 s in all) so a hung API server cannot hold the exit; the lease
+# release is best effort, an unreleased lease expires on its own.
+LEASE_RELEASE_SECONDS = 2.0
+STEP_SECONDS = 0.75
+
+
+class StartupError(Exception):
+    """A start that cannot work; the message says what to fix."""
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -40,59 +51,88 @@ def lease_namespace(settings: Settings) -> str:
     return os.environ.get("POD_NAMESPACE", "default")
 
 
+async def listen(runner: web.AppRunner, address: str, port: int) -> web.TCPSite:
+    site = web.TCPSite(runner, address, port)
+    try:
+        await site.start()
+    except OSError as err:
+        host = f"[{address}]" if ":" in address else address
+        unknown = isinstance(err, socket.gaierror)
+        reason = "not an IP address or a known host name" if unknown else os.strerror(err.errno or 0)
+        raise StartupError(f"cannot listen on {host}:{port}: {reason} (--listen-address, --port)") from None
+    return site
+
+
+async def within(seconds: float, what: str, step: Awaitable[object]) -> None:
+    """One shutdown step, given at most ``seconds``; a failure is logged and shutdown goes on."""
+    try:
+        await asyncio.wait_for(step, seconds)
+    except TimeoutError:
+        log.warning("shutdown: gave up %s after %g s", what, seconds)
+    except Exception as err:
+        log.warning("shutdown: %s failed: %r", what, err)
+
+
 async def serve(settings: Settings) -> None:
     connection = load_connection(settings.kubeconfig, settings.context)
     index = ClusterIndex(settings.workload_pod_labels, max_depth=settings.max_owner_depth)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
-                          timeout_max=max(settings.watch_timeout_min, settings.watch_timeout_max),
-                          read_timeout=settings.read_timeout)
+                          timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    async with ApiClient(connection) as api:
-        sources = Sources(api, index, watch)
-        elector = reconciler = None
-        tasks: list[asyncio.Task] = []
-        if settings.reconciler:
-            if settings.leader_election:
-                elector = LeaderElector(api, LeaseSettings(
-                    lease_namespace(settings), settings.lease_name, settings.identity or identity(),
-                    settings.lease_duration, settings.renew_deadline, settings.retry_period))
-                tasks.append(asyncio.create_task(elector.run(), name="leader election"))
-            reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
-                debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
-            tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
-        renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series)
-        renderer.registry.register(SourcesCollector(sources))
-        if reconciler is not None:
-            renderer.registry.register(ReconcilerCollector(reconciler, elector))
-        runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources), access_log=None)
+    api = ApiClient(connection)
+    # The Lease has a pool of its own: past about 50 owner kinds the watches hold every connection
+    # of the main pool, and renewals waiting for one would lose the lease.
+    lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS)
+    sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
+    elector = reconciler = None
+    if settings.reconciler:
+        if settings.leader_election:
+            elector = LeaderElector(lease_api, LeaseSettings(
+                lease_namespace(settings), settings.lease_name, settings.identity or identity(),
+                settings.lease_duration, settings.renew_deadline, settings.retry_period))
+        reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
+            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
+        if elector is not None:
+            elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
+    renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series)
+    renderer.registry.register(SourcesCollector(sources))
+    if reconciler is not None:
+        renderer.registry.register(ReconcilerCollector(reconciler, elector))
+    runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources), access_log=None)
+    tasks: list[asyncio.Task] = []
+
+    def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed: %r; exiting", task.get_name(), task.exception())
+            stop.set()
+
+    try:
         await runner.setup()
-        site = web.TCPSite(runner, settings.listen_address, settings.port)
-        await site.start()
+        # Bound before anything talks to the API server: a taken port is then the one thing said.
+        site = await listen(runner, settings.listen_address, settings.port)
         log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
                  "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
-        await sources.start()
-
-        def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
-            if not task.cancelled() and task.exception() is not None:
-                log.error("%s failed: %r; exiting", task.get_name(), task.exception())
-                stop.set()
-
+        if elector is not None:
+            tasks.append(asyncio.create_task(elector.run(), name="leader election"))
+        if reconciler is not None:
+            tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
         for task in tasks:
             task.add_done_callback(crashed)
-        try:
-            await stop.wait()
-        finally:
-            log.info("shutting down")
-            for task in tasks:
-                task.cancel()
-            if elector is not None:
-                with contextlib.suppress(Exception):
-                    await elector.release()
-            await sources.stop()
-            await runner.cleanup()
+        await sources.start()
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        if elector is not None and tasks:  # before the elector stops: a stopped elector holds nothing to release
+            await within(LEASE_RELEASE_SECONDS, "releasing the lease", elector.release())
+        for task in tasks:
+            task.cancel()
+        await within(STEP_SECONDS, "stopping the reconciler", asyncio.gather(*tasks, return_exceptions=True))
+        await within(STEP_SECONDS, "stopping the watches", sources.stop())
+        await within(STEP_SECONDS, "stopping the HTTP server", runner.cleanup())
+        await within(STEP_SECONDS, "closing API connections", asyncio.gather(api.close(), lease_api.close()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -106,7 +146,10 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         uvloop.run(serve(settings))
-    except Exception as err:  # a clear line, not a traceback, for configuration problems
+    except (ConfigError, StartupError) as err:  # one line saying what to fix
+        log.error("%s", err)
+        return 1
+    except Exception as err:  # a clear line, not a traceback
         log.error("%s: %s", type(err).__name__, err)
         return 1
     return 0
