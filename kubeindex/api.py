@@ -11,7 +11,7 @@ import json
 import os
 import random
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,15 +183,19 @@ class ApiClient:
         ) as resp:
             return resp.status, await resp.read()
 
-    async def stream_lines(self, path: str, params: dict[str, str], accept: str,
-                           read_timeout: float, connect_timeout: float = 15) -> AsyncIterator[bytes]:
+    async def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                           connect_timeout: float = 15,
+                           on_open: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """A watch: newline-delimited JSON. ``read_timeout`` bounds silence between reads, so a
-        connection that died without closing is noticed."""
+        connection that died without closing is noticed. ``on_open`` is called once the server
+        answered 200 (an idle watch may send nothing for a minute)."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         async with self.session.get(self.connection.host + path, params=params, headers=self._headers(accept),
                                     timeout=timeout) as resp:
             if resp.status >= 300:
                 raise ApiError.from_body(resp.status, await resp.read())
+            if on_open is not None:
+                on_open()
             buffer = bytearray()
             async for chunk in resp.content.iter_any():
                 buffer += chunk

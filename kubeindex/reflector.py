@@ -6,7 +6,31 @@
     again from the last resourceVersion.
 
 The store keeps only key -> resourceVersion (resourceVersions are opaque strings, only compared
-for equality); the objects themselves live in the index.
+for equality) of what the handler has accepted; the objects themselves live in the index. A
+resourceVersion is recorded only after the handler succeeded. A handler that raises is logged
+with the object's key and counted (``SourceStats.handler_errors``), never fatal to the loop; the
+object stays unrecorded (or at the version the handler last accepted), so the next relist hands
+it to the handler again. A relist is due when a watch ends while such objects are outstanding
+(a later event for the object retries it sooner).
+
+Continue token expired (410 during a paged LIST, the snapshot was compacted between two pages):
+the LIST starts again from the first page with the same page size, at the newest snapshot. The
+memory bound stays one page, never the whole collection. Correctness: objects applied from the
+abandoned pass stay in the store with the version seen, so the fresh pass upserts only what
+changed since; deletes for vanished objects are emitted only after a complete pass from one
+snapshot (the diff of the store against that pass), and the watch starts at that snapshot's
+resourceVersion, so nothing between the two snapshots is lost. (Continuing with the token the 410
+carries would be cheaper but reads keys before and after the break at different snapshots: a
+create or delete among the keys already read would be lost for good.) A complete pass must fit
+in etcd's compaction interval (5 minutes by default), which a page size of 500 meets by far.
+
+Connection state (for readiness): a LIST page or a WATCH answered with 200 is contact; an error
+or a read timeout marks the reflector disconnected since that moment, until the next contact.
+An idle healthy watch stays connected however long no event comes.
+
+Errors are logged when their reason first appears and then at most every ``LOG_EVERY`` seconds
+while they persist. Permanent-looking answers (401, 403, 404: RBAC, a missing CRD) are retried
+with a longer backoff cap, as access may be granted or the CRD installed later.
 """
 
 from __future__ import annotations
@@ -27,6 +51,10 @@ from .objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_ke
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+PERMANENT = (401, 403, 404)  # answers that repeat until someone changes RBAC or installs a CRD
+PERMANENT_BACKOFF_CAP = 60.0  # seconds; other errors back off up to sleep_jittered's default cap
+LOG_EVERY = 300.0  # seconds between repeats of the same failure in the log
 
 
 def _explain(err: Exception) -> str:
@@ -53,6 +81,7 @@ class SourceStats:
     last_event: float = 0.0  # time.time() of the last event or list page
     objects: int = 0
     synced: bool = False
+    handler_errors: int = 0  # handler calls that raised (the object is retried by a relist)
 
     def count(self, kind: str) -> None:
         self.events[kind] = self.events.get(kind, 0) + 1
@@ -97,15 +126,62 @@ class Reflector(Generic[T]):
         self.selector = {"labelSelector": label_selector} if label_selector else {}
         self.settings = settings or WatchSettings()
         self.stats = stats or SourceStats()
-        self.store: dict[str, str] = {}  # key -> resourceVersion
+        self.store: dict[str, str] = {}  # key -> resourceVersion the handler accepted
+        self.failed: set[str] = set()  # keys whose last handler call raised: a relist is due
         self.synced = asyncio.Event()
         self.resource_version = ""
-        self.last_error_status = 0  # HTTP status of the last failed request (0: none)
+        self.last_error_status = 0  # HTTP status of the last failed request (0: none, or not HTTP)
+        self.last_error = ""  # the server's Status message, or what went wrong
+        self.connected = False  # the last request was answered (see the module docstring)
+        self.lost_at = 0.0  # time.monotonic() when the connection was lost (while not connected)
+        self._logged_reason = ""  # the failure last logged ("": none since the last contact)
+        self._logged_at = 0.0
         self._item = msgspec.json.Decoder(item_type)
         self._list = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
         self._event = msgspec.json.Decoder(RawEvent)
         self._status = msgspec.json.Decoder(Status)
         self._bookmark = msgspec.json.Decoder(Bookmark)
+
+    # -- health -------------------------------------------------------------------------------
+
+    def problem(self, grace: float, now: float) -> str | None:
+        """Why this resource is not in sync (None: it is). ``now`` is time.monotonic()."""
+        if self.last_error_status in (401, 403):
+            return f"forbidden ({self.last_error})"
+        if self.last_error_status == 404:
+            return f"not installed ({self.last_error})"
+        if not self.synced.is_set():
+            return "initial sync in progress" + (f" (last error: {self.last_error})" if self.last_error else "")
+        if not self.connected and now - self.lost_at > grace:
+            return f"no contact with the API server for {now - self.lost_at:.0f}s (last error: {self.last_error})"
+        return None
+
+    def _contact(self) -> None:
+        """The API server answered a LIST or WATCH with 200."""
+        if self._logged_reason:
+            log.info("%s: API server reachable again after %.0fs", self.name, time.monotonic() - self.lost_at)
+            self._logged_reason = ""
+        self.connected = True
+        self.last_error_status = 0
+        self.last_error = ""
+
+    def _failure(self, err: Exception, reason: str, listing: bool) -> None:
+        now = time.monotonic()
+        if self.connected or not self.lost_at:
+            self.lost_at = now
+        self.connected = False
+        self.last_error_status = err.status if isinstance(err, ApiError) else 0
+        self.last_error = err.message.strip() if isinstance(err, ApiError) else _explain(err)
+        self.stats.restart(reason)
+        if reason == self._logged_reason and now - self._logged_at < LOG_EVERY:
+            return  # said already: retry quietly
+        self._logged_reason, self._logged_at = reason, now
+        verb = "LIST" if listing else "WATCH"
+        if isinstance(err, (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError)):
+            log.warning("%s: %s %s: %s; retrying with backoff", self.name, verb, self.path, _explain(err))
+        else:
+            log.error("%s: unexpected error in %s %s; relisting after backoff", self.name, verb, self.path,
+                      exc_info=err)
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -117,11 +193,13 @@ class Reflector(Generic[T]):
                 if need_list:
                     await self._list_and_sync()
                     need_list = False
-                    self.last_error_status = 0
                     self.synced.set()
                     self.stats.synced = True
                 started = time.monotonic()
                 await self._watch()
+                if self.failed:
+                    log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
+                    need_list = True
                 if time.monotonic() - started > 1:
                     attempt = 0  # a watch that ran its course: start the next one at once
                 else:  # closed at once: do not spin
@@ -135,49 +213,66 @@ class Reflector(Generic[T]):
             except asyncio.CancelledError:
                 raise
             except Exception as err:
-                reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
                 expected = (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError)
+                reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
                 if isinstance(err, ApiError):
                     reason = f"http_{err.status}"
-                    self.last_error_status = err.status
-                self.stats.restart(reason)
+                self._failure(err, reason, need_list)
                 if not isinstance(err, expected):
-                    log.exception("%s: unexpected error; relisting after backoff", self.name)
                     need_list = True
-                elif self.stats.restarts[reason] == 1 or attempt < 3:  # say it clearly, then quietly retry
-                    log.warning("%s: %s %s: %s; retrying with backoff", self.name,
-                                "LIST" if need_list else "WATCH", self.path, _explain(err))
-                await sleep_jittered(attempt)
+                cap = PERMANENT_BACKOFF_CAP if isinstance(err, ApiError) and err.status in PERMANENT else 10.0
+                await sleep_jittered(attempt, cap=cap)
                 attempt += 1
+
+    def _call(self, key: str, call: Callable[[Any], None], arg: Any) -> bool:
+        """Run a handler call. A failure is logged with the key and counted, never raised: the
+        loop goes on, and the caller leaves the key unrecorded so that a relist retries it."""
+        try:
+            call(arg)
+        except Exception as err:
+            self.stats.handler_errors += 1
+            self.failed.add(key)
+            log.error("%s: handler failed for %s: %r; a relist will retry it", self.name, key, err,
+                      exc_info=self.stats.handler_errors == 1)  # the traceback once; then one line each
+            return False
+        self.failed.discard(key)
+        return True
 
     # -- LIST ---------------------------------------------------------------------------------
 
     async def _list_and_sync(self) -> None:
         self.stats.relists += 1
         seen: dict[str, str] = {}
+        self.failed.clear()  # this pass retries them; what fails again is added back
         accept = PARTIAL_LIST if self.metadata_only else JSON
-        params = {"limit": str(self.settings.page_size), **self.selector}
+        first = {"limit": str(self.settings.page_size), **self.selector}
+        params = first
         while True:
             try:
                 body = await self.api.get(self.path, params, accept=accept, timeout=120)
             except ApiError as err:
                 if err.status == 410 and "continue" in params:
-                    # The continue token expired during a slow paged LIST: start over unpaginated
-                    # (one consistent snapshot), as client-go's pager does.
-                    log.info("%s: continue token expired, listing without pages", self.name)
+                    # The snapshot was compacted between two pages: a fresh paged pass (see the
+                    # module docstring for why this is correct and bounded).
+                    log.info("%s: continue token expired after %d objects; listing again from the first page",
+                             self.name, len(seen))
                     seen.clear()
-                    params = dict(self.selector)
+                    self.failed.clear()
+                    params = first
                     continue
                 raise
+            self._contact()
             page = self._list.decode(body)
             await self._apply_page(page.items or [], seen)
             if not page.metadata.continue_:
                 self.resource_version = page.metadata.resourceVersion
                 break
-            params = {"limit": str(self.settings.page_size), "continue": page.metadata.continue_, **self.selector}
+            params = {**first, "continue": page.metadata.continue_}
         for key in self.store.keys() - seen.keys():  # vanished while we were not watching
-            self.handler.delete(key)
-            self.stats.count("DELETED")
+            if self._call(key, self.handler.delete, key):
+                self.stats.count("DELETED")
+            else:
+                seen[key] = self.store[key]  # kept: the next relist's diff deletes it again
         self.store = seen
         self.stats.objects = len(seen)
 
@@ -185,11 +280,13 @@ class Reflector(Generic[T]):
         for i, obj in enumerate(items):
             meta: ObjectMeta = obj.metadata
             key = object_key(meta)
-            seen[key] = meta.resourceVersion
-            if self.store.get(key) != meta.resourceVersion:
-                self.handler.upsert(obj)
+            version = meta.resourceVersion
+            if self.store.get(key) == version or self._call(key, self.handler.upsert, obj):
+                seen[key] = version
                 # Recorded at once: if this LIST fails later, the retry's diff still deletes it.
-                self.store[key] = meta.resourceVersion
+                self.store[key] = version
+            elif key in self.store:
+                seen[key] = self.store[key]  # the index keeps the version it has; retried next relist
             if i % self.settings.yield_every == self.settings.yield_every - 1:
                 await asyncio.sleep(0)  # decoding is CPU-bound: let /metrics and other loops run
         self.stats.last_event = time.time()
@@ -206,7 +303,8 @@ class Reflector(Generic[T]):
         }
         accept = PARTIAL if self.metadata_only else JSON
         try:
-            async for line in self.api.stream_lines(self.path, params, accept, self.settings.read_timeout):
+            async for line in self.api.stream_lines(self.path, params, accept, self.settings.read_timeout,
+                                                    on_open=self._contact):
                 self._handle(line)
         except ApiError as err:
             if err.status == 410:
@@ -230,9 +328,8 @@ class Reflector(Generic[T]):
         key = object_key(meta)
         self.resource_version = meta.resourceVersion
         if kind == "DELETED":
-            self.store.pop(key, None)
-            self.handler.delete(key)  # idempotent downstream
-        else:
+            if self._call(key, self.handler.delete, key):  # idempotent downstream
+                self.store.pop(key, None)
+        elif self._call(key, self.handler.upsert, obj):
             self.store[key] = meta.resourceVersion
-            self.handler.upsert(obj)
         self.stats.objects = len(self.store)
