@@ -28,10 +28,15 @@ def make_app(renderer: Renderer | None, sources: Sources | None) -> web.Applicat
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
-        if sources is None or sources.ready.is_set():
+        """503 with one line per problem (never listed, forbidden, not installed, out of contact
+        longer than the grace); owner kinds that cannot be read follow "ok" without failing it."""
+        if sources is None:
             return web.Response(text="ok\n")
-        pending = [name for name, r in sources.reflectors.items() if not r.synced.is_set()]
-        return web.Response(status=503, text=f"initial sync in progress: {', '.join(pending) or 'owner kinds'}\n")
+        problems = sources.sync_problems()
+        if problems:
+            return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
+        notes = "".join(f"{p} (owner kind: not counted against readiness)\n" for p in sources.owner_problems())
+        return web.Response(text=f"ok\n{notes}")
 
     app = web.Application()
     if renderer is not None:

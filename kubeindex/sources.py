@@ -1,8 +1,26 @@
 """All the watches of one process, feeding one ClusterIndex.
 
-Nodes, Pods and the two summarizer kinds are watched from the start; owner kinds are watched
-(metadata only) on demand: each kind met in an ownerReference, and each configured workload kind
-(so that a workload with no pods still exists). Kinds are mapped to resources by API discovery.
+Nodes, Pods and the two summarizer kinds are watched from the start. Owner kinds are watched
+(metadata only) on demand, one watch per group/kind, while they are needed: each kind named by
+the controller ownerReference of a live object, and each configured workload kind (so that a
+workload with no pods still exists). Kinds are mapped to resources by API discovery.
+
+Versions. A configured ``version`` is honoured: when the API server does not serve that version
+of the kind, the kind is not served for that configuration (``kind_problem`` names the version)
+and it is never watched at another version on its behalf. A configuration without a version, and
+an ownerReference, take any served version (the preferred first): an owner is found by UID
+whatever version it is read at. The one watch of a group/kind reads metadata, which is the same at
+every version, so another configuration or a reference needing the kind at a served version is
+watched as usual while the one that asked for an unserved version is still reported.
+
+``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
+a live object while not watched) that discovery says is not served; only those are looked up
+again, every DISCOVERY_RETRY_SECONDS. A kind no longer configured nor referenced leaves the set.
+
+Health. ``sync_problems`` lists what keeps this replica out of sync with the API server (see
+Reflector.problem): the core resources always count; an owner kind counts unless it is forbidden
+or not installed (its pods count as missing_owner and it is retried quietly), and, after the
+initial sync, not before it has listed once.
 """
 
 from __future__ import annotations
@@ -15,17 +33,27 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import ApiClient, ApiResource
+from .api import ApiClient, ApiResource, sleep_jittered
 from .index import ClusterIndex
-from .objects import Node, NodeSummarizer, PartialObject, Pod, WorkloadSummarizer
+from .objects import Node, NodeSummarizer, OwnerReference, PartialObject, Pod, WorkloadSummarizer, object_key
 from .owners import POD, GroupKind
-from .reflector import Handler, Reflector, SourceStats, WatchSettings
+from .reflector import PERMANENT, Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)
 
 GROUP = "ux.sean.example.com"
 VERSION = "v1alpha1"
 DISCOVERY_RETRY_SECONDS = 30.0
+CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
+Need = tuple[str, str, str | None]  # (group, kind, version; None: any served version)
+
+
+def describe(need: Need) -> str:
+    """`job.batch/v2` for a version, else the kind and its group: `JobSet (jobset.x-k8s.io)`."""
+    group, kind, version = need
+    if version:
+        return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+    return f"{kind} ({group or 'core'})"
 
 
 @dataclass
@@ -37,21 +65,29 @@ class Summarizers:
 
 
 class Sources:
-    def __init__(self, api: ApiClient, index: ClusterIndex, settings: WatchSettings | None = None) -> None:
+    def __init__(self, api: ApiClient, index: ClusterIndex, settings: WatchSettings | None = None,
+                 sync_grace: float = 60.0) -> None:
         self.api = api
         self.index = index
         self.settings = settings or WatchSettings()
+        self.sync_grace = sync_grace  # seconds without contact before sync_problems reports it
         self.stats: dict[str, SourceStats] = {}
         self.summarizers = Summarizers()
         self.reflectors: dict[str, Reflector] = {}
-        self.owner_resources: dict[GroupKind, ApiResource] = {}
-        self.missing_kinds: set[GroupKind] = set()  # configured or referenced, but not served
+        self.owner_resources: dict[GroupKind, ApiResource] = {}  # watched owner kinds
+        self.missing_kinds: set[GroupKind] = set()  # needed now, but not served
         self.ready = asyncio.Event()
         self.started_at = 0.0
         self.sync_seconds: float | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._pending_kinds: set[tuple[str, str]] = set()  # (apiVersion or group, kind) being discovered
-        index.on_owner_kind = self._owner_kind_seen
+        self._owner_reflectors: dict[GroupKind, Reflector] = {}
+        self._discovered: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known
+        self._pending: set[Need] = set()  # being discovered
+        self._configured: set[Need] = set()
+        # Live objects whose controller reference names a kind not watched: source -> key -> kind.
+        # Only those are tracked (few), so that such a kind is needed exactly while referenced.
+        self._refs: dict[str, dict[str, GroupKind]] = {}
+        self._ref_counts: dict[GroupKind, int] = {}
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -60,7 +96,7 @@ class Sources:
         self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
                             Handler(self.index.upsert_node, self.index.delete_node), settings=self.settings))
         self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
-                            Handler(self.index.upsert_pod, self.index.delete_pod), settings=self.settings))
+                            Handler(self._pod_upsert, self._pod_delete), settings=self.settings))
         self._add(Reflector(self.api, "nodesummarizers", f"/apis/{GROUP}/{VERSION}/nodesummarizers", NodeSummarizer,
                             Handler(self._node_summarizer, self._node_summarizer_deleted), settings=self.settings))
         self._add(Reflector(self.api, "workloadsummarizers", f"/apis/{GROUP}/{VERSION}/workloadsummarizers",
@@ -91,12 +127,12 @@ class Sources:
         """Ready once every reflector, including owner kinds discovered on the way, has listed."""
         while True:
             await asyncio.sleep(0.05)
-            if self._pending_kinds:
+            if self._pending:
                 continue
             if all(self._settled(r) for r in self.reflectors.values()):
                 # Let owner kinds found in the last lists start before declaring victory.
                 await asyncio.sleep(0)
-                if not self._pending_kinds and all(self._settled(r) for r in self.reflectors.values()):
+                if not self._pending and all(self._settled(r) for r in self.reflectors.values()):
                     break
         self.sync_seconds = time.monotonic() - self.started_at
         log.info("initial sync complete in %.2fs: %d nodes, %d pods, %d owner kinds",
@@ -108,74 +144,177 @@ class Sources:
         its pods count as missing_owner and the reflector keeps retrying)."""
         if reflector.synced.is_set():
             return True
-        is_owner = reflector.name not in ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
-        return is_owner and reflector.last_error_status in (401, 403, 404)
+        return reflector.name not in CORE and reflector.last_error_status in PERMANENT
 
-    # -- owner kinds -----------------------------------------------------------------------------
+    # -- health ---------------------------------------------------------------------------------
 
-    def _owner_kind_seen(self, api_version: str, kind: str) -> None:
-        group = api_version.rpartition("/")[0]
-        if (group, kind) == POD or (group, kind) in self.owner_resources:
-            return
-        self._request_kind(api_version, kind, exact=True)
+    def sync_problems(self) -> list[str]:
+        """One line per resource that is not in sync ("pods: forbidden (...)"); empty: in sync.
+        O(reflectors): cheap enough for every probe and every lease renewal."""
+        now = time.monotonic()
+        problems = []
+        for name, reflector in self.reflectors.items():
+            if name not in CORE and (reflector.last_error_status in PERMANENT
+                                     or (self.ready.is_set() and not reflector.synced.is_set())):
+                continue
+            problem = reflector.problem(self.sync_grace, now)
+            if problem is not None:
+                problems.append(f"{name}: {problem}")
+        if not problems and not self.ready.is_set():
+            problems.append("initial sync in progress: owner kinds being discovered")
+        return problems
 
-    def _request_kind(self, api_version_or_group: str, kind: str, exact: bool, version: str | None = None) -> None:
-        marker = (api_version_or_group, kind)
-        if marker in self._pending_kinds:
-            return
-        self._pending_kinds.add(marker)
-        self._spawn(self._start_owner_watch(api_version_or_group, kind, exact, version))
+    def owner_problems(self) -> list[str]:
+        """Owner kinds that cannot be read (forbidden, not installed): reported, not counted
+        against readiness."""
+        now = time.monotonic()
+        return [f"{r.name}: {r.problem(self.sync_grace, now)}" for r in self._owner_reflectors.values()
+                if r.last_error_status in PERMANENT]
 
-    async def _start_owner_watch(self, api_version_or_group: str, kind: str, exact: bool,
-                                 version: str | None) -> None:
-        marker = (api_version_or_group, kind)
+    @property
+    def forbidden_kinds(self) -> set[GroupKind]:
+        """Owner kinds whose list/watch the API server denies (401/403)."""
+        return {gk for gk, r in self._owner_reflectors.items() if r.last_error_status in (401, 403)}
+
+    def kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
+        """Why a configured workload type cannot be summarized, as (reason, message); None when
+        it can (or while discovery has not answered yet)."""
+        need = (group, kind, version or None)
+        resource = self._discovered.get(need, ...)
+        if resource is None:
+            return "KindNotServed", f"{describe(need)} is not served by the API server (CRD not installed?)"
+        watched = self.owner_resources.get((group, kind))
+        if resource is ...:
+            if watched is None or (version and watched.version != version):
+                return None  # not known yet
+            resource = watched
+        if not resource.namespaced:
+            return "KindNotNamespaced", (f"{resource.name} is cluster-scoped; WorkloadSummaries are namespaced, "
+                                         f"so it cannot be a root workload")
+        reflector = self._owner_reflectors.get((group, kind))
+        if reflector is not None and reflector.last_error_status in (401, 403):
+            return "KindForbidden", f"list/watch of {reflector.name} is denied: {reflector.last_error}"
+        if reflector is not None and reflector.last_error_status == 404:
+            return "KindNotServed", f"{reflector.name} is not served any more: {reflector.last_error}"
+        return None
+
+    # -- kinds needed ---------------------------------------------------------------------------
+
+    def _needs(self) -> set[Need]:
+        return self._configured | {(group, kind, None) for group, kind in self._ref_counts}
+
+    def _refresh_missing(self) -> None:
+        self.missing_kinds = {(group, kind) for group, kind, version in self._needs()
+                              if (group, kind, version) in self._discovered
+                              and self._discovered[(group, kind, version)] is None}
+
+    def _discover(self, need: Need) -> None:
+        if need not in self._pending:
+            self._pending.add(need)
+            self._spawn(self._discovery(need))
+
+    async def _discovery(self, need: Need) -> None:
+        group, kind, version = need
         try:
             for attempt in range(5):
                 try:
-                    if exact:
-                        resource = await self.api.resource_for(api_version_or_group, kind)
-                    else:
-                        resource = await self.api.preferred_resource(api_version_or_group, kind, version)
+                    resource = await self.api.preferred_resource(group, kind, version)
                     break
                 except Exception as err:
-                    log.warning("discovery of %s %s failed: %r", api_version_or_group, kind, err)
-                    await asyncio.sleep(0.5 * 2**attempt)
+                    log.warning("discovery of %s failed: %r", describe(need), err)
+                    await sleep_jittered(attempt + 1)
             else:
-                resource = None
-            group = api_version_or_group.rpartition("/")[0] if exact else api_version_or_group
-            gk = (group, kind)
-            if resource is None:
-                if gk not in self.missing_kinds:
-                    log.warning("kind %s (%s) is not served by the API server; retrying every %.0fs",
-                                kind, api_version_or_group, DISCOVERY_RETRY_SECONDS)
-                self.missing_kinds.add(gk)
-                return
-            self.missing_kinds.discard(gk)
-            if gk in self.owner_resources:
-                return
-            self.owner_resources[gk] = resource
-            handler = Handler(
-                lambda obj, gk=gk: self._owner_upsert(gk, obj),
-                lambda key, gk=gk: self.index.delete_owner(gk, key),
-            )
-            log.info("watching %s (metadata only) for %s", resource.path, kind)
-            self._add(Reflector(self.api, resource.name, resource.path, PartialObject, handler,
-                                metadata_only=True, settings=self.settings))
+                return  # stays unknown: the retry loop looks again
+            if resource is None and self._discovered.get(need, ...) is not None:
+                log.warning("%s is not served by the API server; looking again every %.0fs while it is needed",
+                            describe(need), DISCOVERY_RETRY_SECONDS)
+            self._discovered[need] = resource
+            if resource is not None:
+                self._watch_owner_kind(resource)
+            self._refresh_missing()
         finally:
-            self._pending_kinds.discard(marker)
+            self._pending.discard(need)
 
-    def _owner_upsert(self, gk: GroupKind, obj: PartialObject) -> None:
+    async def _retry_missing_kinds(self) -> None:
+        """Kinds needed but not served (a CRD installed later) are looked up again periodically."""
+        while True:
+            await asyncio.sleep(DISCOVERY_RETRY_SECONDS)
+            for need in self._needs():
+                if self._discovered.get(need) is None:  # not served, or discovery failed
+                    self._discover(need)
+
+    def _watch_owner_kind(self, resource: ApiResource) -> None:
+        gk = (resource.group, resource.kind)
+        if gk in self.owner_resources:
+            return
+        self.owner_resources[gk] = resource
+        self._forget_refs(gk)
+        name = resource.name if resource.name not in CORE else f"{resource.name}.owners"  # Node: mirror pods
+        handler = Handler(lambda obj, gk=gk, name=name: self._owner_upsert(gk, name, obj),
+                          lambda key, gk=gk, name=name: self._owner_delete(gk, name, key))
+        log.info("watching %s (metadata only) for %s", resource.path, resource.kind)
+        reflector = Reflector(self.api, name, resource.path, PartialObject, handler, metadata_only=True,
+                              settings=self.settings)
+        self._owner_reflectors[gk] = reflector
+        self._add(reflector)
+
+    # -- references -----------------------------------------------------------------------------
+
+    def _track_ref(self, source: str, key: str, ref: OwnerReference | None) -> None:
+        """Keep count of live references to kinds that are not watched: such a kind is needed
+        exactly while referenced. O(1); nothing is stored for references to watched kinds."""
+        gk = (ref.apiVersion.rpartition("/")[0], ref.kind) if ref is not None else None
+        if gk is not None and (gk == POD or gk in self.owner_resources):
+            gk = None
+        refs = self._refs.get(source)
+        old = refs.get(key) if refs is not None else None
+        if old == gk:
+            return
+        if gk is not None:
+            if refs is None:
+                refs = self._refs[source] = {}
+            refs[key] = gk
+            self._ref_counts[gk] = self._ref_counts.get(gk, 0) + 1
+            if self._ref_counts[gk] == 1:
+                need = (gk[0], gk[1], None)
+                if need in self._discovered:
+                    self._refresh_missing()
+                else:
+                    self._discover(need)
+        elif refs is not None:
+            del refs[key]
+        if old is not None:
+            self._ref_counts[old] -= 1
+            if not self._ref_counts[old]:
+                del self._ref_counts[old]
+                self._refresh_missing()
+
+    def _forget_refs(self, gk: GroupKind) -> None:
+        """The kind is watched now: its references need no counting any more."""
+        if self._ref_counts.pop(gk, None) is None:
+            return
+        for refs in self._refs.values():
+            for key in [k for k, v in refs.items() if v == gk]:
+                del refs[key]
+
+    def _pod_upsert(self, pod: Pod) -> None:
+        self.index.upsert_pod(pod)
+        self._track_ref("pods", object_key(pod.metadata), pod.metadata.controller_ref())
+
+    def _pod_delete(self, key: str) -> None:
+        self.index.delete_pod(key)
+        self._track_ref("pods", key, None)
+
+    def _owner_upsert(self, gk: GroupKind, source: str, obj: PartialObject) -> None:
         meta = obj.metadata
         ref = meta.controller_ref()
         controller = (ref.apiVersion, ref.kind, ref.uid) if ref else None
         self.index.upsert_owner(gk, meta.namespace, meta.name, meta.uid, controller)
+        self._track_ref(source, object_key(meta), ref)
 
-    async def _retry_missing_kinds(self) -> None:
-        """Kinds not served yet (a CRD installed later) are looked up again periodically."""
-        while True:
-            await asyncio.sleep(DISCOVERY_RETRY_SECONDS)
-            for group, kind in list(self.missing_kinds):
-                self._request_kind(group, kind, exact=False)
+    def _owner_delete(self, gk: GroupKind, source: str, key: str) -> None:
+        self.index.delete_owner(gk, key)
+        self._track_ref(source, key, None)
 
     # -- summarizers -------------------------------------------------------------------------
 
@@ -193,10 +332,21 @@ class Sources:
     def _workload_summarizer(self, obj: WorkloadSummarizer) -> None:
         self.summarizers.workload[obj.metadata.name] = obj
         self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes)
-        for t in obj.spec.workloadTypes:  # watch configured kinds too: workloads with no pods exist
-            if (t.group, t.kind) not in self.owner_resources and (t.group, t.kind) != POD:
-                self._request_kind(t.group, t.kind, exact=False, version=t.version)
+        self._reconfigure()
 
     def _workload_summarizer_deleted(self, name: str) -> None:
         self.summarizers.workload.pop(name, None)
         self.index.delete_workload_summarizer(name)
+        self._reconfigure()
+
+    def _reconfigure(self) -> None:
+        """Look up configured kinds as soon as they appear (status writes change nothing here)."""
+        configured = {(t.group, t.kind, t.version or None) for s in self.summarizers.workload.values()
+                      for t in s.spec.workloadTypes if (t.group, t.kind) != POD}
+        if configured == self._configured:
+            return
+        added, self._configured = configured - self._configured, configured
+        for need in added:
+            if self._discovered.get(need) is None:  # unknown, or not served when last asked
+                self._discover(need)
+        self._refresh_missing()
