@@ -36,6 +36,9 @@ class SourcesCollector(Collector):
         objects = GaugeMetricFamily("nws_watch_objects", "Objects currently known, by resource.", labels=["resource"])
         synced = GaugeMetricFamily("nws_watch_synced", "1 once the resource's initial LIST completed.",
                                    labels=["resource"])
+        handler_errors = CounterMetricFamily("nws_watch_handler_errors",
+                                             "Objects the index failed to take (retried by the next relist).",
+                                             labels=["resource"])
         now = time.time()
         for resource, s in stats.items():
             for kind, n in sorted(s.events.items()):
@@ -47,7 +50,8 @@ class SourcesCollector(Collector):
                 age.add_metric([resource], round(now - s.last_event, 3))
             objects.add_metric([resource], s.objects)
             synced.add_metric([resource], int(s.synced))
-        yield from (events, relists, restarts, age, objects, synced)
+            handler_errors.add_metric([resource], s.handler_errors)
+        yield from (events, relists, restarts, age, objects, synced, handler_errors)
         sync = GaugeMetricFamily("nws_initial_sync_duration_seconds",
                                  "Seconds from start until every watch had listed.")
         if sources.sync_seconds is not None:
