@@ -37,7 +37,7 @@ test: binaries tools  ## lint, then run every test (unit and against the local c
 unit: install  ## only the tests that need no cluster
 	$(BIN)/pytest -m 'not cluster'
 
-generate: install  ## regenerate dashboards/generated, alerts/generated and deploy/generated
+generate: install  ## regenerate dashboards/generated, alerts/generated and deploy/{base,with-monitoring}/generated
 	$(BIN)/python -m dashboards
 	$(BIN)/python -m alerts
 	$(BIN)/python deploy/render.py

@@ -62,6 +62,7 @@ class LeaderElector:
         self._listeners: list[Listener] = []
         self._last_log: dict[str, float] = {}
         self.last_error = ""  # why the last attempt failed ("" after a success)
+        self._stopped = False  # released for good (shutdown): never take the lease again
 
     @property
     def is_leader(self) -> bool:
@@ -90,11 +91,13 @@ class LeaderElector:
             self._set(False)
 
     async def _step(self) -> None:
+        if self._stopped:
+            return
         reasons = self.may_lead()
         if reasons:
             if self._is_leader:
                 log.warning("giving up lease %s/%s: %s", self.s.namespace, self.s.name, "; ".join(reasons))
-                await self.release()
+                await self.release(final=False)
             else:
                 self._warn("not-ready", "not a candidate for lease %s/%s: %s", self.s.namespace, self.s.name,
                            "; ".join(reasons))
@@ -118,9 +121,11 @@ class LeaderElector:
             self._last_log[topic] = now
             log.warning(message, *args)
 
-    async def release(self) -> None:
-        """Give the lease up (shutdown, lost sync) so another replica takes over at once.
-        Best effort: a failure leaves the lease to expire."""
+    async def release(self, final: bool = True) -> None:
+        """Give the lease up so another replica takes over at once: for good at shutdown
+        (``final``), or until this replica is in sync again. Best effort: a failure leaves the
+        lease to expire."""
+        self._stopped = self._stopped or final
         if not self._is_leader:
             return
         self._set(False)
