@@ -98,9 +98,10 @@ class LeaderElector:
             if self._is_leader:
                 log.warning("giving up lease %s/%s: %s", self.s.namespace, self.s.name, "; ".join(reasons))
                 await self.release(final=False)
-            else:
-                self._warn("not-ready", "not a candidate for lease %s/%s: %s", self.s.namespace, self.s.name,
-                           "; ".join(reasons))
+            else:  # the initial sync is the normal start, not worth a warning
+                level = logging.INFO if all("initial sync" in r for r in reasons) else logging.WARNING
+                self._log("not-ready", level, "not a candidate for lease %s/%s: %s", self.s.namespace,
+                          self.s.name, "; ".join(reasons))
             return
         try:
             ok = await self._try_acquire_or_renew()
@@ -109,17 +110,17 @@ class LeaderElector:
             raise
         except Exception as err:  # any failure is a failed renewal (dropped connections included)
             self.last_error = str(err) if isinstance(err, LeaseError) else f"{type(err).__name__}: {err}"
-            self._warn("request", "lease %s/%s: %s", self.s.namespace, self.s.name, self.last_error)
+            self._log("request", logging.WARNING, "lease %s/%s: %s", self.s.namespace, self.s.name, self.last_error)
             ok = False
         if ok:
             self._last_renew = time.monotonic()
         self._set(ok or self.is_leader)
 
-    def _warn(self, topic: str, message: str, *args: object) -> None:
+    def _log(self, topic: str, level: int, message: str, *args: object) -> None:
         now = time.monotonic()
         if now - self._last_log.get(topic, -LOG_EVERY) >= LOG_EVERY:
             self._last_log[topic] = now
-            log.warning(message, *args)
+            log.log(level, message, *args)
 
     async def release(self, final: bool = True) -> None:
         """Give the lease up so another replica takes over at once: for good at shutdown
