@@ -149,7 +149,7 @@ class Reflector(Generic[T]):
         if self.last_error_status in (401, 403):
             return f"forbidden ({self.last_error})"
         if self.last_error_status == 404:
-            return f"not installed ({self.last_error})"
+            return f"not installed ({self.last_error}: the resource is not served; is its CRD installed?)"
         if not self.synced.is_set():
             return "initial sync in progress" + (f" (last error: {self.last_error})" if self.last_error else "")
         if not self.connected and now - self.lost_at > grace:

@@ -284,6 +284,7 @@ def test_a_forbidden_owner_kind_is_reported_and_retried_quietly(kube: LocalClust
             async with TestClient(TestServer(make_app(None, sources))) as client:
                 resp = await client.get("/readyz")
                 text = await resp.text()
+            print(text)
             assert resp.status == 200 and text.startswith("ok\njobs.batch: forbidden (jobs.batch is forbidden"), text
             await asyncio.sleep(3)
             attempts = sum(1 for path, _ in api.gets if path == "/apis/batch/v1/jobs")
