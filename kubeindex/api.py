@@ -258,6 +258,11 @@ class ApiClient:
         return None
 
 
+def backoff(attempt: int, base: float = 0.25, cap: float = 10.0) -> float:
+    """The one backoff formula: ``base`` doubling per attempt, capped at ``cap``."""
+    return min(cap, base * 2**attempt)
+
+
 async def sleep_jittered(attempt: int, base: float = 0.25, cap: float = 10.0) -> None:
     """Exponential backoff with full jitter."""
-    await asyncio.sleep(random.uniform(0, min(cap, base * 2**attempt)))
+    await asyncio.sleep(random.uniform(0, backoff(attempt, base, cap)))

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .objects import Node, Pod, PodSpec, WorkloadType
+from .objects import Node, Pod, PodSpec, WorkloadType, key_of, object_key, split_key
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
 
@@ -304,7 +304,7 @@ class ClusterIndex:
 
     def upsert_pod(self, pod: Pod) -> None:
         meta = pod.metadata
-        key = f"{meta.namespace}/{meta.name}"
+        key = object_key(meta)
         old = self.pods.pop(key, None)  # out of the table first: graph callbacks must not see it
         if old is not None:
             self._detach_pod(old)
@@ -401,7 +401,7 @@ class ClusterIndex:
                      controller: tuple[str, str, str] | None) -> None:
         """An owner object (metadata only). ``controller`` is its controller ownerReference as
         (apiVersion, kind, uid)."""
-        key = f"{namespace}/{name}" if namespace else name
+        key = key_of(namespace, name)
         previous = self.owner_uids.get((gk, key))
         if previous is not None and previous != uid:
             self.graph.delete(previous)
@@ -436,7 +436,7 @@ class ClusterIndex:
             return
         was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid
         if is_root and not was_root:
-            namespace, _, name = vertex.key.rpartition("/")
+            namespace, name = split_key(vertex.key)
             self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk))
         elif was_root and not is_root:
             agg = self.workloads.get(vertex.uid)

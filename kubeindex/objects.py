@@ -158,5 +158,26 @@ class Bookmark(Struct):
     metadata: BookmarkMeta = field(default_factory=BookmarkMeta)
 
 
+# This project's API group: the summarizers (read here) and the summaries (written by the reconciler).
+GROUP = "ux.sean.example.com"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+def key_of(namespace: str, name: str) -> str:
+    """The store key of an object: "namespace/name", or the name of a cluster-scoped one."""
+    return f"{namespace}/{name}" if namespace else name
+
+
+def split_key(key: str) -> tuple[str, str]:
+    namespace, _, name = key.rpartition("/")
+    return namespace, name
+
+
 def object_key(meta: ObjectMeta) -> str:
-    return f"{meta.namespace}/{meta.name}" if meta.namespace else meta.name
+    return key_of(meta.namespace, meta.name)
+
+
+def group_of(api_version: str) -> str:
+    """"apps/v1" -> "apps"; "v1" -> "" (the core group)."""
+    return api_version.rpartition("/")[0]

@@ -35,14 +35,22 @@ from typing import Any
 
 from .api import ApiClient, ApiResource, sleep_jittered
 from .index import ClusterIndex
-from .objects import Node, NodeSummarizer, OwnerReference, PartialObject, Pod, WorkloadSummarizer, object_key
+from .objects import (
+    API_VERSION,
+    Node,
+    NodeSummarizer,
+    OwnerReference,
+    PartialObject,
+    Pod,
+    WorkloadSummarizer,
+    group_of,
+    object_key,
+)
 from .owners import POD, GroupKind
 from .reflector import PERMANENT, Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)
 
-GROUP = "ux.sean.example.com"
-VERSION = "v1alpha1"
 DISCOVERY_RETRY_SECONDS = 30.0
 CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
 Need = tuple[str, str, str | None]  # (group, kind, version; None: any served version)
@@ -97,9 +105,9 @@ class Sources:
                             Handler(self.index.upsert_node, self.index.delete_node), settings=self.settings))
         self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
                             Handler(self._pod_upsert, self._pod_delete), settings=self.settings))
-        self._add(Reflector(self.api, "nodesummarizers", f"/apis/{GROUP}/{VERSION}/nodesummarizers", NodeSummarizer,
+        self._add(Reflector(self.api, "nodesummarizers", f"/apis/{API_VERSION}/nodesummarizers", NodeSummarizer,
                             Handler(self._node_summarizer, self._node_summarizer_deleted), settings=self.settings))
-        self._add(Reflector(self.api, "workloadsummarizers", f"/apis/{GROUP}/{VERSION}/workloadsummarizers",
+        self._add(Reflector(self.api, "workloadsummarizers", f"/apis/{API_VERSION}/workloadsummarizers",
                             WorkloadSummarizer, Handler(self._workload_summarizer, self._workload_summarizer_deleted),
                             settings=self.settings))
         self._spawn(self._wait_ready())
@@ -263,7 +271,7 @@ class Sources:
     def _track_ref(self, source: str, key: str, ref: OwnerReference | None) -> None:
         """Keep count of live references to kinds that are not watched: such a kind is needed
         exactly while referenced. O(1); nothing is stored for references to watched kinds."""
-        gk = (ref.apiVersion.rpartition("/")[0], ref.kind) if ref is not None else None
+        gk = (group_of(ref.apiVersion), ref.kind) if ref is not None else None
         if gk is not None and (gk == POD or gk in self.owner_resources):
             gk = None
         refs = self._refs.get(source)

@@ -30,16 +30,14 @@ import msgspec
 
 from kubeindex.api import ApiClient
 from kubeindex.index import ClusterIndex
+from kubeindex.objects import API_VERSION, group_of, key_of, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
 from . import fields
 from .desired import (
-    API_VERSION,
-    GROUP,
     MANAGED_BY,
     MANAGER,
-    VERSION,
     Desired,
     Naming,
     TypeInfo,
@@ -134,15 +132,10 @@ class Deposed(Exception):
 
 
 def _path(plural: str, namespace: str = "", name: str = "") -> str:
-    base = f"/apis/{GROUP}/{VERSION}"
+    base = f"/apis/{API_VERSION}"
     if namespace:
         base += f"/namespaces/{namespace}"
     return f"{base}/{plural}" + (f"/{name}" if name else "")
-
-
-def _split(key: str) -> tuple[str, str]:
-    namespace, _, name = key.rpartition("/")
-    return namespace, name
 
 
 def _namespace_terminating(status: int, body: bytes) -> bool:
@@ -165,7 +158,7 @@ def claim_of(plural: str, obj: Summary) -> Claim | None:
     ref = obj.spec.get("workloadRef") or {}
     if not ref.get("kind") or not ref.get("name"):
         return None
-    group = str(ref.get("apiVersion", "")).rpartition("/")[0]
+    group = group_of(str(ref.get("apiVersion", "")))
     return workload_claim(obj.metadata.namespace, group, ref["kind"], ref["name"])
 
 
@@ -203,7 +196,7 @@ class Reconciler:
     # -- our objects as they are ------------------------------------------------------------------
 
     def _seen(self, plural: str, obj: Summary) -> None:
-        key = f"{obj.metadata.namespace}/{obj.metadata.name}" if obj.metadata.namespace else obj.metadata.name
+        key = key_of(obj.metadata.namespace, obj.metadata.name)
         old = self.actual[plural].get(key)
         if old is not None:
             self._unhold(plural, old, key)
@@ -375,7 +368,7 @@ class Reconciler:
         """A WorkloadSummary of a configured kind that cannot be read now (not yet discovered,
         forbidden): kept rather than deleted on what may be a transient failure."""
         ref = obj.spec.get("workloadRef") or {}
-        gk = (str(ref.get("apiVersion", "")).rpartition("/")[0], str(ref.get("kind", "")))
+        gk = (group_of(str(ref.get("apiVersion", ""))), str(ref.get("kind", "")))
         return gk in self.index.workload_types and gk not in self._infos
 
     @staticmethod
@@ -410,7 +403,7 @@ class Reconciler:
         raise Retry
 
     async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:
-        namespace, name = _split(key[1])
+        namespace, name = split_key(key[1])
         path = _path(key[0], namespace, name) + ("/status" if status else "")
         return await self._request("apply_status" if status else "apply", "PATCH", path, body,
                             {"fieldManager": MANAGER, "force": "true"})

@@ -12,13 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeindex.index import PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.objects import API_VERSION, GROUP, key_of
 from kubeindex.quantity import format_quantity
 
 from .names import Claim, NameAllocator
 
-GROUP = "ux.sean.example.com"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
 MANAGED_BY = f"{GROUP}/managed-by"
 MANAGER = "node-workload-summary"
 SUMMARIZER_LABEL = f"{GROUP}/summarizer"
@@ -77,7 +75,7 @@ class Desired:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+        return key_of(self.namespace, self.name)
 
 
 def node_claim(summarizer: str, value: str) -> Claim:

@@ -19,6 +19,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
+from kubeindex.api import backoff
+
 K = TypeVar("K", bound=Hashable)
 
 
@@ -58,7 +60,7 @@ class WorkQueue(Generic[K]):
         """Again after an error, with backoff: base * 2^failures, capped."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        self._add_at(key, time.monotonic() + min(self.max_delay, self.base_delay * 2**failures))
+        self._add_at(key, time.monotonic() + backoff(failures, self.base_delay, self.max_delay))
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)

@@ -321,12 +321,12 @@ def test_readyz_names_an_uninstalled_resource(kube: LocalCluster) -> None:
     async def run() -> tuple[int, str]:
         async with RecordingApi(load_connection(str(kube.kubeconfig))) as api:
             sources = Sources(api, ClusterIndex(), FAST)
-            sources_module_group = sources_module.GROUP
+            ours = sources_module.API_VERSION
             try:
-                sources_module.GROUP = "not-installed.example.com"
+                sources_module.API_VERSION = "not-installed.example.com/v1alpha1"
                 await sources.start()
             finally:
-                sources_module.GROUP = sources_module_group
+                sources_module.API_VERSION = ours
             try:
                 await until(lambda: sources.reflectors["nodesummarizers"].last_error_status == 404)
                 async with TestClient(TestServer(make_app(None, sources))) as client:
