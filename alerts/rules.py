@@ -23,6 +23,10 @@ class Thresholds:
     stale_seconds: int = 600  # no watch event or bookmark for this long
     stale_for: str = "5m"
     no_leader_for: str = "5m"
+    unhealthy_for: str = "5m"  # WorkloadOnUnhealthyNodes: pods on NotReady/Unknown/Disrupting nodes
+    unhealthy_critical_fraction: float = 0.5  # ... critical from this fraction of its unfinished pods
+    accelerators_unhealthy_for: str = "10m"
+    disrupting_for: str = "5m"
     job: str = "node-workload-summary"  # the scrape job of the exporter
 
 
@@ -56,14 +60,27 @@ REPLICA = "{{ if $labels.pod }}{{ $labels.pod }}{{ else }}{{ $labels.instance }}
 NODES = one("nws_nodegroup_nodes")
 # The group's size in the hour before, across replicas: a replaced pod's series still counts.
 PAST = f"{by('nws_nodegroup_nodes')} (max_over_time(nws_nodegroup_nodes[1h] offset 5m))"
+WORKLOAD = "namespace, workload, kind"
+# Node states whose pods are lost or being evicted; Cordoned and Degraded nodes still run theirs.
+UNHEALTHY = "NotReady|Unknown|Disrupting"
+
+
+def _sum(labels: str, family: str, selector: str) -> str:
+    return f"sum by ({labels}) ({one(family, selector)})"
 
 
 def _by_condition(selector: str) -> str:
-    return f"sum by ({GROUP_BY}) ({one('nws_nodegroup_nodes_by_condition', selector)})"
+    return _sum(GROUP_BY, "nws_nodegroup_nodes_by_condition", selector)
 
 
 def _workload_pods(phase: str) -> str:
     return one("nws_workload_pods", f'phase="{phase}", workload!="other"')
+
+
+# A workload's pods on unhealthy nodes, and its pods that have not finished (the critical base).
+ON_UNHEALTHY = _sum(WORKLOAD, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
+UNFINISHED = _sum(WORKLOAD, "nws_workload_pods", 'phase!~"Succeeded|Failed", workload!="other"')
+DISRUPTING = _sum(GROUP_BY, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
 
 
 def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
@@ -110,6 +127,43 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Failed pods",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} are in "
             "phase Failed.",
+        ),
+        Alert(
+            "WorkloadOnUnhealthyNodes",
+            f"{ON_UNHEALTHY} > 0",
+            t.unhealthy_for, "warning",
+            "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has pods on unhealthy nodes",
+            "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} run on "
+            "NotReady, Unknown or Disrupting nodes.",
+        ),
+        Alert(
+            # The same name, critical: Alertmanager's usual inhibition (critical mutes warning of the
+            # same alertname and labels) leaves one notification per workload.
+            "WorkloadOnUnhealthyNodes",
+            f"({ON_UNHEALTHY} > 0) >= {t.unhealthy_critical_fraction} * {UNFINISHED}",
+            t.unhealthy_for, "critical",
+            "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has at least "
+            + f"{t.unhealthy_critical_fraction:.0%} of its pods on unhealthy nodes",
+            "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} run on "
+            "NotReady, Unknown or Disrupting nodes: at least " + f"{t.unhealthy_critical_fraction:.0%}"
+            " of its pods that have not finished.",
+        ),
+        Alert(
+            "NodeGroupAcceleratorsUnhealthy",
+            f"{one('nws_nodegroup_accelerators_unhealthy')} > 0",
+            t.accelerators_unhealthy_for, "warning",
+            "Node group {{ $labels.group }} has unhealthy {{ $labels.resource }}",
+            "{{ $value }} {{ $labels.resource }} of node group {{ $labels.group }} (summarizer "
+            "{{ $labels.summarizer }}) are unhealthy: their nodes' allocatable is below their capacity.",
+        ),
+        Alert(
+            "NodeGroupDisrupting",
+            f"{DISRUPTING} > 0",
+            t.disrupting_for, "info",
+            "Node group {{ $labels.group }} has nodes being disrupted",
+            "{{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) carry a "
+            "disruption taint (Karpenter, the cluster autoscaler, an impending termination): their pods are "
+            "being evicted.",
         ),
         Alert(
             "NodeWorkloadSummaryDown",
