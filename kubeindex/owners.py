@@ -82,15 +82,18 @@ class OwnerGraph:
         if vertex is None:
             vertex = self.vertices[uid] = Vertex(uid, gk, namespace, key, parent)
             self._link(uid, parent)
+            cycles = []
         elif vertex.parent != parent or vertex.gk != gk:
+            cycles = self._cycle_of(vertex)
             self._unlink(uid, vertex.parent)
             vertex.parent, vertex.gk = parent, gk
             self._link(uid, parent)
         else:
             return vertex.res  # the common case: a status update that leaves the edge alone
         # The children too, even if this vertex's answer stays: a new edge can close a cycle
-        # through them.
-        self._refresh([*self._child_vertices(uid), vertex])
+        # through them. And every member of a cycle the edge opens or closes: a member's answer
+        # comes from the cycle, not from its parent, so it may change where its parent's does not.
+        self._refresh([*cycles, *self._cycle_of(vertex), *self._child_vertices(uid), vertex])
         return vertex.res
 
     def delete(self, uid: str) -> None:
@@ -149,6 +152,14 @@ class OwnerGraph:
             seen.add(current.parent)
             current = self.vertices[current.parent]
         return 0
+
+    def _cycle_of(self, vertex: Vertex) -> list[Vertex]:
+        """The other vertices of the cycle through ``vertex`` (none when it is on none)."""
+        members = []
+        for _ in range(self._cycle_length(vertex) - 1):
+            vertex = self.vertices[vertex.parent]  # type: ignore[index]
+            members.append(vertex)
+        return members
 
     def _compute(self, vertex: Vertex) -> Resolution:
         own = vertex.uid if vertex.gk in self.configured else None
