@@ -2,8 +2,12 @@
 
 All updates are incremental. A pod event subtracts the pod's previous contribution and adds the
 new one (O(groups of its node)); a node event moves the node's own facts and the running sums of
-its pods between groups (O(resources), O(pods on the node) only when its groups change); an owner
-event costs O(depth) plus the pods whose root workload really changed (see owners.py).
+its pods between groups (O(resources), O(pods on the node) only when its groups or its state
+change); an owner event costs O(depth) plus the pods whose root workload really changed (see
+owners.py).
+
+Each node has one state (NODE_STATES, see node_state for the precedence); workloads count their
+pods and distinct nodes on nodes in a state other than Ready.
 
 Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
 (the exporter's renderer, the reconciler) redo only what changed.
@@ -16,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .objects import Node, Pod, PodSpec, WorkloadType, key_of, object_key, split_key
+from .objects import Node, Pod, PodSpec, Taint, WorkloadType, key_of, object_key, split_key
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
 
@@ -24,6 +28,17 @@ GroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 TERMINATED = frozenset({"Succeeded", "Failed"})
 READY_STATES = ("Ready", "NotReady", "Unknown")
+READY = "Ready"
+NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
+UNHEALTHY_STATES = NODE_STATES[1:]
+
+# Defaults of --disruption-taints, --problem-conditions and --accelerator-resources.
+DISRUPTION_TAINTS = ("karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler",
+                     "cloud.google.com/impending-node-termination")
+PROBLEM_CONDITIONS = ("KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRestart",
+                      "FrequentContainerdRestart")  # node-problem-detector's
+ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu", "aws.amazon.com/neuron*",
+                         "habana.ai/gaudi")
 
 _generation = itertools.count(1)
 K = TypeVar("K")
@@ -56,6 +71,8 @@ class GroupAgg:
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the group's nodes
     requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
     node_names: set[str] = field(default_factory=set)
+    states: dict[str, int] = field(default_factory=dict)  # NODE_STATES -> nodes
+    accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
     generation: int = 0
 
 
@@ -72,12 +89,15 @@ class WorkloadAgg:
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
     node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
     group_nodes: dict[GroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
+    pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
+    unhealthy_nodes: int = 0  # distinct nodes not Ready
+    group_unhealthy_nodes: dict[GroupKey, int] = field(default_factory=dict)  # the same per node group
     generation: int = 0
 
 
 class NodeEntry:
-    __slots__ = ("allocatable", "capacity", "groups", "labels", "name", "pod_phases", "pod_requests",
-                 "pods", "present", "ready", "unschedulable")
+    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "groups", "labels", "name", "pod_phases",
+                 "pod_requests", "pods", "present", "ready", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -87,6 +107,8 @@ class NodeEntry:
         self.unschedulable = False
         self.allocatable: tuple[tuple[str, int], ...] = ()
         self.capacity: tuple[tuple[str, int], ...] = ()
+        self.accelerators_unhealthy: tuple[tuple[str, int], ...] = ()
+        self.state = "Unknown"
         self.groups: tuple[GroupKey, ...] = ()
         self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
         self.pod_requests: dict[str, int] = {}
@@ -166,9 +188,81 @@ class WorkloadTypeInfo:
 OwnerKindListener = Callable[[str, str], None]  # (apiVersion, kind) of an owner kind seen first
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """What makes a node Disrupting or Degraded (--disruption-taints, --problem-conditions,
+    --accelerator-resources)."""
+
+    disruption_taints: frozenset[str]  # "key" (any effect) or "key:Effect"
+    problem_conditions: frozenset[str]
+    accelerators: frozenset[str]  # exact resource names
+    accelerator_prefixes: tuple[str, ...]  # from patterns ending in "*"
+
+    @classmethod
+    def of(cls, disruption_taints: Iterable[str], problem_conditions: Iterable[str],
+           accelerator_resources: Iterable[str]) -> NodeHealth:
+        patterns = list(accelerator_resources)
+        return cls(frozenset(disruption_taints), frozenset(problem_conditions),
+                   frozenset(p for p in patterns if not p.endswith("*")),
+                   tuple(p[:-1] for p in patterns if p.endswith("*")))
+
+    def is_accelerator(self, resource: str) -> bool:
+        return resource in self.accelerators or resource.startswith(self.accelerator_prefixes)
+
+    def disrupts(self, taint: Taint) -> bool:
+        return taint.key in self.disruption_taints or f"{taint.key}:{taint.effect}" in self.disruption_taints
+
+    def accelerators_unhealthy(self, allocatable: dict[str, int], capacity: dict[str, int]) -> dict[str, int]:
+        """Accelerator resource -> capacity - allocatable, where positive: devices the device
+        plugin reports unhealthy leave allocatable while capacity stays."""
+        return {r: c - allocatable.get(r, 0) for r, c in capacity.items()
+                if c > allocatable.get(r, 0) and self.is_accelerator(r)}
+
+    def state(self, node: Node, ready: str, accelerators_unhealthy: bool) -> str:
+        """The node's one state, the first that applies: NotReady, Unknown (from the Ready
+        condition), Disrupting (a disruption taint), Cordoned (spec.unschedulable), Degraded (a
+        problem condition True, or unhealthy accelerators), else Ready."""
+        if ready != READY:
+            return ready
+        if any(self.disrupts(t) for t in node.spec.taints):
+            return "Disrupting"
+        if node.spec.unschedulable:
+            return "Cordoned"
+        if accelerators_unhealthy or any(c.status == "True" and c.type in self.problem_conditions
+                                         for c in node.status.conditions):
+            return "Degraded"
+        return READY
+
+
+# What a node gives the workloads with pods on it: its groups, and its state when not Ready
+# (None also for a node not seen, or deleted, while pods still name it).
+Placement = tuple[tuple[GroupKey, ...], str | None]
+NOWHERE: Placement = ((), None)
+
+
+def _node_in_workload(agg: WorkloadAgg, placement: Placement, pods: int, distinct: bool, sign: int) -> None:
+    """Add (sign +1) or remove a node's share of a workload: ``pods`` of its pods there and, when
+    ``distinct`` (the workload starts or stops using the node), the node in the distinct counts."""
+    groups, unhealthy = placement
+    if distinct:
+        _add(agg.group_nodes, ((g, 1) for g in groups), sign)
+    if unhealthy is None:
+        return
+    if distinct:
+        agg.unhealthy_nodes += sign
+        _add(agg.group_unhealthy_nodes, ((g, 1) for g in groups), sign)
+    _add(agg.pods_by_node_state, ((unhealthy, pods),), sign)
+
+
+def _placement(entry: NodeEntry) -> Placement:
+    return entry.groups, (entry.state if entry.present and entry.state != READY else None)
+
+
 class ClusterIndex:
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
-                 max_depth: int = 10) -> None:
+                 max_depth: int = 10, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
+                 problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
+                 accelerator_resources: Iterable[str] = ACCELERATOR_RESOURCES) -> None:
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
@@ -180,6 +274,7 @@ class ClusterIndex:
         self.unresolved: dict[str, int] = {}  # reason -> pods without a workload
         self.chain_broken: dict[str, int] = {}  # reason -> pods with a workload but a broken chain above it
         self.workload_pod_labels = tuple(workload_pod_labels)
+        self.health = NodeHealth.of(disruption_taints, problem_conditions, accelerator_resources)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.on_owner_kind = on_owner_kind
@@ -228,18 +323,21 @@ class ClusterIndex:
             entry = self.nodes[name] = NodeEntry(name)
         for g in entry.groups:
             self._node_into_group(entry, g, -1)
-        old_groups = entry.groups
+        before = _placement(entry)
         entry.present = True
         entry.labels = node.metadata.labels
         entry.ready = node.ready()
         entry.unschedulable = node.spec.unschedulable
-        entry.allocatable = _intern(_parse(node.status.allocatable))
-        entry.capacity = _intern(_parse(node.status.capacity))
+        allocatable, capacity = _parse(node.status.allocatable), _parse(node.status.capacity)
+        entry.allocatable = _intern(allocatable)
+        entry.capacity = _intern(capacity)
+        unhealthy = self.health.accelerators_unhealthy(allocatable, capacity)
+        entry.accelerators_unhealthy = _intern(unhealthy)
+        entry.state = self.health.state(node, entry.ready, bool(unhealthy))
         entry.groups = self._groups_for(entry.labels)
         for g in entry.groups:
             self._node_into_group(entry, g, +1)
-        if entry.groups != old_groups:
-            self._move_node_workloads(entry, old_groups, entry.groups)
+        self._move_node_workloads(entry, before, _placement(entry))
 
     def delete_node(self, name: str) -> None:
         entry = self.nodes.get(name)
@@ -247,8 +345,9 @@ class ClusterIndex:
             return
         for g in entry.groups:
             self._node_into_group(entry, g, -1)
-        self._move_node_workloads(entry, entry.groups, ())
+        before = _placement(entry)
         entry.present, entry.groups, entry.labels = False, (), {}
+        self._move_node_workloads(entry, before, NOWHERE)
         if not entry.pods:
             del self.nodes[name]
 
@@ -259,13 +358,13 @@ class ClusterIndex:
             new = self._groups_for(entry.labels)
             if new == entry.groups:
                 continue
-            old = entry.groups
-            for g in old:
+            before = _placement(entry)
+            for g in entry.groups:
                 self._node_into_group(entry, g, -1)
             entry.groups = new
             for g in new:
                 self._node_into_group(entry, g, +1)
-            self._move_node_workloads(entry, old, new)
+            self._move_node_workloads(entry, before, _placement(entry))
 
     def _node_into_group(self, entry: NodeEntry, key: GroupKey, sign: int) -> None:
         agg = self.groups.get(key)
@@ -273,6 +372,8 @@ class ClusterIndex:
             agg = self.groups[key] = GroupAgg(*key)
         agg.nodes += sign
         _bump(agg.conditions, entry.ready, sign)
+        _bump(agg.states, entry.state, sign)
+        _add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
         agg.unschedulable += sign * entry.unschedulable
         _add(agg.allocatable, entry.allocatable, sign)
         _add(agg.capacity, entry.capacity, sign)
@@ -286,18 +387,17 @@ class ClusterIndex:
         if agg.nodes == 0:
             del self.groups[key]
 
-    def _move_node_workloads(self, entry: NodeEntry, old: tuple[GroupKey, ...], new: tuple[GroupKey, ...]) -> None:
-        """The node's groups changed: every workload with pods on it moves its distinct-node counts."""
-        removed = [g for g in old if g not in new]
-        added = [g for g in new if g not in old]
-        if not (removed or added):
+    def _move_node_workloads(self, entry: NodeEntry, old: Placement, new: Placement) -> None:
+        """The node's groups or state changed: every workload with pods on it moves its counts."""
+        if old == new:
             return
         for uid in {self.pods[k].workload for k in entry.pods}:
             if uid is None:
                 continue
             agg = self.workloads[uid]
-            _add(agg.group_nodes, ((g, 1) for g in removed), -1)
-            _add(agg.group_nodes, ((g, 1) for g in added), +1)
+            pods = agg.node_pods[entry.name]
+            _node_in_workload(agg, old, pods, True, -1)
+            _node_in_workload(agg, new, pods, True, +1)
             agg.generation = next(_generation)
 
     # ---------------------------------------------------------------------------- pods
@@ -387,10 +487,9 @@ class ClusterIndex:
         if entry.node:
             before = agg.node_pods.get(entry.node, 0)
             _bump(agg.node_pods, entry.node, sign)
-            after = before + sign
-            if (before == 0) != (after == 0):  # the workload starts or stops using this node
-                node = self.nodes.get(entry.node)
-                _add(agg.group_nodes, ((g, 1) for g in (node.groups if node else ())), sign)
+            node = self.nodes.get(entry.node)
+            _node_in_workload(agg, _placement(node) if node else NOWHERE, 1, (before == 0) != (before + sign == 0),
+                              sign)
         agg.generation = next(_generation)
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]

@@ -41,8 +41,14 @@ class NodeCondition(Struct):
     status: str = "Unknown"
 
 
+class Taint(Struct):
+    key: str
+    effect: str = ""
+
+
 class NodeSpec(Struct):
     unschedulable: bool = False
+    taints: list[Taint] = field(default_factory=list)
 
 
 class NodeStatus(Struct):

@@ -75,7 +75,9 @@ async def within(seconds: float, what: str, step: Awaitable[object]) -> None:
 
 async def serve(settings: Settings) -> None:
     connection = load_connection(settings.kubeconfig, settings.context)
-    index = ClusterIndex(settings.workload_pod_labels, max_depth=settings.max_owner_depth)
+    index = ClusterIndex(settings.workload_pod_labels, max_depth=settings.max_owner_depth,
+                         disruption_taints=settings.disruption_taints, problem_conditions=settings.problem_conditions,
+                         accelerator_resources=settings.accelerator_resources)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout)
     stop = asyncio.Event()

@@ -14,9 +14,12 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import TypeAliasType
 
+from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, PROBLEM_CONDITIONS
+
 ENV_PREFIX = "NWS_"
 MIN_SECONDS = 1.0
 JITTER_FACTOR = 1.2  # client-go's leader election refuses renewDeadline <= 1.2 x retryPeriod
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 # Named types: --help shows these names instead of Python's (`SECONDS`, not `float`).
 FilePath = TypeAliasType("PATH", str)
@@ -28,6 +31,9 @@ Seconds = TypeAliasType("SECONDS", float)
 WholeSeconds = TypeAliasType("SECONDS", int)
 Rate = TypeAliasType("PER_SECOND", float)
 Labels = TypeAliasType("LABELS", list[str])
+Taints = TypeAliasType("TAINTS", list[str])
+Conditions = TypeAliasType("CONDITIONS", list[str])
+ResourceNames = TypeAliasType("RESOURCES", list[str])
 
 
 class Settings(BaseSettings):
@@ -64,6 +70,16 @@ class Settings(BaseSettings):
         [], description="Pod labels that name a workload where no ownerReference leads to a configured kind "
         "(e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name): a JSON list or a comma list; "
         "the flag may also be repeated.")
+    disruption_taints: Annotated[Taints, NoDecode] = Field(
+        list(DISRUPTION_TAINTS), description="Node taints that make a node Disrupting (unless NotReady or Unknown): "
+        "a key (any effect) or key:Effect; a JSON list or a comma list.")
+    problem_conditions: Annotated[Conditions, NoDecode] = Field(
+        list(PROBLEM_CONDITIONS), description="Node condition types (node-problem-detector's by default) that make "
+        "a Ready node Degraded while True: a JSON list or a comma list.")
+    accelerator_resources: Annotated[ResourceNames, NoDecode] = Field(
+        list(ACCELERATOR_RESOURCES), description="Accelerator resources, names or prefixes ending in *: a Ready node "
+        "with allocatable below capacity for one of them is Degraded, the difference counted in "
+        "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
     max_owner_depth: Count = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
     watch_timeout_min: WholeSeconds = Field(300, ge=1, description="Lower bound of the randomized watch "
@@ -97,7 +113,8 @@ class Settings(BaseSettings):
     writes_per_second: Rate = Field(50.0, gt=0, description="Global limit on API writes per second.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
 
-    @field_validator("workload_pod_labels", mode="before")
+    @field_validator("workload_pod_labels", "disruption_taints", "problem_conditions", "accelerator_resources",
+                     mode="before")
     @classmethod
     def _label_list(cls, value: object) -> object:
         if not isinstance(value, str):
@@ -112,6 +129,24 @@ class Settings(BaseSettings):
         if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
             raise ValueError(f"not a JSON list of strings (got {value!r}); write [\"a\",\"b\"] or a,b")
         return [label.strip() for label in labels if label.strip()]
+
+    @field_validator("disruption_taints")
+    @classmethod
+    def _taint_effects(cls, taints: list[str]) -> list[str]:
+        for taint in taints:
+            key, colon, effect = taint.partition(":")
+            if not key or (colon and effect not in TAINT_EFFECTS):
+                raise ValueError(f"{taint!r} is not a taint key or key:Effect (an effect is one of "
+                                 f"{', '.join(TAINT_EFFECTS)})")
+        return taints
+
+    @field_validator("accelerator_resources")
+    @classmethod
+    def _prefix_patterns(cls, patterns: list[str]) -> list[str]:
+        for pattern in patterns:
+            if "*" in pattern[:-1] or pattern == "*":
+                raise ValueError(f"{pattern!r}: a resource name, or a prefix followed by one * at the end")
+        return patterns
 
     @field_validator("log_level", mode="before")
     @classmethod

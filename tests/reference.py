@@ -5,8 +5,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
-from kubeindex.index import TERMINATED, ClusterIndex, effective_requests
+from kubeindex.index import (
+    ACCELERATOR_RESOURCES,
+    DISRUPTION_TAINTS,
+    PROBLEM_CONDITIONS,
+    TERMINATED,
+    ClusterIndex,
+    effective_requests,
+)
 from kubeindex.objects import Node, Pod
 from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
 from kubeindex.quantity import parse_or_zero
@@ -33,6 +41,9 @@ class World:
     configured: set[tuple[str, str]]
     pod_labels: tuple[str, ...] = ()
     max_depth: int = 10
+    disruption_taints: tuple[str, ...] = DISRUPTION_TAINTS  # "key" or "key:Effect"
+    problem_conditions: tuple[str, ...] = PROBLEM_CONDITIONS
+    accelerator_resources: tuple[str, ...] = ACCELERATOR_RESOURCES  # names or "prefix*"
 
 
 def _clean(counter: Counter) -> dict:
@@ -68,6 +79,10 @@ def walk(world: World, uid: str) -> tuple[str | None, str]:
         current = parent
         if kinds[current] in world.configured:
             top = current
+
+
+def _label(world: World, pod: Pod) -> tuple[str, str] | None:
+    return next(((k, pod.metadata.labels[k]) for k in world.pod_labels if pod.metadata.labels.get(k)), None)
 
 
 def recompute(world: World) -> tuple[dict, dict, dict, dict]:
@@ -110,7 +125,7 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
                     groups[key]["requested"][r] += v
         top, status = walk(world, pod.metadata.uid)
         if top is None and status == NONE:
-            label = next(((k, pod.metadata.labels[k]) for k in world.pod_labels if pod.metadata.labels.get(k)), None)
+            label = _label(world, pod)
             if label:
                 ns = pod.metadata.namespace
                 top = f"label:{label[0]}:{ns}/{label[1]}"
@@ -152,3 +167,75 @@ def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)
+
+
+# -- node health -----------------------------------------------------------------------------------
+
+def accelerators_unhealthy(world: World, node: Node) -> dict[str, int]:
+    out = {}
+    for resource, quantity in node.status.capacity.items():
+        if any(fnmatchcase(resource, pattern) for pattern in world.accelerator_resources):
+            missing = parse_or_zero(quantity) - parse_or_zero(node.status.allocatable.get(resource, "0"))
+            if missing > 0:
+                out[resource] = missing
+    return out
+
+
+def node_state(world: World, node: Node) -> str:
+    ready = [c.status for c in node.status.conditions if c.type == "Ready"]
+    if ready[:1] == ["False"]:
+        return "NotReady"
+    if ready[:1] != ["True"]:
+        return "Unknown"
+    for taint in node.spec.taints:
+        if taint.key in world.disruption_taints or f"{taint.key}:{taint.effect}" in world.disruption_taints:
+            return "Disrupting"
+    if node.spec.unschedulable:
+        return "Cordoned"
+    problems = [c for c in node.status.conditions if c.type in world.problem_conditions and c.status == "True"]
+    if problems or accelerators_unhealthy(world, node):
+        return "Degraded"
+    return "Ready"
+
+
+def recompute_health(world: World) -> tuple[dict, dict]:
+    """Per node group (states, accelerators_unhealthy); per workload (pods_by_node_state,
+    unhealthy_nodes, group_unhealthy_nodes), for every group and workload recompute() finds."""
+    groups, workloads, _, _ = recompute(world)
+    states = {name: node_state(world, node) for name, node in world.nodes.items()}
+    node_groups = {name: [(s, node.metadata.labels[k]) for s, k in world.node_summarizers.items()
+                          if k in node.metadata.labels] for name, node in world.nodes.items()}
+    group_health: dict = {key: (Counter(), Counter()) for key in groups}
+    for name, node in world.nodes.items():
+        for key in node_groups[name]:
+            group_health[key][0][states[name]] += 1
+            group_health[key][1].update(accelerators_unhealthy(world, node))
+    workload_health: dict = {uid: (Counter(), set(), {}) for uid in workloads}
+    for pod in world.pods.values():
+        node = pod.spec.nodeName
+        if states.get(node, "Ready") == "Ready":  # unbound, on a node not seen, or on a Ready node
+            continue
+        top, status = walk(world, pod.metadata.uid)
+        label = _label(world, pod) if top is None and status == NONE else None
+        if label:
+            top = f"label:{label[0]}:{pod.metadata.namespace}/{label[1]}"
+        if top is None:
+            continue
+        by_state, nodes, per_group = workload_health[top]
+        by_state[states[node]] += 1
+        nodes.add(node)
+        for key in node_groups[node]:
+            per_group.setdefault(key, set()).add(node)
+    return (
+        {k: (_clean(by_state), _clean(accel)) for k, (by_state, accel) in group_health.items()},
+        {uid: (_clean(by_state), len(nodes), {k: len(v) for k, v in per_group.items()})
+         for uid, (by_state, nodes, per_group) in workload_health.items()},
+    )
+
+
+def health_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
+    return (
+        {k: (dict(g.states), dict(g.accelerators_unhealthy)) for k, g in index.groups.items()},
+        {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.group_unhealthy_nodes))
+         for uid, w in index.workloads.items()},
+    )

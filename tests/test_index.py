@@ -8,7 +8,7 @@ import random
 import msgspec
 import pytest
 
-from kubeindex.index import ClusterIndex, effective_requests
+from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests
 from kubeindex.objects import (
     Container,
     Node,
@@ -21,11 +21,12 @@ from kubeindex.objects import (
     PodSpec,
     PodStatus,
     Resources,
+    Taint,
     WorkloadType,
 )
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
 from kubeindex.quantity import NANO
-from tests.reference import Owner, World, recompute, snapshot
+from tests.reference import Owner, World, health_snapshot, recompute, recompute_health, snapshot
 
 API_VERSIONS = {"apps": "apps/v1", "batch": "batch/v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2",
                 "leaderworkerset.x-k8s.io": "leaderworkerset.x-k8s.io/v1", "": "v1"}
@@ -39,13 +40,19 @@ def ref(owner: Owner | tuple[str, str, str], name: str = "") -> OwnerReference:
     return OwnerReference(API_VERSIONS[group], kind, name or uid, uid, controller=True)
 
 
-def make_node(name: str, labels: dict[str, str], ready: str = "True", unschedulable: bool = False,
-              allocatable: dict[str, str] | None = None) -> Node:
+def make_node(name: str, labels: dict[str, str], ready: str | None = "True", unschedulable: bool = False,
+              allocatable: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
+              taints: list[Taint] | None = None, conditions: dict[str, str] | None = None) -> Node:
+    """A node; ``ready=None`` leaves out the Ready condition; ``conditions``: more, type -> status;
+    ``capacity`` defaults to the allocatable."""
     alloc = allocatable if allocatable is not None else {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    conds = [NodeCondition(t, v) for t, v in (conditions or {}).items()]
+    if ready is not None:
+        conds.insert(0, NodeCondition("Ready", ready))
     return Node(
         ObjectMeta(name=name, uid=f"uid-{name}", labels=dict(labels)),
-        NodeSpec(unschedulable=unschedulable),
-        NodeStatus(allocatable=alloc, capacity=alloc, conditions=[NodeCondition("Ready", ready)]),
+        NodeSpec(unschedulable=unschedulable, taints=list(taints or [])),
+        NodeStatus(allocatable=alloc, capacity=capacity if capacity is not None else alloc, conditions=conds),
     )
 
 
@@ -271,6 +278,107 @@ def test_node_groups_exact_values() -> None:
     assert ("pool", "a") not in index.groups
 
 
+# -- node state -----------------------------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+DISRUPTED = Taint("karpenter.sh/disrupted", "NoSchedule")
+SICK_GPU = {"allocatable": {"cpu": "8", GPU: "7"}, "capacity": {"cpu": "8", GPU: "8"}}
+
+
+def _state(**kwargs: object) -> str:
+    index = ClusterIndex()
+    index.upsert_node(make_node("n", {}, **kwargs))  # type: ignore[arg-type]
+    return index.nodes["n"].state
+
+
+@pytest.mark.parametrize(("node", "state"), [
+    ({}, "Ready"),
+    ({"ready": "False", "taints": [DISRUPTED], "unschedulable": True, **SICK_GPU}, "NotReady"),
+    ({"ready": "Unknown", "taints": [DISRUPTED], "unschedulable": True}, "Unknown"),
+    ({"ready": None, "taints": [DISRUPTED]}, "Unknown"),  # no Ready condition at all
+    ({"taints": [DISRUPTED], "unschedulable": True, "conditions": {"KernelDeadlock": "True"}}, "Disrupting"),
+    ({"taints": [Taint("ToBeDeletedByClusterAutoscaler", "NoSchedule")]}, "Disrupting"),
+    ({"taints": [Taint("cloud.google.com/impending-node-termination", "NoExecute")]}, "Disrupting"),
+    ({"taints": [Taint("DeletionCandidateOfClusterAutoscaler", "PreferNoSchedule")]}, "Ready"),
+    ({"unschedulable": True, "conditions": {"ReadonlyFilesystem": "True"}, **SICK_GPU}, "Cordoned"),
+    ({"conditions": {"KernelDeadlock": "True"}}, "Degraded"),
+    ({"conditions": {"FrequentContainerdRestart": "True", "MemoryPressure": "False"}}, "Degraded"),
+    ({"conditions": {"KernelDeadlock": "False", "MemoryPressure": "True"}}, "Ready"),  # not configured
+    (SICK_GPU, "Degraded"),
+    ({"allocatable": {GPU: "8"}, "capacity": {GPU: "8"}}, "Ready"),
+    ({"allocatable": {"cpu": "7"}, "capacity": {"cpu": "8"}}, "Ready"),  # not an accelerator
+    ({"allocatable": {"aws.amazon.com/neuroncore": "31"}, "capacity": {"aws.amazon.com/neuroncore": "32"}},
+     "Degraded"),
+    ({"allocatable": {}, "capacity": {"google.com/tpu": "4"}}, "Degraded"),  # allocatable missing the resource: 0
+])
+def test_node_state_precedence(node: dict, state: str) -> None:
+    assert _state(**node) == state
+
+
+def test_node_health_settings_replace_the_defaults() -> None:
+    index = ClusterIndex(disruption_taints=["example.com/drain:NoExecute"], problem_conditions=["GPUXid"],
+                         accelerator_resources=["example.com/fpga*"])
+    cases = {
+        "a": make_node("a", {}, taints=[Taint("example.com/drain", "NoExecute")]),
+        "b": make_node("b", {}, taints=[Taint("example.com/drain", "NoSchedule")]),  # another effect
+        "c": make_node("c", {}, taints=[DISRUPTED]),  # a default no longer configured
+        "d": make_node("d", {}, conditions={"GPUXid": "True", "KernelDeadlock": "True"}),
+        "e": make_node("e", {}, conditions={"KernelDeadlock": "True"}),
+        "f": make_node("f", {}, allocatable={"example.com/fpga-x": "1"}, capacity={"example.com/fpga-x": "2"}),
+        "g": make_node("g", {}, **SICK_GPU),  # type: ignore[arg-type]
+    }
+    for node in cases.values():
+        index.upsert_node(node)
+    assert {n: index.nodes[n].state for n in cases} == {
+        "a": "Disrupting", "b": "Ready", "c": "Ready", "d": "Degraded", "e": "Ready", "f": "Degraded", "g": "Ready"}
+    assert NODE_STATES[0] == "Ready" and NODE_STATES[1:] == UNHEALTHY_STATES
+
+
+def test_node_state_reaches_groups_and_workloads() -> None:
+    """A node changing state moves its group's state counts and the counts of every workload with
+    pods there; a pod event on it moves only that pod; generations move with them."""
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    for d in ("web", "db", "far"):
+        add_owner(index, Owner(d, "apps", "Deployment", "ns", d, None))
+    index.upsert_node(make_node("g1", {"pool": "gpu"}, allocatable={GPU: "8"}))
+    index.upsert_node(make_node("g2", {"pool": "gpu"}, allocatable={GPU: "8"}))
+    index.upsert_node(make_node("c1", {"pool": "cpu"}))
+    for i, (workload, node) in enumerate([("web", "g1"), ("web", "g1"), ("web", "g2"), ("db", "g1"), ("far", "c1")]):
+        index.upsert_pod(make_pod(f"p{i}", f"p{i}", node=node, owner=ref(("apps", "Deployment", workload))))
+    gpu, web, db, far = index.groups[("pool", "gpu")], *(index.workloads[w] for w in ("web", "db", "far"))
+    assert gpu.states == {"Ready": 2} and gpu.accelerators_unhealthy == {}
+    stamps = (gpu.generation, web.generation, db.generation, far.generation)
+
+    index.upsert_node(make_node("g1", {"pool": "gpu"}, allocatable={GPU: "6"}, capacity={GPU: "8"}))
+    assert gpu.states == {"Ready": 1, "Degraded": 1} and gpu.accelerators_unhealthy == {GPU: 2 * NANO}
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+        {"Degraded": 2}, 1, {("pool", "gpu"): 1})
+    assert (db.pods_by_node_state, db.unhealthy_nodes) == ({"Degraded": 1}, 1)
+    assert (far.pods_by_node_state, far.unhealthy_nodes, far.group_unhealthy_nodes) == ({}, 0, {})
+    assert (gpu.generation > stamps[0], web.generation > stamps[1], db.generation > stamps[2],
+            far.generation == stamps[3]) == (True, True, True, True)
+
+    index.upsert_node(make_node("g2", {"pool": "gpu"}, ready="False", allocatable={GPU: "8"}))
+    assert gpu.states == {"NotReady": 1, "Degraded": 1}
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+        {"Degraded": 2, "NotReady": 1}, 2, {("pool", "gpu"): 2})
+    index.delete_pod("ns/p2")  # web leaves g2
+    assert (web.pods_by_node_state, web.unhealthy_nodes) == ({"Degraded": 2}, 1)
+    index.upsert_node(make_node("g1", {"pool": "cpu"}, allocatable={GPU: "6"}, capacity={GPU: "8"}))  # a move
+    assert web.group_unhealthy_nodes == {("pool", "cpu"): 1} and web.group_nodes == {("pool", "cpu"): 1}
+    index.delete_node("g1")  # pods stay bound to a node no longer there: no state
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == ({}, 0, {})
+    assert (db.pods_by_node_state, db.unhealthy_nodes) == ({}, 0)
+    index.upsert_node(make_node("g1", {"pool": "gpu"}, unschedulable=True))  # back, cordoned
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+        {"Cordoned": 2}, 1, {("pool", "gpu"): 1})
+    index.upsert_node(make_node("g1", {"pool": "gpu"}))
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == ({}, 0, {})
+    assert gpu.states == {"Ready": 1, "NotReady": 1}
+
+
 # -- incremental == from scratch --------------------------------------------------------------
 
 KINDS = [("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet"), ("batch", "Job"),
@@ -283,8 +391,13 @@ class Scenario:
 
     def __init__(self, rnd: random.Random) -> None:
         self.rnd = rnd
-        self.world = World({}, {}, {}, {}, set(), pod_labels=("team/job",), max_depth=4)
-        self.index = ClusterIndex(workload_pod_labels=self.world.pod_labels, max_depth=4)
+        self.world = World({}, {}, {}, {}, set(), pod_labels=("team/job",), max_depth=4,
+                           disruption_taints=("karpenter.sh/disrupted", "example.com/drain:NoExecute"),
+                           accelerator_resources=(GPU, "aws.amazon.com/neuron*"))
+        w = self.world
+        self.index = ClusterIndex(workload_pod_labels=w.pod_labels, max_depth=4,
+                                  disruption_taints=w.disruption_taints, problem_conditions=w.problem_conditions,
+                                  accelerator_resources=w.accelerator_resources)
         self.serial = 0
 
     def uid(self, prefix: str) -> str:
@@ -307,6 +420,22 @@ class Scenario:
             return ref(self.world.owners[uid])
         return OwnerReference("v1", "Pod", uid, uid, controller=True)
 
+    def random_node(self, name: str, labels: dict[str, str]) -> Node:
+        """Mostly Ready, so that the other states come and go on nodes with pods."""
+        rnd = self.rnd
+        capacity = {"cpu": "8", GPU: "2", "aws.amazon.com/neuroncore": "4", "example.com/fpga": "2"}
+        allocatable = {r: str(int(q) - rnd.choice([0, 0, 0, 1])) for r, q in capacity.items()}
+        if rnd.random() < 0.1:
+            del allocatable[GPU]
+        taints = rnd.sample([DISRUPTED, Taint("example.com/drain", "NoExecute"),
+                             Taint("example.com/drain", "NoSchedule"), Taint("example.com/other", "NoSchedule")],
+                            rnd.choice([0, 0, 0, 1, 2]))
+        conditions = {t: rnd.choice(["True", "False"]) for t in ("KernelDeadlock", "MemoryPressure")
+                      if rnd.random() < 0.3}
+        return make_node(name, labels, ready=rnd.choice(["True", "True", "True", "False", "Unknown", None]),
+                         unschedulable=rnd.random() < 0.2, allocatable=allocatable, capacity=capacity,
+                         taints=taints, conditions=conditions)
+
     def step(self) -> None:
         rnd, w, idx = self.rnd, self.world, self.index
         action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "pod_del",
@@ -314,9 +443,7 @@ class Scenario:
         if action == "node":
             name = f"n{rnd.randint(0, 5)}"
             labels = {k: rnd.choice(["a", "b", "c"]) for k in ("pool", "zone") if rnd.random() < 0.8}
-            node = make_node(name, labels, ready=rnd.choice(["True", "False", "Unknown"]),
-                             unschedulable=rnd.random() < 0.2,
-                             allocatable={"cpu": str(rnd.randint(1, 8)), "nvidia.com/gpu": str(rnd.randint(0, 2))})
+            node = self.random_node(name, labels)
             w.nodes[name] = node
             idx.upsert_node(node)
         elif action == "node_del" and w.nodes:
@@ -380,7 +507,9 @@ def test_incremental_equals_recomputation(seed: int) -> None:
         scenario.step()
         if step % 5 == 0:
             assert snapshot(scenario.index) == recompute(scenario.world), f"seed {seed}, step {step}"
+            assert health_snapshot(scenario.index) == recompute_health(scenario.world), f"seed {seed}, step {step}"
     assert snapshot(scenario.index) == recompute(scenario.world)
+    assert health_snapshot(scenario.index) == recompute_health(scenario.world)
 
 
 def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
