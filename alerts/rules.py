@@ -24,7 +24,7 @@ class Thresholds:
     stale_for: str = "5m"
     no_leader_for: str = "5m"
     unhealthy_for: str = "5m"  # WorkloadOnUnhealthyNodes: pods on NotReady/Unknown/Disrupting nodes
-    unhealthy_critical_fraction: float = 0.5  # ... critical from this fraction of its unfinished pods
+    unhealthy_critical_fraction: float = 0.5  # ... critical from this fraction of its pods
     accelerators_unhealthy_for: str = "10m"
     disrupting_for: str = "5m"
     job: str = "node-workload-summary"  # the scrape job of the exporter
@@ -77,9 +77,9 @@ def _workload_pods(phase: str) -> str:
     return one("nws_workload_pods", f'phase="{phase}", workload!="other"')
 
 
-# A workload's pods on unhealthy nodes, and its pods that have not finished (the critical base).
+# A workload's pods on unhealthy nodes, and all its pods: both count pods of every phase.
 ON_UNHEALTHY = _sum(WORKLOAD, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
-UNFINISHED = _sum(WORKLOAD, "nws_workload_pods", 'phase!~"Succeeded|Failed", workload!="other"')
+PODS = _sum(WORKLOAD, "nws_workload_pods", 'workload!="other"')
 DISRUPTING = _sum(GROUP_BY, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
 
 
@@ -140,13 +140,13 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             # The same name, critical: Alertmanager's usual inhibition (critical mutes warning of the
             # same alertname and labels) leaves one notification per workload.
             "WorkloadOnUnhealthyNodes",
-            f"({ON_UNHEALTHY} > 0) >= {t.unhealthy_critical_fraction} * {UNFINISHED}",
+            f"({ON_UNHEALTHY} > 0) >= {t.unhealthy_critical_fraction} * {PODS}",
             t.unhealthy_for, "critical",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has at least "
             + f"{t.unhealthy_critical_fraction:.0%} of its pods on unhealthy nodes",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} run on "
             "NotReady, Unknown or Disrupting nodes: at least " + f"{t.unhealthy_critical_fraction:.0%}"
-            " of its pods that have not finished.",
+            " of its pods.",
         ),
         Alert(
             "NodeGroupAcceleratorsUnhealthy",
