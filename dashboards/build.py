@@ -19,11 +19,19 @@ from grafanalib.core import (
 # Every cluster family is read through one(): the replicas' copies of each series folded into one
 # (alerts/replicas.py), so every number is the same with 1, 2 or N replicas and through a rollout.
 from alerts.replicas import one
+from alerts.rules import UNHEALTHY
 
 DS = "${datasource}"
 GROUP_SEL = 'summarizer=~"$summarizer", group=~"$group"'
 BY_GROUP = "summarizer, group"
 WORKLOAD = "namespace, workload, kind"
+STACKED = {"mode": "normal"}
+# One colour per node state, the same on every dashboard.
+STATE_COLOURS = {"Ready": "green", "NotReady": "red", "Unknown": "dark-red", "Disrupting": "purple",
+                 "Cordoned": "blue", "Degraded": "orange"}
+STATE_OVERRIDES = [{"matcher": {"id": "byName", "options": state},
+                    "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": colour}}]}
+                   for state, colour in STATE_COLOURS.items()]
 
 
 def _datasource() -> Template:
@@ -54,6 +62,35 @@ def _dashboard(uid: str, title: str, panels: list, variables: list[Template], de
 def _sum(family: str, sel: str, by: str = "") -> str:
     """The family summed (by ``by``) after folding the replicas' copies of each series into one."""
     return f"sum by ({by}) ({one(family, sel)})" if by else f"sum({one(family, sel)})"
+
+
+def _hurt_table(title: str, pos: GridPos, sel: str, description: str, uses: str = "") -> Table:
+    """Workloads with pods on nodes in a state other than Ready, sorted by pods on NotReady, Unknown
+    or Disrupting nodes (the alert's states); ``uses`` (a workload query) keeps only its workloads."""
+    only = f" and on ({WORKLOAD}) {uses}" if uses else ""
+    hurt = _sum("nws_workload_pods_by_node_state", sel, WORKLOAD)
+    rows = f" and on ({WORKLOAD}) {hurt}{only}"
+    sep = ", " if sel else ""
+    targets = [
+        _t(_sum("nws_workload_pods_by_node_state", f'{sel}{sep}state=~"{UNHEALTHY}"', WORKLOAD) + only,
+           ref="A", instant=True, fmt="table"),
+        _t(hurt + only, ref="B", instant=True, fmt="table"),
+        _t(_sum("nws_workload_nodes_unhealthy", sel, WORKLOAD) + rows, ref="C", instant=True, fmt="table"),
+        _t(_sum("nws_workload_pods", sel, WORKLOAD) + rows, ref="D", instant=True, fmt="table"),
+    ]
+    names = {"Value #A": "Pods on NotReady, Unknown, Disrupting nodes", "Value #B": "Pods on nodes not Ready",
+             "Value #C": "Nodes not Ready", "Value #D": "Pods"}
+    if uses:
+        targets.append(_t(f"{uses} and on ({WORKLOAD}) {hurt}", ref="E", instant=True, fmt="table"))
+        names["Value #E"] = "Nodes used in this group"
+    return Table(
+        title=title, description=description, dataSource=DS, gridPos=pos, targets=targets,
+        transformations=[
+            {"id": "merge", "options": {}},
+            {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": names}},
+            {"id": "sortBy", "options": {"sort": [{"field": names["Value #A"], "desc": True}]}},
+        ],
+    )
 
 
 def _ratio(num: str, den: str, sel: str, by: str) -> str:
@@ -91,12 +128,18 @@ def node_groups_overview() -> Dashboard:
                 _t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), ref="D", instant=True,
                    fmt="table"),
                 _t(_sum("nws_nodegroup_pods", sel, by), ref="E", instant=True, fmt="table"),
+                _t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"', by), ref="F", instant=True,
+                   fmt="table"),
+                _t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"', by), ref="G", instant=True,
+                   fmt="table"),
+                _t(_sum("nws_nodegroup_accelerators_unhealthy", sel, by), ref="H", instant=True, fmt="table"),
             ],
             transformations=[
                 {"id": "merge", "options": {}},
                 {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": {
                     "Value #A": "Nodes", "Value #B": "Not ready", "Value #C": "Cordoned",
-                    "Value #D": "CPU requested / allocatable", "Value #E": "Pods"}}},
+                    "Value #D": "CPU requested / allocatable", "Value #E": "Pods", "Value #F": "Disrupting",
+                    "Value #G": "Degraded", "Value #H": "Unhealthy accelerators"}}},
                 {"id": "sortBy", "options": {"sort": [{"field": "Not ready", "desc": True}]}},
             ],
             overrides=[{"matcher": {"id": "byName", "options": "CPU requested / allocatable"},
@@ -117,6 +160,14 @@ def node_groups_overview() -> Dashboard:
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
                  targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", accelerators,
                                     f"{by}, resource"), "{{group}} {{resource}}")]),
+        TimeSeries(title="Nodes by state (all selected groups)", dataSource=DS, gridPos=_pos(0, 29, 12, 8),
+                   unit="short", stacking=STACKED, fillOpacity=30, overrides=STATE_OVERRIDES,
+                   targets=[_t(_sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
+        BarGauge(title="Unhealthy accelerators per group (capacity - allocatable)", dataSource=DS,
+                 gridPos=_pos(12, 29, 12, 8), displayMode="gradient", orientation="horizontal", min=0,
+                 thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+                 targets=[_t(_sum("nws_nodegroup_accelerators_unhealthy", sel, f"{by}, resource"),
+                             "{{group}} {{resource}}")]),
     ]
     return _dashboard("nws-node-groups", "Node groups", panels,
                       [_var("summarizer", "label_values(nws_nodegroup_nodes, summarizer)", "Summarizer")],
@@ -127,17 +178,22 @@ def node_group_detail() -> Dashboard:
     sel = GROUP_SEL
     cpu, memory, extended = f'{sel}, resource="cpu"', f'{sel}, resource="memory"', f'{sel}, resource=~".+/.+"'
     panels = [
-        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
-        Stat(title="Ready", dataSource=DS, gridPos=_pos(6, 0, 6, 4),
+        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
+        Stat(title="Ready", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
              targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition="Ready"'))]),
-        Stat(title="Not ready", dataSource=DS, gridPos=_pos(12, 0, 6, 4), colorMode="background",
+        Stat(title="Not ready", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
              targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition!="Ready"'))]),
-        Stat(title="Cordoned", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
+        Stat(title="Disrupting", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
+             targets=[_t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"'))]),
+        Stat(title="Cordoned", dataSource=DS, gridPos=_pos(16, 0, 4, 4),
              targets=[_t(_sum("nws_nodegroup_nodes_unschedulable", sel))]),
-        TimeSeries(title="Nodes by condition", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="short",
-                   stacking={"mode": "normal"}, fillOpacity=30,
-                   targets=[_t(_sum("nws_nodegroup_nodes_by_condition", sel, "condition"), "{{condition}}")]),
+        Stat(title="Degraded", dataSource=DS, gridPos=_pos(20, 0, 4, 4), colorMode="background",
+             thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
+             targets=[_t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"'))]),
+        TimeSeries(title="Nodes by state", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="short",
+                   stacking=STACKED, fillOpacity=30, overrides=STATE_OVERRIDES,
+                   targets=[_t(_sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
         TimeSeries(title="Pods by phase", dataSource=DS, gridPos=_pos(12, 4, 12, 8), unit="short",
                    targets=[_t(_sum("nws_nodegroup_pods", sel, "phase"), "{{phase}}")]),
         TimeSeries(title="CPU: allocatable and requested", dataSource=DS, gridPos=_pos(0, 12, 8, 8), unit="none",
@@ -151,7 +207,13 @@ def node_group_detail() -> Dashboard:
                    targets=[_t(_sum("nws_nodegroup_allocatable", extended, "resource"), "{{resource}} allocatable",
                                "A"),
                             _t(_sum("nws_nodegroup_requested", extended, "resource"), "{{resource}} requested", "B")]),
-        Table(title="Workloads on this group (distinct nodes used)", dataSource=DS, gridPos=_pos(0, 20, 24, 9),
+        TimeSeries(title="Unhealthy accelerators (capacity - allocatable)", dataSource=DS, gridPos=_pos(0, 20, 8, 9),
+                   unit="short",
+                   targets=[_t(_sum("nws_nodegroup_accelerators_unhealthy", sel, "resource"), "{{resource}}")]),
+        _hurt_table("Workloads on this group hurt now", _pos(8, 20, 16, 9), "",
+                    "Workloads with pods on this group and on nodes not Ready; pod and node counts cover all of "
+                    "the workload's node groups.", uses=_sum("nws_workload_nodes", sel, WORKLOAD)),
+        Table(title="Workloads on this group (distinct nodes used)", dataSource=DS, gridPos=_pos(0, 29, 24, 9),
               targets=[_t(f"sort_desc({_sum('nws_workload_nodes', sel, WORKLOAD)})", instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
@@ -165,15 +227,21 @@ def node_group_detail() -> Dashboard:
 def workloads() -> Dashboard:
     sel = 'namespace=~"$namespace", kind=~"$kind"'
     top = f"topk($top, {_sum('nws_workload_pods', sel, WORKLOAD)})"
+    unhealthy = f'{sel}, state=~"{UNHEALTHY}"'
     panels = [
-        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(one("nws_workloads"))]),
-        Stat(title="Pods in workloads", dataSource=DS, gridPos=_pos(6, 0, 6, 4),
+        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(one("nws_workloads"))]),
+        Stat(title="Pods in workloads", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
              targets=[_t(_sum("nws_workload_pods", sel))]),
-        Stat(title="Pending pods", dataSource=DS, gridPos=_pos(12, 0, 6, 4), colorMode="background",
+        Stat(title="Pending pods", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
              targets=[_t(_sum("nws_workload_pods", f'{sel}, phase="Pending"'))]),
-        Stat(title="Pods without a workload", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
+        Stat(title="Pods without a workload", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
              targets=[_t(f"sum({one('nws_pods_without_workload')})")]),
+        Stat(title="Workloads on unhealthy nodes", dataSource=DS, gridPos=_pos(16, 0, 4, 4), colorMode="background",
+             thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+             targets=[_t(f"count({_sum('nws_workload_pods_by_node_state', unhealthy, WORKLOAD)}) or vector(0)")]),
+        Stat(title="Pods on unhealthy nodes", dataSource=DS, gridPos=_pos(20, 0, 4, 4),
+             targets=[_t(f"{_sum('nws_workload_pods_by_node_state', unhealthy)} or vector(0)")]),
         BarGauge(title="Top $top workloads by pods", dataSource=DS, gridPos=_pos(0, 4, 12, 12), displayMode="basic",
                  orientation="horizontal", min=0,
                  targets=[_t(top, "{{namespace}}/{{workload}} ({{kind}})", instant=True)]),
@@ -187,6 +255,9 @@ def workloads() -> Dashboard:
                    unit="short",
                    targets=[_t(_sum("nws_workload_pods", f'{sel}, phase=~"Pending|Failed"',
                                     "namespace, workload, phase") + " > 0", "{{namespace}}/{{workload}} {{phase}}")]),
+        _hurt_table("Workloads hurt now: pods on nodes not Ready", _pos(0, 25, 24, 9), sel,
+                    "NotReady, Unknown and Disrupting nodes lose their pods (WorkloadOnUnhealthyNodes); Cordoned "
+                    "and Degraded nodes still run them."),
     ]
     top_n = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
     return _dashboard("nws-workloads", "Workloads", panels, [
