@@ -25,7 +25,16 @@ from typing import Generic, TypeVar
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from kubeindex.index import PHASES, READY_STATES, ClusterIndex, GroupAgg, GroupKey, WorkloadAgg
+from kubeindex.index import (
+    NODE_STATES,
+    PHASES,
+    READY_STATES,
+    UNHEALTHY_STATES,
+    ClusterIndex,
+    GroupAgg,
+    GroupKey,
+    WorkloadAgg,
+)
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
 from kubeindex.quantity import NANO
 
@@ -94,6 +103,14 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_nodes_by_condition", "gauge",
                            "Nodes of the group by Ready condition: Ready, NotReady or Unknown."),
                     lambda g: ((_labels(condition=c), g.conditions.get(c, 0)) for c in READY_STATES)),
+    FamilyGenerator(Family("nodegroup_nodes_by_state", "gauge",
+                           "Nodes of the group by state, the first that applies: NotReady, Unknown, Disrupting, "
+                           "Cordoned, Degraded, else Ready."),
+                    lambda g: ((_labels(state=s), g.states.get(s, 0)) for s in NODE_STATES)),
+    FamilyGenerator(Family("nodegroup_accelerators_unhealthy", "gauge",
+                           "Accelerators of the group's nodes missing from allocatable (capacity - allocatable), "
+                           "per resource, while non-zero."),
+                    lambda g: _resources(g.accelerators_unhealthy)),
     FamilyGenerator(Family("nodegroup_nodes_unschedulable", "gauge",
                            "Cordoned nodes (spec.unschedulable) in the node group."),
                     lambda g: [("", g.unschedulable)]),
@@ -115,10 +132,13 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
 @dataclass(frozen=True)
 class WorkloadSeries:
     """What a workload's series show: its pods, and its distinct nodes per node group where node
-    groups beyond their cap are folded into (summarizer, "other")."""
+    groups beyond their cap are folded into (summarizer, "other"); its pods and distinct nodes on
+    nodes that are not Ready (no distinct count for the summed "other" workload)."""
 
     pods: dict[str, int]
     group_nodes: dict[GroupKey, int]
+    pods_by_node_state: dict[str, int]
+    unhealthy_nodes: int | None
 
 
 WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
@@ -130,6 +150,13 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
     FamilyGenerator(Family("workload_nodes", "gauge",
                            "Distinct nodes of each node group that the workload's pods run on."),
                     lambda w: ((_labels(summarizer=s, group=g), n) for (s, g), n in sorted(w.group_nodes.items()))),
+    FamilyGenerator(Family("workload_pods_by_node_state", "gauge",
+                           "Pods of the root workload on nodes that are not Ready, by node state, while non-zero."),
+                    lambda w: ((_labels(state=s), w.pods_by_node_state[s])
+                               for s in UNHEALTHY_STATES if w.pods_by_node_state.get(s))),
+    FamilyGenerator(Family("workload_nodes_unhealthy", "gauge",
+                           "Distinct nodes that the root workload's pods run on and that are not Ready."),
+                    lambda w: [] if w.unhealthy_nodes is None else [("", w.unhealthy_nodes)]),
 )
 
 
@@ -218,7 +245,8 @@ def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
         total.nodes += g.nodes
         total.unschedulable += g.unschedulable
         for mine, theirs in ((total.conditions, g.conditions), (total.allocatable, g.allocatable),
-                             (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested)):
+                             (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested),
+                             (total.states, g.states), (total.accelerators_unhealthy, g.accelerators_unhealthy)):
             for k, v in theirs.items():
                 mine[k] = mine.get(k, 0) + v
     return total
@@ -290,14 +318,15 @@ class Renderer:
 
     # -- workloads under the cap ---------------------------------------------------------------
 
-    def _series(self, pods: dict[str, int], group_nodes: dict[GroupKey, int]) -> WorkloadSeries:
-        if not self._overflowed_groups or not group_nodes:
-            return WorkloadSeries(pods, group_nodes)
-        folded: dict[GroupKey, int] = {}
-        for key, n in group_nodes.items():
-            key = (key[0], OTHER) if key in self._overflowed_groups else key
-            folded[key] = folded.get(key, 0) + n
-        return WorkloadSeries(pods, folded)
+    def _series(self, agg: WorkloadAgg) -> WorkloadSeries:
+        group_nodes = agg.group_nodes
+        if self._overflowed_groups and group_nodes:
+            folded: dict[GroupKey, int] = {}
+            for key, n in group_nodes.items():
+                key = (key[0], OTHER) if key in self._overflowed_groups else key
+                folded[key] = folded.get(key, 0) + n
+            group_nodes = folded
+        return WorkloadSeries(agg.pods, group_nodes, agg.pods_by_node_state, agg.unhealthy_nodes)
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind)
@@ -305,7 +334,7 @@ class Renderer:
         hit = self._workloads.get(agg.uid)
         if hit is None or hit[0] != stamp:
             base = _labels(namespace=agg.namespace, workload=agg.name, kind=kind)
-            series = self._series(agg.pods, agg.group_nodes)
+            series = self._series(agg)
             hit = self._workloads[agg.uid] = (stamp, chunks(WORKLOAD_FAMILIES, base, series))
         return hit[1]
 
@@ -316,13 +345,15 @@ class Renderer:
         out = [self._cached_workload(workloads[uid], kinds) for uid in self.workload_cap.slots]
         for uid in self._workloads.keys() - self.workload_cap.slots:
             del self._workloads[uid]
-        if overflow:  # pods only: where "other" runs would be one series per node group again
+        if overflow:  # pod counts only: where "other" runs would be one series per node group again
             pods: dict[str, int] = {}
+            by_state: dict[str, int] = {}
             for uid in overflow:
-                for phase, n in workloads[uid].pods.items():
-                    pods[phase] = pods.get(phase, 0) + n
+                for mine, theirs in ((pods, workloads[uid].pods), (by_state, workloads[uid].pods_by_node_state)):
+                    for k, n in theirs.items():
+                        mine[k] = mine.get(k, 0) + n
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
-                              WorkloadSeries(pods, {})))
+                              WorkloadSeries(pods, {}, by_state, None)))
         return out, len(overflow)
 
     # -- render ---------------------------------------------------------------------------------

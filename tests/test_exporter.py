@@ -13,8 +13,9 @@ from prometheus_client import CollectorRegistry
 import exporter.metrics as metrics
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from exporter.metrics import Renderer
-from kubeindex.index import PHASES, ClusterIndex
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex
 from kubeindex.metrics import SourcesCollector
+from kubeindex.objects import Taint
 from kubeindex.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, value, wait_for
@@ -287,9 +288,11 @@ def _hostname_cluster(nodes: int, deployments: int) -> ClusterIndex:
                                                   ("apps", "StatefulSet")))
     add_owner(index, Owner("ds", "apps", "DaemonSet", "ns", "agent", None))
     for i in range(nodes):
-        alloc = {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"} if i % 3 == 0 else None
+        alloc = {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "7" if i % 9 == 0 else "8"} if i % 3 == 0 else None
+        capacity = {**alloc, "nvidia.com/gpu": "8"} if alloc else None
         index.upsert_node(make_node(f"n{i}", {HOST: f"n{i}", "pool": f"p{i % 3}"}, allocatable=alloc,
-                                    ready="False" if i % 7 == 0 else "True"))
+                                    capacity=capacity, ready="False" if i % 7 == 0 else "True",
+                                    unschedulable=i % 11 == 0))
         index.upsert_pod(make_pod(f"agent-{i}", f"ds-{i}", node=f"n{i}", owner=ref(("apps", "DaemonSet", "ds"))))
     for d in range(deployments):
         add_owner(index, Owner(f"d{d}", "apps", "Deployment", "ns", f"web{d}", None))
@@ -320,6 +323,8 @@ def test_every_family_stays_under_its_bound_with_a_hostname_summarizer() -> None
         "nws_nodegroup_capacity": resources * groups, "nws_nodegroup_pods": 5 * groups,
         "nws_nodegroup_requested": resources * groups, "nws_workload_pods": 5 * w,
         "nws_workload_nodes": min(len(index.workloads), w_cap) * groups,
+        "nws_nodegroup_nodes_by_state": 6 * groups, "nws_nodegroup_accelerators_unhealthy": 1 * groups,
+        "nws_workload_pods_by_node_state": 5 * w, "nws_workload_nodes_unhealthy": min(len(index.workloads), w_cap),
         "nws_nodegroups": 2, "nws_nodegroup_series_limit": 1, "nws_nodegroup_series_overflow": 2,
         "nws_nodegroup_series_dropped_total": 2, "nws_workloads": 1, "nws_workload_series_limit": 1,
         "nws_workload_series_overflow": 1, "nws_workload_series_dropped_total": 1, "nws_pods_without_workload": 4,
@@ -346,6 +351,17 @@ def test_every_family_stays_under_its_bound_with_a_hostname_summarizer() -> None
     assert value(s, "nws_pods_owner_chain_broken", reason="missing_owner") == 1
     assert value(s, "nws_workload_series_overflow") == len(index.workloads) - w_cap
     assert sum(select(s, "nws_workload_pods").values()) == nodes + 3 * deployments + 1  # all but "bare"
+    # Node states: every node in one state; the overflowing workloads' pods in "other".
+    assert sum(select(s, "nws_nodegroup_nodes_by_state", summarizer="host").values()) == nodes
+    not_ready = len(range(0, nodes, 7))
+    assert sum(select(s, "nws_nodegroup_nodes_by_state", summarizer="pool", state="NotReady").values()) == not_ready
+    assert sum(select(s, "nws_nodegroup_accelerators_unhealthy", summarizer="pool").values()) == len(range(0, nodes, 9))
+    assert sum(select(s, "nws_workload_pods_by_node_state").values()) == sum(
+        sum(w.pods_by_node_state.values()) for w in index.workloads.values())
+    assert value(s, "nws_workload_nodes_unhealthy", namespace="ns", workload="agent", kind="DaemonSet") == sum(
+        select(s, "nws_nodegroup_nodes_by_state", summarizer="pool").values()) - sum(
+        select(s, "nws_nodegroup_nodes_by_state", summarizer="pool", state="Ready").values())
+    assert not select(s, "nws_workload_nodes_unhealthy", workload="other")
 
 
 def test_node_groups_keep_their_slot_and_free_slots_are_taken() -> None:
@@ -386,6 +402,66 @@ def test_scrape_formats_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> No
     assert sorted(calls) == sorted([
         'summarizer="host",group="n3"', 'summarizer="pool",group="p0"',
         'namespace="ns",workload="agent",kind="DaemonSet"'])
+
+
+def test_node_states_exact_values_other_series_and_no_stale_series() -> None:
+    """A gpu pool of four nodes in four states, a cordoned cpu node; workloads with pods there; a
+    cap of one node group and of two workloads. Every value, and back to Ready: nothing left."""
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    gpu = {"cpu": "8", "nvidia.com/gpu": "8"}
+    healthy = {"g0": {}, "g1": {}, "g2": {}, "g3": {}, "c0": {}}
+    sick = {"g0": {"ready": "False"}, "g1": {"taints": [Taint("karpenter.sh/disrupted", "NoSchedule")]},
+            "g2": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "5"}, "capacity": gpu},
+            "g3": {"conditions": {"KernelDeadlock": "True"}}, "c0": {"unschedulable": True}}
+
+    def nodes(states: dict[str, dict]) -> None:
+        for name, extra in states.items():
+            pool = "cpu" if name.startswith("c") else "gpu"
+            index.upsert_node(make_node(name, {"pool": pool}, **{"allocatable": gpu, **extra}))
+
+    nodes(healthy)
+    for d, placement in {"train": ["g0", "g0", "g1", "g2", "g3"], "web": ["c0", "c0"], "idle": ["g3"]}.items():
+        add_owner(index, Owner(d, "apps", "Deployment", "ns", d, None))
+        for i, node in enumerate(placement):
+            index.upsert_pod(make_pod(f"{d}-{i}", f"{d}-{i}", node=node, owner=ref(("apps", "Deployment", d))))
+    renderer = Renderer(index, 10, registry=CollectorRegistry())
+    s = _render(renderer)
+    assert select(s, "nws_nodegroup_nodes_by_state", group="gpu") == {
+        frozenset({("summarizer", "pool"), ("group", "gpu"), ("state", st)}): 4 if st == "Ready" else 0
+        for st in NODE_STATES}
+    assert not select(s, "nws_nodegroup_accelerators_unhealthy") and not select(s, "nws_workload_pods_by_node_state")
+    assert value(s, "nws_workload_nodes_unhealthy", namespace="ns", workload="train", kind="Deployment") == 0
+
+    nodes(sick)
+    s = _render(renderer)
+    by_state = {dict(k)["state"]: v for k, v in select(s, "nws_nodegroup_nodes_by_state", group="gpu").items()}
+    assert by_state == {"Ready": 0, "NotReady": 1, "Unknown": 0, "Disrupting": 1, "Cordoned": 0, "Degraded": 2}
+    assert value(s, "nws_nodegroup_nodes_by_state", summarizer="pool", group="cpu", state="Cordoned") == 1
+    assert select(s, "nws_nodegroup_accelerators_unhealthy") == {
+        frozenset({("summarizer", "pool"), ("group", "gpu"), ("resource", "nvidia.com/gpu")}): 3}
+    train = {"namespace": "ns", "workload": "train", "kind": "Deployment"}
+    assert {dict(k)["state"]: v for k, v in select(s, "nws_workload_pods_by_node_state", workload="train").items()} == {
+        "NotReady": 2, "Disrupting": 1, "Degraded": 2}
+    assert value(s, "nws_workload_nodes_unhealthy", **train) == 4
+    assert value(s, "nws_workload_pods_by_node_state", namespace="ns", workload="web", kind="Deployment",
+                 state="Cordoned") == 2
+    assert value(s, "nws_workload_nodes_unhealthy", namespace="ns", workload="idle", kind="Deployment") == 1
+
+    # Capped: the overflowing node group's states and the overflowing workload's pods are summed.
+    capped = _render(Renderer(index, 1, 1, registry=CollectorRegistry()))
+    assert sum(select(capped, "nws_nodegroup_nodes_by_state", summarizer="pool", state="Cordoned").values()) == 1
+    assert sum(select(capped, "nws_nodegroup_nodes_by_state", summarizer="pool").values()) == 5
+    assert sum(select(capped, "nws_workload_pods_by_node_state").values()) == 5 + 2 + 1
+    assert select(capped, "nws_workload_pods_by_node_state", workload="other")
+    assert not select(capped, "nws_workload_nodes_unhealthy", workload="other")
+
+    nodes(healthy)
+    s = _render(renderer)
+    assert not select(s, "nws_workload_pods_by_node_state") and not select(s, "nws_nodegroup_accelerators_unhealthy")
+    assert value(s, "nws_workload_nodes_unhealthy", **train) == 0
+    assert value(s, "nws_nodegroup_nodes_by_state", summarizer="pool", group="gpu", state="Ready") == 4
 
 
 def test_every_unresolved_reason_is_present_at_zero() -> None:
