@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import alerts.__main__ as alerts_gen
 import dashboards.__main__ as dashboards_gen
 from alerts.replicas import LABELS, by
 from alerts.rules import Thresholds, alerts, rules_file
-from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, workload_summarizer
+from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
@@ -146,10 +147,18 @@ def gpu_pod(cluster: LocalCluster, name: str, node: str, owner: dict) -> None:
     set_pod_phase(cluster, "default", name, "Running")
 
 
+def disrupt(cluster: LocalCluster, node: str, taints: list[dict[str, str]] | None = None) -> None:
+    """Set the node's taints (default: Karpenter's disruption taint)."""
+    taints = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}] if taints is None else taints
+    ok(cluster.request(f"/api/v1/nodes/{node}", "PATCH", {"spec": {"taints": taints}},
+                       content_type="application/merge-patch+json"))
+
+
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """Groups a (2 nodes with GPUs) and b (3, one cordoned); Deployment web with 2 Running pods and
-    1 Pending; one pod of no workload."""
+    """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
+    disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-2 on b-1) and 1
+    Pending; one pod of no workload."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         node_summarizer(c, "pool", "pool")
@@ -158,6 +167,9 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         for name, pool in (("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("b-2", "b")):
             create_node(c, name, {"pool": pool}, allocatable=gpu if pool == "a" else None)
         create_node(c, "b-3", {"pool": "b"}, unschedulable=True)
+        disrupt(c, "b-1")
+        ok(c.request("/api/v1/nodes/a-2/status", "PATCH", {"status": {"capacity": {"nvidia.com/gpu": "5"}}},
+                     content_type="application/merge-patch+json"))  # the device plugin gave one up
         _, rs = deployment_chain(c, "default", "web")
         gpu_pod(c, "web-1", "a-1", rs)
         create_pod(c, "default", "web-2", node="b-1", owner=rs)
@@ -231,6 +243,59 @@ def test_node_group_not_ready_fires_in_prometheus_and_resolves(kube: LocalCluste
         prom.stop()
 
 
+def test_workload_on_unhealthy_nodes_fires_once_per_affected_workload(binaries: dict[str, Path],
+                                                                       tmp_path: Path) -> None:
+    """Group sick: sick-1 goes NotReady, sick-2 gets Karpenter's disruption taint. Deployment train
+    has both its pods there (critical and warning), serve 1 of 3 (warning), web none (silent); two
+    replicas scraped with their target labels: each alert fires once, and resolves on recovery."""
+    with LocalCluster(Options(), binaries) as kube:
+        kube.install_crds(CRDS)
+        node_summarizer(kube, "pool", "pool")
+        workload_summarizer(kube, "apps", [("apps", "Deployment")])
+        for name, pool in (("sick-1", "sick"), ("sick-2", "sick"), ("well-1", "well"), ("well-2", "well")):
+            create_node(kube, name, {"pool": pool})
+        placement = {"train": ("sick-1", "sick-2"), "serve": ("sick-1", "well-1", "well-2"),
+                     "web": ("well-1", "well-2")}
+        for workload, nodes in placement.items():
+            _, rs = deployment_chain(kube, "default", workload)
+            for i, node in enumerate(nodes):
+                create_pod(kube, "default", f"{workload}-{i}", node=node, owner=rs)
+        services = [Service(kube, (f"--identity={i}",)).start() for i in ("a", "b")]
+        rules = tmp_path / "rules.yaml"
+        rules.write_text(yaml.safe_dump(rules_file(Thresholds(unhealthy_for="3s"))))
+        targets = {f"127.0.0.1:{s.port}": replica_labels(str(i)) for i, s in enumerate(services)}
+        prom = Prometheus(tmp_path / "prometheus", list(targets), [rules], target_labels=targets,
+                          honor_labels=True).start()
+        try:
+            wait_for(lambda: len(prom.query('nws_workload_pods{workload="train", phase="Running"} == 2')) == 2,
+                     timeout=60)
+
+            def hurt() -> list[tuple[str, str]]:
+                return sorted((a["labels"]["workload"], a["labels"]["severity"]) for a in prom.alerts()
+                              if a["labels"]["alertname"] == "WorkloadOnUnhealthyNodes")
+
+            assert hurt() == []
+            set_node_status(kube, "sick-1", "False")
+            disrupt(kube, "sick-2")
+            want = [("serve", "warning"), ("train", "critical"), ("train", "warning")]
+            wait_for(lambda: hurt() == want, timeout=60)
+            time.sleep(3)  # a duplicate per replica would have shown by now
+            assert hurt() == want
+            alerts_now = [a for a in prom.alerts() if a["labels"]["alertname"] == "WorkloadOnUnhealthyNodes"]
+            assert {a["annotations"]["description"] for a in alerts_now if a["labels"]["workload"] == "train"} == {
+                "2 pods of Deployment default/train run on NotReady, Unknown or Disrupting nodes.",
+                "2 pods of Deployment default/train run on NotReady, Unknown or Disrupting nodes: at least 50% of "
+                "its pods."}
+            assert all("pod" not in a["labels"] and "instance" not in a["labels"] for a in alerts_now)
+            set_node_status(kube, "sick-1", "True")
+            disrupt(kube, "sick-2", [])
+            wait_for(lambda: hurt() == [], timeout=60)
+        finally:
+            prom.stop()
+            for svc in services:
+                svc.stop()
+
+
 # -- every dashboard query with two replicas -------------------------------------------------------
 
 VARIABLES = {"$__rate_interval": "1m", "$top": "10", "$summarizer": "pool", "$group": "a", "$namespace": ".*",
@@ -292,8 +357,21 @@ def test_every_dashboard_query_reads_the_same_with_two_replicas(replicas: list[S
             ("workloads.json", "Workloads"): 1, ("workloads.json", "Pods in workloads"): 3,
             ("workloads.json", "Pending pods"): 1, ("workloads.json", "Pods without a workload"): 1,
             ("health.json", "Targets up"): 2, ("health.json", "Replicas holding the Lease"): 1,
+            ("node-groups.json", "Unhealthy accelerators per group (capacity - allocatable)"): 1,
+            ("node-group-detail.json", "Disrupting"): 0, ("node-group-detail.json", "Degraded"): 1,
+            ("workloads.json", "Workloads on unhealthy nodes"): 1, ("workloads.json", "Pods on unhealthy nodes"): 1,
         }
         assert {key: stat(two, *key) for key in truth} == truth
+        web = frozenset({("namespace", "default"), ("workload", "web"), ("kind", "Deployment")})
+        # web-2 on the Disrupting b-1: pods there, in all not-Ready states, nodes not Ready, all pods
+        # (and on group a's detail dashboard the nodes of a it uses).
+        for dashboard, title, columns in (
+                ("workloads.json", "Workloads hurt now: pods on nodes not Ready", [1, 1, 1, 3]),
+                ("node-group-detail.json", "Workloads on this group hurt now", [1, 1, 1, 3, 1])):
+            assert [result(two, q) for q in panels(dashboard)[title]] == [{web: v} for v in columns], title
+        by_state = result(two, panels("node-groups.json")["Nodes by state (all selected groups)"][0])
+        assert {dict(k)["state"]: v for k, v in by_state.items()} == {
+            "Ready": 2, "NotReady": 0, "Unknown": 0, "Disrupting": 1, "Cordoned": 1, "Degraded": 1}
         for query in (q for qs in panels("health.json").values() for q in qs):
             two.query(query)  # per-replica panels: every query evaluates
     finally:
