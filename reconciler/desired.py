@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeindex.index import PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, WorkloadAgg
 from kubeindex.objects import API_VERSION, GROUP, key_of
 from kubeindex.quantity import format_quantity
 
@@ -86,20 +86,35 @@ def workload_claim(namespace: str, group: str, kind: str, name: str) -> Claim:
     return Claim(namespace, f"{group}\x00{kind}\x00{name}", name)
 
 
+def _not_ready(agg: GroupAgg) -> int:
+    return agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
+
+
+def _phases(pods: dict[str, int]) -> dict[str, int]:
+    return {p: pods[p] for p in PHASES if pods.get(p)}
+
+
+# NodeSummary status: one function per field (a new field is one row). Empty maps, lists and
+# strings are left out, so the desired status compares equal to what the API server returns.
+NODE_SUMMARY_STATUS: dict[str, Callable[[GroupAgg], Any]] = {
+    "nodeCount": lambda a: a.nodes,
+    "nodeNamesPrefix": lambda a: names_prefix(a.node_names),
+    "conditions": lambda a: [{"type": "Ready", "count": a.conditions.get("Ready", 0)},
+                             {"type": "NotReady", "count": _not_ready(a)}],
+    "unschedulableCount": lambda a: a.unschedulable,
+    "podCount": lambda a: sum(a.pods.values()),
+    "pods": lambda a: _phases(a.pods),
+    "allocatable": lambda a: _quantities(a.allocatable),
+    "capacity": lambda a: _quantities(a.capacity),
+    "requested": lambda a: _quantities(a.requested),
+    "nodesByState": lambda a: {s: a.states.get(s, 0) for s in NODE_STATES},
+    "unhealthyNodeCount": lambda a: sum(n for s, n in a.states.items() if s not in ("Ready", "Cordoned")),
+    "unhealthyAccelerators": lambda a: _quantities(a.accelerators_unhealthy),
+}
+
+
 def node_summary(agg: GroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
-    not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
-    status = _drop_empty({
-        "nodeCount": agg.nodes,
-        "nodeNamesPrefix": names_prefix(agg.node_names),
-        "conditions": [{"type": "Ready", "count": agg.conditions.get("Ready", 0)},
-                       {"type": "NotReady", "count": not_ready}],
-        "unschedulableCount": agg.unschedulable,
-        "podCount": sum(agg.pods.values()),
-        "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
-        "allocatable": _quantities(agg.allocatable),
-        "capacity": _quantities(agg.capacity),
-        "requested": _quantities(agg.requested),
-    })
+    status = _drop_empty({field: value(agg) for field, value in NODE_SUMMARY_STATUS.items()})
     body = {
         "apiVersion": API_VERSION, "kind": "NodeSummary",
         "metadata": {
@@ -128,19 +143,37 @@ class TypeInfo:
     long_type: str
 
 
+@dataclass(frozen=True)
+class WorkloadView:
+    """What a WorkloadSummary's status is made of."""
+
+    agg: WorkloadAgg
+    info: TypeInfo
+    refs: list[dict[str, Any]]  # nodeSummaryRefs, most nodes first
+
+
+WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
+    "podCount": lambda w: sum(w.agg.pods.values()),
+    "shortType": lambda w: w.info.short_type,
+    "longType": lambda w: w.info.long_type,
+    "pods": lambda w: _phases(w.agg.pods),
+    "podsOnUnhealthyNodes": lambda w: sum(w.agg.pods_by_node_state.values()),
+    "podsByNodeState": lambda w: {s: w.agg.pods_by_node_state[s] for s in NODE_STATES
+                                  if w.agg.pods_by_node_state.get(s)},
+    "nodeSummaryRefs": lambda w: w.refs,
+    "placement": lambda w: ",".join(f"{r['name']}={r['nodeCount']}" for r in w.refs),
+}
+
+
+def _refs(agg: WorkloadAgg, summary_names: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
+    refs = [{"name": summary_names[g], "nodeCount": n, "unhealthyNodeCount": agg.group_unhealthy_nodes.get(g, 0)}
+            for g, n in agg.group_nodes.items() if g in summary_names]
+    return sorted(refs, key=lambda r: (-r["nodeCount"], r["name"]))
+
+
 def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[tuple[str, str], str]) -> Desired:
-    refs = [{"name": summary_names[g], "nodeCount": n} for g, n in sorted(agg.group_nodes.items())
-            if g in summary_names]
-    refs.sort(key=lambda r: (-r["nodeCount"], r["name"]))
-    status = _drop_empty({
-        "podCount": sum(agg.pods.values()),
-        "shortType": info.short_type,
-        "longType": info.long_type,
-        "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
-        "nodeSummaryRefs": refs,
-        "placement": ",".join(f"{r['name']}={r['nodeCount']}" for r in refs),
-    })
-    status.setdefault("podCount", 0)
+    view = WorkloadView(agg, info, _refs(agg, summary_names))
+    status = _drop_empty({field: value(view) for field, value in WORKLOAD_SUMMARY_STATUS.items()})
     body = {
         "apiVersion": API_VERSION, "kind": "WorkloadSummary",
         "metadata": {

@@ -58,3 +58,12 @@ def delete(cluster: LocalCluster, path: str) -> None:
     assert code in (200, 202, 404), (code, body)
 
 
+def deployment(kube: LocalCluster, namespace: str, name: str) -> dict:
+    """A Deployment with no replicas: a root workload that exists without a controller manager."""
+    labels = {"app": name}
+    return create(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments", {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": 0, "selector": {"matchLabels": labels},
+                 "template": {"metadata": {"labels": labels},
+                              "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})

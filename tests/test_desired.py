@@ -110,9 +110,13 @@ def test_desired_state_from_index() -> None:
     assert ns.status["conditions"] == [{"type": "Ready", "count": 1}, {"type": "NotReady", "count": 1}]
     assert ns.status["allocatable"] == {"cpu": "8", "memory": "32Gi", "pods": "220"}
     assert ns.status["requested"] == {"cpu": "300m", "memory": "192Mi"}
+    assert ns.status["nodesByState"] == {"Ready": 1, "NotReady": 0, "Unknown": 1, "Disrupting": 0, "Cordoned": 0,
+                                         "Degraded": 0}
+    assert ns.status["unhealthyNodeCount"] == 1 and "unhealthyAccelerators" not in ns.status
     ws = out["ns/web"]
     assert ws.status == {"podCount": 3, "shortType": "deploy", "longType": "deployment.apps/v1",
-                         "pods": {"Running": 3}, "nodeSummaryRefs": [{"name": "pool-a", "nodeCount": 2}],
+                         "pods": {"Running": 3}, "podsOnUnhealthyNodes": 1, "podsByNodeState": {"Unknown": 1},
+                         "nodeSummaryRefs": [{"name": "pool-a", "nodeCount": 2, "unhealthyNodeCount": 1}],
                          "placement": "pool-a=2"}
     assert ws.body["metadata"]["ownerReferences"] == [{"apiVersion": "apps/v1", "kind": "Deployment",
                                                        "name": "web", "uid": "d1"}]

@@ -17,14 +17,14 @@ import pytest
 import yaml
 from kubernetes import client
 
-from demo.workloads import create, node_summarizer, ok, workload_summarizer
+from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
 from tests.conftest import CRDS
-from tests.kube import create_node, delete
+from tests.kube import create_node, delete, deployment
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "team"
@@ -51,16 +51,6 @@ def leader(kube: LocalCluster) -> Iterator[Service]:
     wait_for(lambda: summary(kube, "workloadsummaries", "web", NS) is not None, timeout=15)
     yield svc
     svc.stop()
-
-
-def deployment(kube: LocalCluster, namespace: str, name: str, finalizers: list[str] | None = None) -> dict:
-    labels = {"app": name}
-    return create(kube, f"/apis/apps/v1/namespaces/{namespace}/deployments", {
-        "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "finalizers": finalizers or []},
-        "spec": {"replicas": 0, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels},
-                              "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})
 
 
 def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict | None:
