@@ -44,7 +44,8 @@ def populate(cluster: LocalCluster, per_pool: int) -> None:
     create(cluster, f"/apis/batch/v1/namespaces/{NS}/jobs", {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "nightly-report"},
         "spec": {"parallelism": 2, "completions": 4, "template": {"spec": {
-            "restartPolicy": "Never", "containers": [{"name": "main", "image": "example.com/report:v1"}]}}}})
+            "restartPolicy": "Never", "nodeSelector": {POOL_LABEL: "tpu"},
+            "containers": [{"name": "main", "image": "example.com/report:v1"}]}}}})
     jobset_chain(cluster, NS, "train", jobs=2, parallelism=per_pool, node_selector={POOL_LABEL: "gpu"})
     leaderworkerset_chain(cluster, NS, "llm", workers=max(1, per_pool - 1))
 
@@ -110,6 +111,12 @@ Look around:
 Make the gpu pool NotReady (KWOK's chaos stage) and watch NodeGroupNotReady fire in about a minute:
   {kubectl} label nodes -l {POOL_LABEL}=gpu node-not-ready.stage.kwok.x-k8s.io=true
   curl -s {prometheus.url}/api/v1/alerts
+
+Taint the tpu pool as Karpenter does before it removes nodes, and watch the workload columns change
+(UNHEALTHY: pods on nodes that are not Ready; here Disrupting):
+  {kubectl} taint nodes -l {POOL_LABEL}=tpu karpenter.sh/disrupted:NoSchedule
+  {kubectl} get workloads.ux -A -o wide
+  curl -s http://127.0.0.1:{service.port}/metrics | grep ^nws_workload_pods_by_node_state
 
 Press Ctrl-C to stop everything.""", flush=True)
     try:

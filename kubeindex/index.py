@@ -487,9 +487,10 @@ class ClusterIndex:
         if entry.node:
             before = agg.node_pods.get(entry.node, 0)
             _bump(agg.node_pods, entry.node, sign)
+            distinct = (before == 0) != (before + sign == 0)  # the workload starts or stops using this node
             node = self.nodes.get(entry.node)
-            _node_in_workload(agg, _placement(node) if node else NOWHERE, 1, (before == 0) != (before + sign == 0),
-                              sign)
+            if node is not None and (distinct or node.state != READY):
+                _node_in_workload(agg, _placement(node), 1, distinct, sign)
         agg.generation = next(_generation)
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]
