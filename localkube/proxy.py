@@ -19,6 +19,7 @@ class StallingProxy:
         self._lock = threading.Lock()
         self._connections: list[tuple[socket.socket, socket.socket, threading.Event]] = []
         self._closed = False
+        self._stall_new = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def stall_existing(self) -> int:
@@ -28,6 +29,12 @@ class StallingProxy:
             for _, _, stalled in self._connections:
                 stalled.set()
             return len(self._connections)
+
+    def stall_all(self) -> None:
+        """Stall every connection, the ones open now and every new one: the API server looks
+        hung (connections are accepted, nothing ever answers)."""
+        self._stall_new = True
+        self.stall_existing()
 
     def close(self) -> None:
         self._closed = True
@@ -49,6 +56,8 @@ class StallingProxy:
                 client.close()
                 continue
             stalled = threading.Event()
+            if self._stall_new:
+                stalled.set()
             with self._lock:
                 self._connections.append((client, upstream, stalled))
             for src, dst in ((client, upstream), (upstream, client)):

@@ -20,6 +20,7 @@ from kubernetes import client
 from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
 from localkube.cluster import LocalCluster, Options
+from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
@@ -314,3 +315,37 @@ def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, l
     time.sleep(2)
     assert not errors(leader), errors(leader)
     delete(kube, f"/apis/{API}/workloadsummarizers/nodes-as-workloads")
+
+
+def test_a_leader_cut_off_from_the_api_server_gives_way(kube: LocalCluster, leader: Service) -> None:
+    """A leader whose connections all hang (a dead load balancer in front of the API server)
+    steps down once its watches have been cut off for longer than --sync-loss-grace, and a
+    healthy replica takes over; /readyz of the cut-off replica says why."""
+    proxy = StallingProxy("127.0.0.1", int(kube.server.rsplit(":", 1)[1]))
+    config = json.loads(kube.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    proxied = kube.workdir / "cut-off.kubeconfig"
+    proxied.write_text(json.dumps(config))
+    leader.stop()
+    lease = ok(kube.request(LEASE))
+    lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
+    ok(kube.request(LEASE, "PUT", lease))
+    cut = Service(kube, (f"--kubeconfig={proxied}", "--identity=cut-off", "--read-timeout=2",
+                         "--sync-loss-grace=2", *FAST_LEASE)).start()
+    try:
+        wait_for(lambda: is_leader(cut), timeout=10)
+        leader.start()  # healthy, direct: a follower for now
+        assert not is_leader(leader)
+        proxy.stall_all()
+        cut_at = time.monotonic()
+        wait_for(lambda: is_leader(leader), timeout=30)
+        took = time.monotonic() - cut_at
+        print(f"healthy replica leads {took:.1f}s after the leader was cut off")
+        assert not is_leader(cut)
+        code, text = cut.get("/readyz")
+        assert code == 503 and "no contact with the API server" in text, text
+        # read timeout + grace + lease duration + retry periods, with slack for a busy machine
+        assert took <= 2 + 2 + 4 + 2 * 1 + 6
+    finally:
+        cut.stop()
+        proxy.close()
