@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         populate(cluster, args.nodes_per_pool)
         say("starting node-workload-summary (exporter + reconciler) ...")
         service = Service(cluster).start()
-        say("starting Prometheus with the alert rules (NotReady alerts after 30 s here) ...")
+        say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
         rules = cluster.workdir / "rules.yaml"
-        rules.write_text(yaml.safe_dump(rules_file(Thresholds(not_ready_for="30s", down_for="30s"))))
+        fast = Thresholds(not_ready_for="30s", down_for="30s", unhealthy_for="30s", disrupting_for="30s")
+        rules.write_text(yaml.safe_dump(rules_file(fast)))
         prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
                                 interval="5s").start()
         wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers").stdout.splitlines()) >= 4,
