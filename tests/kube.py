@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-from demo.workloads import create, ok, owner_ref
-from localkube.cluster import LocalCluster
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
+from localkube.cluster import LocalCluster, Options
+from tests.conftest import CRDS
 
 
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",
@@ -67,3 +72,15 @@ def deployment(kube: LocalCluster, namespace: str, name: str) -> dict:
         "spec": {"replicas": 0, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
                               "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})
+
+
+@contextmanager
+def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[LocalCluster]:
+    """A control plane of a test module's own: the CRDs, NodeSummarizer `pool` (label `pool`),
+    WorkloadSummarizer `apps` (Deployments) and ``namespace``."""
+    with LocalCluster(Options(), binaries) as c:
+        c.install_crds(CRDS)
+        node_summarizer(c, "pool", "pool")
+        workload_summarizer(c, "apps", [("apps", "Deployment")])
+        c.kubectl("create", "namespace", namespace)
+        yield c

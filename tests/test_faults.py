@@ -15,17 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template, workload_summarizer
+from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
-from localkube.cluster import LocalCluster, Options
+from localkube.cluster import LocalCluster
 from localkube.proxy import StallingProxy
 from localkube.service import Service, parse, select, value, wait_for
 from reconciler.names import is_dns1123_subdomain
-from tests.conftest import CRDS
-from tests.kube import create_node, create_pod, delete, set_node_status
+from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "faults"
@@ -34,11 +33,7 @@ FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    with LocalCluster(Options(), binaries) as c:
-        c.install_crds(CRDS)
-        node_summarizer(c, "pool", "pool")
-        workload_summarizer(c, "apps", [("apps", "Deployment")])
-        c.kubectl("create", "namespace", NS)
+    with summarized_cluster(binaries, NS) as c:
         for i in range(3):
             create_node(c, f"n-{i}", {"pool": "a"})
         yield c

@@ -19,13 +19,12 @@ from kubernetes import client
 
 from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
-from localkube.cluster import LocalCluster, Options
+from localkube.cluster import LocalCluster
 from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
-from tests.conftest import CRDS
-from tests.kube import create_node, delete, deployment
+from tests.kube import create_node, delete, deployment, summarized_cluster
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "team"
@@ -35,11 +34,7 @@ LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/node-workload-su
 
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    with LocalCluster(Options(), binaries) as c:
-        c.install_crds(CRDS)
-        node_summarizer(c, "pool", "pool")
-        workload_summarizer(c, "apps", [("apps", "Deployment")])
-        c.kubectl("create", "namespace", NS)
+    with summarized_cluster(binaries, NS) as c:
         for i in range(2):
             create_node(c, f"n-{i}", {"pool": "a"})
         deployment(c, NS, "web")

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import node_summarizer, ok, workload_summarizer
-from localkube.cluster import LocalCluster, Options
+from demo.workloads import ok
+from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
-from tests.conftest import CRDS
-from tests.kube import create_node, create_pod, deployment
+from tests.kube import create_node, create_pod, deployment, summarized_cluster
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "train"
@@ -23,11 +22,7 @@ HEALTHY = {"Ready": 2, "NotReady": 0, "Unknown": 0, "Disrupting": 0, "Cordoned":
 
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    with LocalCluster(Options(), binaries) as c:
-        c.install_crds(CRDS)
-        node_summarizer(c, "pool", "pool")
-        workload_summarizer(c, "apps", [("apps", "Deployment")])
-        c.kubectl("create", "namespace", NS)
+    with summarized_cluster(binaries, NS) as c:
         for i in range(2):
             create_node(c, f"gpu-{i}", {"pool": "gpu"}, allocatable=GPU)
         create_node(c, "cpu-0", {"pool": "cpu"})
