@@ -7,6 +7,11 @@ cluster family as ``max by (<the family's own labels>)`` first: replicas agree, 
 gives the single-replica answer for 1, 2 or N replicas and through a rollout, and it ignores any
 label a scrape configuration adds. Sums across groups come after that.
 
+Every fold also keeps the cluster label (``cluster`` unless told otherwise; kubernetes-mixin's
+convention): a fleet Prometheus, Thanos or Mimir holds many clusters' copies of each group, and a
+rule evaluated there must stay per cluster. A single cluster whose series have no such label
+groups by an empty value, which changes nothing.
+
 Assumed: the scrape keeps the exporter's own `namespace` label (`honorLabels: true` in the
 ServiceMonitor); otherwise Prometheus renames it `exported_namespace` and the target's namespace
 takes its place.
@@ -41,13 +46,15 @@ LABELS: dict[str, tuple[str, ...]] = {
 }
 
 
-def by(family: str) -> str:
-    """``max by (...)`` with the family's own labels (``max`` alone for a label-less family)."""
-    labels = LABELS[family]
-    return f"max by ({', '.join(labels)})" if labels else "max"
+CLUSTER = "cluster"  # the label naming the cluster in a fleet's series (external label or relabel)
 
 
-def one(family: str, selector: str = "") -> str:
-    """``family{selector}`` with one series per group: the replicas' copies folded into one."""
+def by(family: str, cluster: str = CLUSTER) -> str:
+    """``max by (cluster, ...)`` with the family's own labels."""
+    return f"max by ({', '.join((cluster, *LABELS[family]))})"
+
+
+def one(family: str, selector: str = "", cluster: str = CLUSTER) -> str:
+    """``family{selector}`` with one series per group and cluster: the replicas' copies folded into one."""
     series = f"{family}{{{selector}}}" if selector else family
-    return f"{by(family)} ({series})" if LABELS[family] else f"max({series})"
+    return f"{by(family, cluster)} ({series})"

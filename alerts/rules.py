@@ -1,13 +1,16 @@
 """The alert rules, in one place: a plain Prometheus rules file and a PrometheusRule object are
 both generated from ALERTS below (``python -m alerts``). Thresholds and durations are parameters,
-so tests and the demo can render the same rules with short durations."""
+so tests and the demo can render the same rules with short durations.
+
+Every aggregation keeps the cluster label (``Thresholds.cluster``): rules evaluated over many
+clusters at once (Thanos Ruler, Mimir, a federating Prometheus) fire per cluster."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .replicas import by, one
+from .replicas import CLUSTER, by, one
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Thresholds:
     accelerators_unhealthy_for: str = "10m"
     disrupting_for: str = "5m"
     job: str = "node-workload-summary"  # the scrape job of the exporter
+    cluster: str = CLUSTER  # the label naming the cluster, kept by every aggregation
 
 
 @dataclass(frozen=True)
@@ -54,42 +58,36 @@ class Alert:
         }
 
 
-GROUP_BY = "summarizer, group"
 # The replica an alert is about: its pod where the scrape adds one, else its scrape address.
 REPLICA = "{{ if $labels.pod }}{{ $labels.pod }}{{ else }}{{ $labels.instance }}{{ end }}"
-NODES = one("nws_nodegroup_nodes")
-# The group's size in the hour before, across replicas: a replaced pod's series still counts.
-PAST = f"{by('nws_nodegroup_nodes')} (max_over_time(nws_nodegroup_nodes[1h] offset 5m))"
-WORKLOAD = "namespace, workload, kind"
 # Node states whose pods are lost or being evicted; Cordoned and Degraded nodes still run theirs.
 UNHEALTHY = "NotReady|Unknown|Disrupting"
 
 
-def _sum(labels: str, family: str, selector: str) -> str:
-    return f"sum by ({labels}) ({one(family, selector)})"
-
-
-def _by_condition(selector: str) -> str:
-    return _sum(GROUP_BY, "nws_nodegroup_nodes_by_condition", selector)
-
-
-def _workload_pods(phase: str) -> str:
-    return one("nws_workload_pods", f'phase="{phase}", workload!="other"')
-
-
-# A workload's pods on unhealthy nodes, and all its pods: both count pods of every phase.
-ON_UNHEALTHY = _sum(WORKLOAD, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
-PODS = _sum(WORKLOAD, "nws_workload_pods", 'workload!="other"')
-DISRUPTING = _sum(GROUP_BY, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
-
-
 def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
-    not_ready = _by_condition('condition!="Ready"')
-    ready = _by_condition('condition="Ready"')
+    c = t.cluster
+    group, workload = f"{c}, summarizer, group", f"{c}, namespace, workload, kind"
+
+    def total(labels: str, family: str, selector: str) -> str:
+        return f"sum by ({labels}) ({one(family, selector, c)})"
+
+    def workload_pods(phase: str) -> str:
+        return one("nws_workload_pods", f'phase="{phase}", workload!="other"', c)
+
+    nodes = one("nws_nodegroup_nodes", cluster=c)
+    # The group's size in the hour before, across replicas: a replaced pod's series still counts.
+    past = f"{by('nws_nodegroup_nodes', c)} (max_over_time(nws_nodegroup_nodes[1h] offset 5m))"
+    not_ready = total(group, "nws_nodegroup_nodes_by_condition", 'condition!="Ready"')
+    ready = total(group, "nws_nodegroup_nodes_by_condition", 'condition="Ready"')
+    # A workload's pods on unhealthy nodes, and all its pods: both count pods of every phase.
+    on_unhealthy = total(workload, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
+    pods = total(workload, "nws_workload_pods", 'workload!="other"')
+    disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
+    up = f'up{{job="{t.job}"}}'
     return [
         Alert(
             "NodeGroupNotReady",
-            f"{not_ready} / {NODES} > {t.not_ready_fraction}",
+            f"{not_ready} / {nodes} > {t.not_ready_fraction}",
             t.not_ready_for, "warning",
             "Node group {{ $labels.group }} has NotReady nodes",
             "{{ $value | humanizePercentage }} of the nodes of node group {{ $labels.group }} (summarizer "
@@ -97,7 +95,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupDown",
-            f"{NODES} > 0 and {ready} == 0",
+            f"{nodes} > 0 and {ready} == 0",
             t.down_for, "critical",
             "Every node of node group {{ $labels.group }} is NotReady",
             "All {{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) "
@@ -105,8 +103,8 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupShrunk",
-            f"({PAST} - {NODES}) / {PAST} > {t.shrink_fraction}"
-            f" or ({PAST} unless {NODES}) / {PAST}",  # the whole group went away
+            f"({past} - {nodes}) / {past} > {t.shrink_fraction}"
+            f" or ({past} unless {nodes}) / {past}",  # the whole group went away
             t.shrink_for, "warning",
             "Node group {{ $labels.group }} lost nodes",
             "Node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) has lost "
@@ -114,7 +112,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "WorkloadPodsPending",
-            f'{_workload_pods("Pending")} > 0',
+            f'{workload_pods("Pending")} > 0',
             t.pending_for, "warning",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Pending pods",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} have been "
@@ -122,7 +120,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "WorkloadPodsFailed",
-            f'{_workload_pods("Failed")} > 0',
+            f'{workload_pods("Failed")} > 0',
             t.failed_for, "warning",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has Failed pods",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} are in "
@@ -130,7 +128,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "WorkloadOnUnhealthyNodes",
-            f"{ON_UNHEALTHY} > 0",
+            f"{on_unhealthy} > 0",
             t.unhealthy_for, "warning",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has pods on unhealthy nodes",
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} run on "
@@ -140,7 +138,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             # The same name, critical: Alertmanager's usual inhibition (critical mutes warning of the
             # same alertname and labels) leaves one notification per workload.
             "WorkloadOnUnhealthyNodes",
-            f"({ON_UNHEALTHY} > 0) >= {t.unhealthy_critical_fraction} * {PODS}",
+            f"({on_unhealthy} > 0) >= {t.unhealthy_critical_fraction} * {pods}",
             t.unhealthy_for, "critical",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has at least "
             + f"{t.unhealthy_critical_fraction:.0%} of its pods on unhealthy nodes",
@@ -150,7 +148,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupAcceleratorsUnhealthy",
-            f"{one('nws_nodegroup_accelerators_unhealthy')} > 0",
+            f"{one('nws_nodegroup_accelerators_unhealthy', cluster=c)} > 0",
             t.accelerators_unhealthy_for, "warning",
             "Node group {{ $labels.group }} has unhealthy {{ $labels.resource }}",
             "{{ $value }} {{ $labels.resource }} of node group {{ $labels.group }} (summarizer "
@@ -158,7 +156,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupDisrupting",
-            f"{DISRUPTING} > 0",
+            f"{disrupting} > 0",
             t.disrupting_for, "info",
             "Node group {{ $labels.group }} has nodes being disrupted",
             "{{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) carry a "
@@ -167,7 +165,8 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeWorkloadSummaryDown",
-            f'absent(up{{job="{t.job}"}} == 1)',
+            # Every target of a cluster down, or none at all (a cluster that is not discovered is not seen).
+            f"max by ({c}) ({up}) == 0 or absent({up})",
             t.exporter_down_for, "critical",
             "node-workload-summary is not scraped",
             f'No target of job {t.job} is up: node-group and workload metrics and alerts are blind.',
@@ -183,21 +182,21 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeWorkloadSummarySeriesCapReached",
-            f"{one('nws_workload_series_overflow')} > 0",
+            f"{one('nws_workload_series_overflow', cluster=c)} > 0",
             "15m", "info",
             "Workload series cap reached",
             "{{ $value }} workloads are folded into workload=\"other\": raise --max-workload-series.",
         ),
         Alert(
             "NodeWorkloadSummaryWriteErrors",
-            "sum(rate(nws_reconciler_write_errors_total[5m])) > 0.1",
+            f"sum by ({c}) (rate(nws_reconciler_write_errors_total[5m])) > 0.1",
             "15m", "warning",
             "node-workload-summary cannot write summaries",
             "The reconciler fails {{ $value | humanize }} writes per second: check its log and RBAC.",
         ),
         Alert(
             "NodeWorkloadSummaryNoLeader",
-            "sum(nws_reconciler_leader) < 1",  # one replica holds the Lease at a time
+            f"sum by ({c}) (nws_reconciler_leader) < 1",  # one replica holds the Lease at a time
             t.no_leader_for, "warning",
             "No node-workload-summary replica holds the Lease",
             "No replica has been the reconciler's leader for " + t.no_leader_for + ": NodeSummary and "
