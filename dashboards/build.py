@@ -1,7 +1,14 @@
 """The Grafana dashboards, written with grafanalib (modern panel types only; the Prometheus data
-source is a dashboard variable). ``python -m dashboards`` writes dashboards/generated/*.json."""
+source is a dashboard variable). ``python -m dashboards`` writes dashboards/generated/*.json.
+
+Many clusters, one Grafana (kubernetes-mixin's convention): every dashboard has a ``cluster``
+variable, hidden unless ``Options.multi_cluster``, and every query selects ``cluster="$cluster"``.
+With one cluster whose series have no such label, the variable finds no value and Grafana sets it
+to "", which selects exactly the series without the label."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from grafanalib.core import (
     BarGauge,
@@ -18,11 +25,12 @@ from grafanalib.core import (
 
 # Every cluster family is read through one(): the replicas' copies of each series folded into one
 # (alerts/replicas.py), so every number is the same with 1, 2 or N replicas and through a rollout.
-from alerts.replicas import one
+from alerts.replicas import CLUSTER, one
 from alerts.rules import UNHEALTHY
 
 DS = "${datasource}"
 GROUP_SEL = 'summarizer=~"$summarizer", group=~"$group"'
+HIDDEN = 2  # Grafana's hide: the variable and its label
 BY_GROUP = "summarizer, group"
 WORKLOAD = "namespace, workload, kind"
 STACKED = {"mode": "normal"}
@@ -34,8 +42,37 @@ STATE_OVERRIDES = [{"matcher": {"id": "byName", "options": state},
                    for state, colour in STATE_COLOURS.items()]
 
 
+@dataclass(frozen=True)
+class Options:
+    cluster_label: str = CLUSTER  # kubernetes-mixin's clusterLabel
+    multi_cluster: bool = False  # show the cluster variable (kubernetes-mixin's showMultiCluster)
+
+    def sel(self, *matchers: str) -> str:
+        """A selector on the dashboard's cluster, then ``matchers``."""
+        return ", ".join((f'{self.cluster_label}="$cluster"', *matchers))
+
+    def one(self, family: str, sel: str) -> str:
+        return one(family, sel, self.cluster_label)
+
+    def sum(self, family: str, sel: str, by: str = "") -> str:
+        """The family summed (by ``by``) after folding the replicas' copies of each series into one."""
+        return f"sum by ({by}) ({self.one(family, sel)})" if by else f"sum({self.one(family, sel)})"
+
+
 def _datasource() -> Template:
     return Template(name="datasource", label="Data source", query="prometheus", type="datasource", default="Prometheus")
+
+
+def _cluster(o: Options) -> Template:
+    # Single choice, as in kubernetes-mixin: a sum over clusters would merge groups of the same name.
+    return Template(name="cluster", label="Cluster", dataSource=DS, type="query", refresh=2, sort=1, default="",
+                    query=f"label_values(nws_build_info, {o.cluster_label})",
+                    hide=0 if o.multi_cluster else HIDDEN)
+
+
+def _values(o: Options, family: str, label: str, *matchers: str) -> str:
+    """The values of ``label`` in the dashboard's cluster."""
+    return f"label_values({family}{{{o.sel(*matchers)}}}, {label})"
 
 
 def _var(name: str, query: str, label: str, multi: bool = True) -> Template:
@@ -51,32 +88,27 @@ def _pos(x: int, y: int, w: int, h: int) -> GridPos:
     return GridPos(h=h, w=w, x=x, y=y)
 
 
-def _dashboard(uid: str, title: str, panels: list, variables: list[Template], description: str) -> Dashboard:
+def _dashboard(o: Options, uid: str, title: str, panels: list, variables: list[Template],
+               description: str) -> Dashboard:
     return Dashboard(
         uid=uid, title=title, description=description, tags=["node-workload-summary"], timezone="browser",
         time=Time("now-6h", "now"), refresh="30s", panels=panels,
-        templating=Templating(list=[_datasource(), *variables]),
+        templating=Templating(list=[_datasource(), _cluster(o), *variables]),
     ).auto_panel_ids()
 
 
-def _sum(family: str, sel: str, by: str = "") -> str:
-    """The family summed (by ``by``) after folding the replicas' copies of each series into one."""
-    return f"sum by ({by}) ({one(family, sel)})" if by else f"sum({one(family, sel)})"
-
-
-def _hurt_table(title: str, pos: GridPos, sel: str, description: str, uses: str = "") -> Table:
+def _hurt_table(o: Options, title: str, pos: GridPos, sel: str, description: str, uses: str = "") -> Table:
     """Workloads with pods on nodes in a state other than Ready, sorted by pods on NotReady, Unknown
     or Disrupting nodes (the alert's states); ``uses`` (a workload query) keeps only its workloads."""
     only = f" and on ({WORKLOAD}) {uses}" if uses else ""
-    hurt = _sum("nws_workload_pods_by_node_state", sel, WORKLOAD)
+    hurt = o.sum("nws_workload_pods_by_node_state", sel, WORKLOAD)
     rows = f" and on ({WORKLOAD}) {hurt}{only}"
-    sep = ", " if sel else ""
     targets = [
-        _t(_sum("nws_workload_pods_by_node_state", f'{sel}{sep}state=~"{UNHEALTHY}"', WORKLOAD) + only,
+        _t(o.sum("nws_workload_pods_by_node_state", f'{sel}, state=~"{UNHEALTHY}"', WORKLOAD) + only,
            ref="A", instant=True, fmt="table"),
         _t(hurt + only, ref="B", instant=True, fmt="table"),
-        _t(_sum("nws_workload_nodes_unhealthy", sel, WORKLOAD) + rows, ref="C", instant=True, fmt="table"),
-        _t(_sum("nws_workload_pods", sel, WORKLOAD) + rows, ref="D", instant=True, fmt="table"),
+        _t(o.sum("nws_workload_nodes_unhealthy", sel, WORKLOAD) + rows, ref="C", instant=True, fmt="table"),
+        _t(o.sum("nws_workload_pods", sel, WORKLOAD) + rows, ref="D", instant=True, fmt="table"),
     ]
     names = {"Value #A": "Pods on NotReady, Unknown, Disrupting nodes", "Value #B": "Pods on nodes not Ready",
              "Value #C": "Nodes not Ready", "Value #D": "Pods"}
@@ -93,46 +125,46 @@ def _hurt_table(title: str, pos: GridPos, sel: str, description: str, uses: str 
     )
 
 
-def _ratio(num: str, den: str, sel: str, by: str) -> str:
+def _ratio(o: Options, num: str, den: str, sel: str, by: str) -> str:
     """Requested over allocatable of the resources in ``sel``, per ``by``."""
-    return f"{_sum(num, sel, by)} / {_sum(den, sel, by)}"
+    return f"{o.sum(num, sel, by)} / {o.sum(den, sel, by)}"
 
 
-def node_groups_overview() -> Dashboard:
+def node_groups_overview(o: Options = Options()) -> Dashboard:
     by = BY_GROUP
-    sel = 'summarizer=~"$summarizer"'
+    sel = o.sel('summarizer=~"$summarizer"')
     not_ready = f'{sel}, condition!="Ready"'
     cpu = f'{sel}, resource="cpu"'
     memory = f'{sel}, resource="memory"'
     accelerators = f'{sel}, resource=~"nvidia.com/gpu|google.com/tpu|amd.com/gpu"'
     panels = [
         Stat(title="Node groups", dataSource=DS, gridPos=_pos(0, 0, 4, 4),
-             targets=[_t(f"count({one('nws_nodegroup_nodes', sel)})")]),
+             targets=[_t(f"count({o.one('nws_nodegroup_nodes', sel)})")]),
         Stat(title="Nodes", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes", sel))]),
         Stat(title="Not ready nodes", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", not_ready))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_by_condition", not_ready))]),
         Stat(title="Cordoned nodes", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_nodes_unschedulable", sel))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_unschedulable", sel))]),
         Stat(title="Pending pods on groups", dataSource=DS, gridPos=_pos(16, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_pods", f'{sel}, phase="Pending"'))]),
+             targets=[_t(o.sum("nws_nodegroup_pods", f'{sel}, phase="Pending"'))]),
         Stat(title="Running pods on groups", dataSource=DS, gridPos=_pos(20, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_pods", f'{sel}, phase="Running"'))]),
+             targets=[_t(o.sum("nws_nodegroup_pods", f'{sel}, phase="Running"'))]),
         Table(
             title="Node groups (sort by a column: NotReady first)", dataSource=DS, gridPos=_pos(0, 4, 24, 9),
             targets=[
-                _t(_sum("nws_nodegroup_nodes", sel, by), ref="A", instant=True, fmt="table"),
-                _t(_sum("nws_nodegroup_nodes_by_condition", not_ready, by), ref="B", instant=True, fmt="table"),
-                _t(_sum("nws_nodegroup_nodes_unschedulable", sel, by), ref="C", instant=True, fmt="table"),
-                _t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), ref="D", instant=True,
+                _t(o.sum("nws_nodegroup_nodes", sel, by), ref="A", instant=True, fmt="table"),
+                _t(o.sum("nws_nodegroup_nodes_by_condition", not_ready, by), ref="B", instant=True, fmt="table"),
+                _t(o.sum("nws_nodegroup_nodes_unschedulable", sel, by), ref="C", instant=True, fmt="table"),
+                _t(_ratio(o, "nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), ref="D", instant=True,
                    fmt="table"),
-                _t(_sum("nws_nodegroup_pods", sel, by), ref="E", instant=True, fmt="table"),
-                _t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"', by), ref="F", instant=True,
+                _t(o.sum("nws_nodegroup_pods", sel, by), ref="E", instant=True, fmt="table"),
+                _t(o.sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"', by), ref="F", instant=True,
                    fmt="table"),
-                _t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"', by), ref="G", instant=True,
+                _t(o.sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"', by), ref="G", instant=True,
                    fmt="table"),
-                _t(_sum("nws_nodegroup_accelerators_unhealthy", sel, by), ref="H", instant=True, fmt="table"),
+                _t(o.sum("nws_nodegroup_accelerators_unhealthy", sel, by), ref="H", instant=True, fmt="table"),
             ],
             transformations=[
                 {"id": "merge", "options": {}},
@@ -146,132 +178,132 @@ def node_groups_overview() -> Dashboard:
                         "properties": [{"id": "unit", "value": "percentunit"}]}],
         ),
         TimeSeries(title="Nodes per group", dataSource=DS, gridPos=_pos(0, 13, 12, 8), unit="short",
-                   targets=[_t(_sum("nws_nodegroup_nodes", sel, by), "{{summarizer}}/{{group}}")]),
+                   targets=[_t(o.sum("nws_nodegroup_nodes", sel, by), "{{summarizer}}/{{group}}")]),
         TimeSeries(title="Not ready nodes per group", dataSource=DS, gridPos=_pos(12, 13, 12, 8), unit="short",
-                   targets=[_t(_sum("nws_nodegroup_nodes_by_condition", not_ready, by), "{{summarizer}}/{{group}}")]),
+                   targets=[_t(o.sum("nws_nodegroup_nodes_by_condition", not_ready, by), "{{summarizer}}/{{group}}")]),
         BarGauge(title="CPU requested / allocatable", dataSource=DS, gridPos=_pos(0, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), "{{group}}")]),
+                 targets=[_t(_ratio(o, "nws_nodegroup_requested", "nws_nodegroup_allocatable", cpu, by), "{{group}}")]),
         BarGauge(title="Memory requested / allocatable", dataSource=DS, gridPos=_pos(8, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", memory, by),
+                 targets=[_t(_ratio(o, "nws_nodegroup_requested", "nws_nodegroup_allocatable", memory, by),
                              "{{group}}")]),
         BarGauge(title="Accelerators requested / allocatable", dataSource=DS, gridPos=_pos(16, 21, 8, 8),
                  format="percentunit", min=0, max=1, displayMode="gradient", orientation="horizontal",
-                 targets=[_t(_ratio("nws_nodegroup_requested", "nws_nodegroup_allocatable", accelerators,
+                 targets=[_t(_ratio(o, "nws_nodegroup_requested", "nws_nodegroup_allocatable", accelerators,
                                     f"{by}, resource"), "{{group}} {{resource}}")]),
         TimeSeries(title="Nodes by state (all selected groups)", dataSource=DS, gridPos=_pos(0, 29, 12, 8),
                    unit="short", stacking=STACKED, fillOpacity=30, overrides=STATE_OVERRIDES,
-                   targets=[_t(_sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
+                   targets=[_t(o.sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
         BarGauge(title="Unhealthy accelerators per group (capacity - allocatable)", dataSource=DS,
                  gridPos=_pos(12, 29, 12, 8), displayMode="gradient", orientation="horizontal", min=0,
                  thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-                 targets=[_t(_sum("nws_nodegroup_accelerators_unhealthy", sel, f"{by}, resource"),
+                 targets=[_t(o.sum("nws_nodegroup_accelerators_unhealthy", sel, f"{by}, resource"),
                              "{{group}} {{resource}}")]),
     ]
-    return _dashboard("nws-node-groups", "Node groups", panels,
-                      [_var("summarizer", "label_values(nws_nodegroup_nodes, summarizer)", "Summarizer")],
+    return _dashboard(o, "nws-node-groups", "Node groups", panels,
+                      [_var("summarizer", _values(o, "nws_nodegroup_nodes", "summarizer"), "Summarizer")],
                       "Size, health and usage of every node group (node pool).")
 
 
-def node_group_detail() -> Dashboard:
-    sel = GROUP_SEL
+def node_group_detail(o: Options = Options()) -> Dashboard:
+    sel = o.sel(GROUP_SEL)
     cpu, memory, extended = f'{sel}, resource="cpu"', f'{sel}, resource="memory"', f'{sel}, resource=~".+/.+"'
     panels = [
-        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(_sum("nws_nodegroup_nodes", sel))]),
+        Stat(title="Nodes", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(o.sum("nws_nodegroup_nodes", sel))]),
         Stat(title="Ready", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition="Ready"'))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition="Ready"'))]),
         Stat(title="Not ready", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-             targets=[_t(_sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition!="Ready"'))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_by_condition", f'{sel}, condition!="Ready"'))]),
         Stat(title="Disrupting", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"'))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Disrupting"'))]),
         Stat(title="Cordoned", dataSource=DS, gridPos=_pos(16, 0, 4, 4),
-             targets=[_t(_sum("nws_nodegroup_nodes_unschedulable", sel))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_unschedulable", sel))]),
         Stat(title="Degraded", dataSource=DS, gridPos=_pos(20, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
-             targets=[_t(_sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"'))]),
+             targets=[_t(o.sum("nws_nodegroup_nodes_by_state", f'{sel}, state="Degraded"'))]),
         TimeSeries(title="Nodes by state", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="short",
                    stacking=STACKED, fillOpacity=30, overrides=STATE_OVERRIDES,
-                   targets=[_t(_sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
+                   targets=[_t(o.sum("nws_nodegroup_nodes_by_state", sel, "state"), "{{state}}")]),
         TimeSeries(title="Pods by phase", dataSource=DS, gridPos=_pos(12, 4, 12, 8), unit="short",
-                   targets=[_t(_sum("nws_nodegroup_pods", sel, "phase"), "{{phase}}")]),
+                   targets=[_t(o.sum("nws_nodegroup_pods", sel, "phase"), "{{phase}}")]),
         TimeSeries(title="CPU: allocatable and requested", dataSource=DS, gridPos=_pos(0, 12, 8, 8), unit="none",
-                   targets=[_t(_sum("nws_nodegroup_allocatable", cpu), "allocatable", "A"),
-                            _t(_sum("nws_nodegroup_requested", cpu), "requested", "B")]),
+                   targets=[_t(o.sum("nws_nodegroup_allocatable", cpu), "allocatable", "A"),
+                            _t(o.sum("nws_nodegroup_requested", cpu), "requested", "B")]),
         TimeSeries(title="Memory: allocatable and requested", dataSource=DS, gridPos=_pos(8, 12, 8, 8), unit="bytes",
-                   targets=[_t(_sum("nws_nodegroup_allocatable", memory), "allocatable", "A"),
-                            _t(_sum("nws_nodegroup_requested", memory), "requested", "B")]),
+                   targets=[_t(o.sum("nws_nodegroup_allocatable", memory), "allocatable", "A"),
+                            _t(o.sum("nws_nodegroup_requested", memory), "requested", "B")]),
         TimeSeries(title="Extended resources: allocatable and requested", dataSource=DS, gridPos=_pos(16, 12, 8, 8),
                    unit="short",
-                   targets=[_t(_sum("nws_nodegroup_allocatable", extended, "resource"), "{{resource}} allocatable",
+                   targets=[_t(o.sum("nws_nodegroup_allocatable", extended, "resource"), "{{resource}} allocatable",
                                "A"),
-                            _t(_sum("nws_nodegroup_requested", extended, "resource"), "{{resource}} requested", "B")]),
+                            _t(o.sum("nws_nodegroup_requested", extended, "resource"), "{{resource}} requested", "B")]),
         TimeSeries(title="Unhealthy accelerators (capacity - allocatable)", dataSource=DS, gridPos=_pos(0, 20, 8, 9),
                    unit="short",
-                   targets=[_t(_sum("nws_nodegroup_accelerators_unhealthy", sel, "resource"), "{{resource}}")]),
-        _hurt_table("Workloads on this group hurt now", _pos(8, 20, 16, 9), "",
+                   targets=[_t(o.sum("nws_nodegroup_accelerators_unhealthy", sel, "resource"), "{{resource}}")]),
+        _hurt_table(o, "Workloads on this group hurt now", _pos(8, 20, 16, 9), o.sel(),
                     "Workloads with pods on this group and on nodes not Ready; pod and node counts cover all of "
-                    "the workload's node groups.", uses=_sum("nws_workload_nodes", sel, WORKLOAD)),
+                    "the workload's node groups.", uses=o.sum("nws_workload_nodes", sel, WORKLOAD)),
         Table(title="Workloads on this group (distinct nodes used)", dataSource=DS, gridPos=_pos(0, 29, 24, 9),
-              targets=[_t(f"sort_desc({_sum('nws_workload_nodes', sel, WORKLOAD)})", instant=True, fmt="table")],
+              targets=[_t(f"sort_desc({o.sum('nws_workload_nodes', sel, WORKLOAD)})", instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
     ]
-    return _dashboard("nws-node-group", "Node group detail", panels, [
-        _var("summarizer", "label_values(nws_nodegroup_nodes, summarizer)", "Summarizer", multi=False),
-        _var("group", 'label_values(nws_nodegroup_nodes{summarizer="$summarizer"}, group)', "Group", multi=False),
+    return _dashboard(o, "nws-node-group", "Node group detail", panels, [
+        _var("summarizer", _values(o, "nws_nodegroup_nodes", "summarizer"), "Summarizer", multi=False),
+        _var("group", _values(o, "nws_nodegroup_nodes", "group", 'summarizer="$summarizer"'), "Group", multi=False),
     ], "One node group: health, capacity against requests, and the workloads that use it.")
 
 
-def workloads() -> Dashboard:
-    sel = 'namespace=~"$namespace", kind=~"$kind"'
-    top = f"topk($top, {_sum('nws_workload_pods', sel, WORKLOAD)})"
+def workloads(o: Options = Options()) -> Dashboard:
+    sel = o.sel('namespace=~"$namespace", kind=~"$kind"')
+    top = f"topk($top, {o.sum('nws_workload_pods', sel, WORKLOAD)})"
     unhealthy = f'{sel}, state=~"{UNHEALTHY}"'
     panels = [
-        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(one("nws_workloads"))]),
+        Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(o.one("nws_workloads", o.sel()))]),
         Stat(title="Pods in workloads", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
-             targets=[_t(_sum("nws_workload_pods", sel))]),
+             targets=[_t(o.sum("nws_workload_pods", sel))]),
         Stat(title="Pending pods", dataSource=DS, gridPos=_pos(8, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 1}],
-             targets=[_t(_sum("nws_workload_pods", f'{sel}, phase="Pending"'))]),
+             targets=[_t(o.sum("nws_workload_pods", f'{sel}, phase="Pending"'))]),
         Stat(title="Pods without a workload", dataSource=DS, gridPos=_pos(12, 0, 4, 4),
-             targets=[_t(f"sum({one('nws_pods_without_workload')})")]),
+             targets=[_t(f"sum({o.one('nws_pods_without_workload', o.sel())})")]),
         Stat(title="Workloads on unhealthy nodes", dataSource=DS, gridPos=_pos(16, 0, 4, 4), colorMode="background",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-             targets=[_t(f"count({_sum('nws_workload_pods_by_node_state', unhealthy, WORKLOAD)}) or vector(0)")]),
+             targets=[_t(f"count({o.sum('nws_workload_pods_by_node_state', unhealthy, WORKLOAD)}) or vector(0)")]),
         Stat(title="Pods on unhealthy nodes", dataSource=DS, gridPos=_pos(20, 0, 4, 4),
-             targets=[_t(f"{_sum('nws_workload_pods_by_node_state', unhealthy)} or vector(0)")]),
+             targets=[_t(f"{o.sum('nws_workload_pods_by_node_state', unhealthy)} or vector(0)")]),
         BarGauge(title="Top $top workloads by pods", dataSource=DS, gridPos=_pos(0, 4, 12, 12), displayMode="basic",
                  orientation="horizontal", min=0,
                  targets=[_t(top, "{{namespace}}/{{workload}} ({{kind}})", instant=True)]),
         Table(title="Node groups each workload uses (distinct nodes)", dataSource=DS, gridPos=_pos(12, 4, 12, 12),
-              targets=[_t(one("nws_workload_nodes", sel), instant=True, fmt="table")],
+              targets=[_t(o.one("nws_workload_nodes", sel), instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
         TimeSeries(title="Pods by workload", dataSource=DS, gridPos=_pos(0, 16, 12, 9), unit="short",
                    targets=[_t(top, "{{namespace}}/{{workload}}")]),
         TimeSeries(title="Pending and failed pods by workload", dataSource=DS, gridPos=_pos(12, 16, 12, 9),
                    unit="short",
-                   targets=[_t(_sum("nws_workload_pods", f'{sel}, phase=~"Pending|Failed"',
+                   targets=[_t(o.sum("nws_workload_pods", f'{sel}, phase=~"Pending|Failed"',
                                     "namespace, workload, phase") + " > 0", "{{namespace}}/{{workload}} {{phase}}")]),
-        _hurt_table("Workloads hurt now: pods on nodes not Ready", _pos(0, 25, 24, 9), sel,
+        _hurt_table(o, "Workloads hurt now: pods on nodes not Ready", _pos(0, 25, 24, 9), sel,
                     "NotReady, Unknown and Disrupting nodes lose their pods (WorkloadOnUnhealthyNodes); Cordoned "
                     "and Degraded nodes still run them."),
     ]
     top_n = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
-    return _dashboard("nws-workloads", "Workloads", panels, [
-        _var("namespace", "label_values(nws_workload_pods, namespace)", "Namespace"),
-        _var("kind", "label_values(nws_workload_pods, kind)", "Kind"), top_n,
+    return _dashboard(o, "nws-workloads", "Workloads", panels, [
+        _var("namespace", _values(o, "nws_workload_pods", "namespace"), "Namespace"),
+        _var("kind", _values(o, "nws_workload_pods", "kind"), "Kind"), top_n,
     ], "Root workloads (Deployments, JobSets, LeaderWorkerSets, ...): pods and the node groups they use.")
 
 
-def exporter_health() -> Dashboard:
+def exporter_health(o: Options = Options()) -> Dashboard:
     """The service's own metrics. The rule: what every replica sees alike (the cluster, its watch
     events) is read with max across replicas; what each replica does alone is shown per replica
     (sync lag, scrapes, memory, CPU) or summed (relists, writes: real API requests; Lease holders:
     1 when healthy)."""
-    job = 'job=~"$job"'
+    job = o.sel('job=~"$job"')
     panels = [
         Stat(title="Targets up", dataSource=DS, gridPos=_pos(0, 0, 6, 4), targets=[_t(f"sum(up{{{job}}})")]),
         Stat(title="Initial sync (slowest replica)", dataSource=DS, gridPos=_pos(6, 0, 6, 4), format="s",
@@ -280,7 +312,7 @@ def exporter_health() -> Dashboard:
              thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}, {"color": "red", "value": 2}],
              targets=[_t(f"sum(nws_reconciler_leader{{{job}}})")]),
         Stat(title="Workloads folded into other", dataSource=DS, gridPos=_pos(18, 0, 6, 4),
-             targets=[_t(one("nws_workload_series_overflow", job))]),
+             targets=[_t(o.one("nws_workload_series_overflow", job))]),
         TimeSeries(title="Watch events / s", dataSource=DS, gridPos=_pos(0, 4, 12, 8), unit="ops",
                    targets=[_t(f"max by (resource, type) (rate(nws_watch_events_total{{{job}}}[$__rate_interval]))",
                                "{{resource}} {{type}}")]),
@@ -297,7 +329,7 @@ def exporter_health() -> Dashboard:
         TimeSeries(title="Dropped workload series", dataSource=DS, gridPos=_pos(12, 12, 12, 8), unit="short",
                    targets=[_t(f"max(increase(nws_workload_series_dropped_total{{{job}}}[$__rate_interval]))",
                                "dropped", "A"),
-                            _t(one("nws_workload_series_limit", job), "limit", "B")]),
+                            _t(o.one("nws_workload_series_limit", job), "limit", "B")]),
         TimeSeries(title="Scrape: render time and duration", dataSource=DS, gridPos=_pos(0, 20, 12, 8), unit="s",
                    targets=[_t(f"max by (instance) (nws_scrape_render_seconds{{{job}}})", "render {{instance}}", "A"),
                             _t(f"max by (instance) (scrape_duration_seconds{{{job}}})", "scrape {{instance}}", "B")]),
@@ -313,8 +345,8 @@ def exporter_health() -> Dashboard:
                    targets=[_t(f"max by (instance) (rate(process_cpu_seconds_total{{{job}}}[$__rate_interval]))",
                                "{{instance}}")]),
     ]
-    return _dashboard("nws-health", "node-workload-summary health", panels,
-                      [_var("job", "label_values(nws_build_info, job)", "Job")],
+    return _dashboard(o, "nws-health", "node-workload-summary health", panels,
+                      [_var("job", _values(o, "nws_build_info", "job"), "Job")],
                       "Is the exporter keeping up: sync lag, events, relists, series caps, scrapes, writes.")
 
 

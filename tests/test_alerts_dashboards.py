@@ -18,6 +18,7 @@ import alerts.__main__ as alerts_gen
 import dashboards.__main__ as dashboards_gen
 from alerts.replicas import LABELS, by
 from alerts.rules import Thresholds, alerts, rules_file
+from dashboards.build import Options as DashboardOptions
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
@@ -92,6 +93,8 @@ def test_promtool_unit_tests_cover_every_alert_firing_and_silent() -> None:
         mine = [c for c in cases if c["alertname"] == alert.name]
         assert any(c["exp_alerts"] for c in mine), f"{alert.name}: no firing case"
         assert any(not c["exp_alerts"] for c in mine), f"{alert.name}: no silent case"
+        assert any(all("cluster" in a["exp_labels"] for a in c["exp_alerts"]) for c in mine if c["exp_alerts"]), \
+            f"{alert.name}: no firing case with two clusters"
 
 
 def test_every_alert_is_annotated_and_has_a_runbook() -> None:
@@ -125,6 +128,47 @@ def test_every_cluster_family_is_folded_across_replicas() -> None:
             if m.group(1) in LABELS:
                 fold = rf"{re.escape(by(m.group(1)))} ?\((max_over_time\()?$"
                 assert re.search(fold, expr[:m.start()]), f"{m.group(1)} not folded across replicas in: {expr}"
+
+
+def aggregations(expr: str) -> list[str]:
+    """The label lists of every aggregation in ``expr`` ("" for none: ``sum(...)``)."""
+    return [m.group(1) or "" for m in re.finditer(r"\b(?:sum|max|min|count|avg)\s*(?:by \(([^)]*)\)\s*)?\(", expr)]
+
+
+@pytest.mark.parametrize("label", ["cluster", "k8s_cluster"])
+def test_every_alert_aggregation_keeps_the_cluster(label: str) -> None:
+    """Rules evaluated over many clusters (Thanos Ruler, Mimir) must stay per cluster: every
+    aggregation groups by the cluster label, whatever its name."""
+    rules = alerts(Thresholds(cluster=label))
+    lists = [(a.name, labels) for a in rules for labels in aggregations(a.expr)]
+    assert len(lists) > 20
+    assert [(name, labels) for name, labels in lists if label not in labels.split(", ")] == []
+    assert label == "cluster" or all("cluster" not in re.sub(label, "", a.expr) for a in rules)
+
+
+def test_aggregation_extraction() -> None:
+    assert aggregations("sum by (a, b) (max by (c) (x)) / max(y) or count (z)") == ["a, b", "c", "", ""]
+
+
+@pytest.mark.parametrize("label", ["cluster", "k8s_cluster"])
+def test_every_dashboard_query_selects_the_cluster(label: str) -> None:
+    """Every series selector of every query and variable (but the cluster variable's own) is on
+    the dashboard's cluster; the variable is hidden unless multi_cluster, as kubernetes-mixin does."""
+    for multi in (False, True):
+        for name, text in dashboards_gen.render(DashboardOptions(cluster_label=label, multi_cluster=multi)).items():
+            data = json.loads(text)
+            variables = {v["name"]: v for v in data["templating"]["list"]}
+            cluster = variables.pop("cluster")
+            assert cluster["query"] == f"label_values(nws_build_info, {label})", name
+            assert (cluster["hide"], cluster["multi"], cluster["includeAll"]) == (0 if multi else 2, False, False)
+            queries = [t["expr"] for p in data["panels"] for t in p.get("targets", [])]
+            queries += [v["query"] for v in variables.values() if v["type"] == "query"]
+            for query in queries:
+                selectors = re.findall(r"\b([a-z_]+)(\{[^}]*\})?", re.sub(r'"[^"]*"', '""', query))
+                for metric, selector in selectors:
+                    if metric.startswith(("nws_", "process_")) or metric in PROMETHEUS_OWN:
+                        assert selector.startswith(f'{{{label}=""'), f"{name}: {metric} not on $cluster in {query}"
+                assert f'{label}="$cluster"' in query
 
 
 def test_metric_name_extraction() -> None:
@@ -298,8 +342,9 @@ def test_workload_on_unhealthy_nodes_fires_once_per_affected_workload(binaries: 
 
 # -- every dashboard query with two replicas -------------------------------------------------------
 
+# $cluster: the value Grafana gives a variable whose query finds none (these series carry no cluster label).
 VARIABLES = {"$__rate_interval": "1m", "$top": "10", "$summarizer": "pool", "$group": "a", "$namespace": ".*",
-             "$kind": ".*", "$job": "node-workload-summary"}
+             "$kind": ".*", "$job": "node-workload-summary", "$cluster": ""}
 CLUSTER_DASHBOARDS = ("node-groups.json", "node-group-detail.json", "workloads.json")
 
 
