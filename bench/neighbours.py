@@ -1,0 +1,678 @@
+"""Two replicas of node-workload-summary beside neighbours, for a long time.
+
+Two replicas (a short lease; replica "b" reaches the API server through a StallingProxy) run
+against a local control plane with pod churn, while on a schedule (one action every
+--action-seconds, in turn) neighbours label, annotate and server-side apply summaries under
+another field manager, edit their status and delete them; the API server restarts; the proxied
+replica's connections stall; the leader is SIGKILLed and replaced by a new replica (new identity,
+new port); node summarizers come and go, two of them with colliding plain names (`gke` on label
+`gke` = `pool-a`, `gke-pool` on label `gke-pool` = `a`) and one with odd label values (`a..b`, `A_b`).
+
+Every --check-seconds, and right after every action, churn pauses and the bench waits (at most
+--timeout seconds) until both replicas' metrics (nws_nodegroup_nodes, _nodes_by_condition, _pods,
+nws_workload_pods) and the summaries (one per node group / workload, valid names, nodeCount,
+Ready / NotReady, podCount) equal a recomputation (tests/reference.py) from the objects the API
+server has now (the latency counts from the action's end; the proxied replica's metrics are not
+checked for --read-timeout seconds after its connections stall, as nothing but that timeout can
+notice a silent connection). Every minute the replicas' writes (nws_reconciler_writes_total) must stay within
+the summaries changed in that minute plus the neighbours' expected writes plus --slack; every
+--quiet-every-th minute has no churn and no actions, so it must have about no writes.
+
+Writes bench/results/neighbours.{json,md,png}; exit code 1 if any check failed.
+
+    nice -n 10 python -m bench.neighbours --minutes 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
+from kubeindex.objects import Node, Pod
+from localkube.cluster import LocalCluster, Options
+from localkube.proxy import StallingProxy
+from localkube.service import Service, select, value
+from reconciler.names import is_dns1123_subdomain
+from tests.reference import Owner, World, recompute
+
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+API = "/apis/ux.sean.example.com/v1alpha1"
+NS = "bench"
+POOL_LABEL = "cloud.google.com/gke-nodepool"
+LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
+# Optional node summarizers: name -> label key; each node carries all these labels from the start.
+COLLIDING = {"gke": "gke", "gke-pool": "gke-pool"}  # plain names gke-pool-a and gke-pool-a
+ODD = {"odd": "odd"}  # values a..b and A_b: not valid names as they are
+NEIGHBOUR = "neighbour"
+METRIC_FAMILIES = ("nws_nodegroup_nodes", "nws_nodegroup_nodes_by_condition", "nws_nodegroup_pods",
+                   "nws_workload_pods")
+
+Expected = dict[tuple[str, ...], float]
+
+
+def say(started: float, msg: str) -> None:
+    elapsed = int(time.monotonic() - started)
+    print(f"[neighbours] {elapsed // 60:02d}:{elapsed % 60:02d} {msg}", flush=True)
+
+
+# -- the truth -------------------------------------------------------------------------------------
+
+def items(cluster: LocalCluster, path: str) -> list[dict]:
+    return ok(cluster.request(path))["items"]
+
+
+def read_world(cluster: LocalCluster) -> World:
+    """The objects as the API server has them now, in tests/reference.py's shape."""
+    nodes = {n["metadata"]["name"]: msgspec.convert(n, Node) for n in items(cluster, "/api/v1/nodes")}
+    pods = {p["metadata"]["uid"]: msgspec.convert(p, Pod) for p in items(cluster, "/api/v1/pods")}
+    owners: dict[str, Owner] = {}
+    for kind, plural in (("Deployment", "deployments"), ("ReplicaSet", "replicasets")):
+        for o in items(cluster, f"/apis/apps/v1/{plural}"):
+            meta = o["metadata"]
+            parent = next((r["uid"] for r in meta.get("ownerReferences", []) if r.get("controller")), None)
+            owners[meta["uid"]] = Owner(meta["uid"], "apps", kind, meta["namespace"], meta["name"], parent)
+    summarizers = {s["metadata"]["name"]: s["spec"]["labelKey"] for s in items(cluster, f"{API}/nodesummarizers")}
+    configured = {(t.get("group", ""), t["kind"]) for s in items(cluster, f"{API}/workloadsummarizers")
+                  for t in s["spec"]["workloadTypes"]}
+    return World(nodes, pods, owners, summarizers, configured)
+
+
+def expected_metrics(world: World) -> Expected:
+    groups, workloads, _, _ = recompute(world)
+    out: Expected = {}
+    for (summarizer, group), (nodes, conditions, _, _, _, pods, _, _) in groups.items():
+        out[("nws_nodegroup_nodes", summarizer, group)] = nodes
+        for condition, n in conditions.items():
+            out[("nws_nodegroup_nodes_by_condition", summarizer, group, condition)] = n
+        for phase, n in pods.items():
+            out[("nws_nodegroup_pods", summarizer, group, phase)] = n
+    for (namespace, name, _, kind), pods, _ in workloads.values():
+        for phase, n in pods.items():
+            out[("nws_workload_pods", namespace, name, kind, phase)] = n
+    return out
+
+
+def scraped_metrics(svc: Service) -> Expected:
+    """The replica's series of the checked families, zeros left out (as the recomputation does)."""
+    order = {"nws_nodegroup_nodes": ("summarizer", "group"),
+             "nws_nodegroup_nodes_by_condition": ("summarizer", "group", "condition"),
+             "nws_nodegroup_pods": ("summarizer", "group", "phase"),
+             "nws_workload_pods": ("namespace", "workload", "kind", "phase")}
+    samples = svc.scrape()
+    out: Expected = {}
+    for family, keys in order.items():
+        for labels, v in select(samples, family).items():
+            if v:
+                lbl = dict(labels)
+                out[(family, *(lbl[k] for k in keys))] = v
+    return out
+
+
+def expected_summaries(world: World) -> Expected:
+    groups, workloads, _, _ = recompute(world)
+    out: Expected = {}
+    for (summarizer, group), (nodes, conditions, _, _, _, pods, _, _) in groups.items():
+        not_ready = conditions.get("NotReady", 0) + conditions.get("Unknown", 0)
+        out[("node", summarizer, group)] = nodes
+        out[("ready", summarizer, group)] = conditions.get("Ready", 0)
+        out[("notready", summarizer, group)] = not_ready
+        out[("nodepods", summarizer, group)] = sum(pods.values())
+    for uid, ((namespace, _, group, kind), pods, _) in workloads.items():
+        if (group, kind) in world.configured:
+            out[("workload", namespace, uid)] = sum(pods.values())
+    return out
+
+
+def actual_summaries(cluster: LocalCluster) -> tuple[Expected, list[str]]:
+    """What the summaries say, in expected_summaries' shape, and the problems no shape can hold
+    (two summaries for one group or workload, invalid names)."""
+    out: Expected = {}
+    problems: list[str] = []
+    for s in items(cluster, f"{API}/nodesummaries"):
+        name = s["metadata"]["name"]
+        refs = s["metadata"].get("ownerReferences", [])
+        owner = next((r["name"] for r in refs if r["kind"] == "NodeSummarizer"), "?")
+        (value_,) = s["spec"]["selector"]["matchLabels"].values()
+        status = s.get("status", {})
+        conditions = {c["type"]: c["count"] for c in status.get("conditions", [])}
+        if ("node", owner, value_) in out:
+            problems.append(f"second NodeSummary {name} for {owner}={value_}")
+        if not is_dns1123_subdomain(name):
+            problems.append(f"invalid name {name}")
+        out[("node", owner, value_)] = status.get("nodeCount", 0)
+        out[("ready", owner, value_)] = conditions.get("Ready", 0)
+        out[("notready", owner, value_)] = conditions.get("NotReady", 0)
+        out[("nodepods", owner, value_)] = status.get("podCount", 0)
+    for s in items(cluster, f"{API}/workloadsummaries"):
+        meta = s["metadata"]
+        key = ("workload", meta["namespace"], s["spec"]["workloadRef"]["uid"])
+        if key in out:
+            problems.append(f"second WorkloadSummary {meta['namespace']}/{meta['name']}")
+        if not is_dns1123_subdomain(meta["name"]):
+            problems.append(f"invalid name {meta['name']}")
+        out[key] = s.get("status", {}).get("podCount", 0)
+    return out, problems
+
+
+def diff(want: Expected, got: Expected, limit: int = 6) -> list[str]:
+    keys = sorted(k for k in want.keys() | got.keys() if want.get(k) != got.get(k))
+    return [f"{'/'.join(k)}: want {want.get(k)} got {got.get(k)}" for k in keys[:limit]]
+
+
+def reconciler_state(svc: Service) -> dict[str, Any]:
+    """What a replica says of its reconciler and watches: the evidence kept with a failed check."""
+    try:
+        samples = svc.scrape()
+    except AssertionError as err:
+        return {"error": str(err)[:200]}
+    keep = ("nws_reconciler_", "nws_watch_last_event_age_seconds", "nws_watch_relists_total")
+    return {f"{name}{dict(sorted(labels))}": v for (name, labels), v in samples.items() if name.startswith(keep)}
+
+
+# -- the replicas ----------------------------------------------------------------------------------
+
+@dataclass
+class Replica:
+    identity: str
+    svc: Service
+    proxied: bool
+    writes: float = 0.0  # nws_reconciler_writes_total at the last scrape
+    gone: str = ""  # "killed" on purpose, "died" otherwise
+    stalled_until: float = 0.0  # its stalled watches are noticed only by its read timeout
+
+    def scrape_writes(self) -> None:
+        if not self.gone:
+            self.writes = sum(select(self.svc.scrape(), "nws_reconciler_writes_total").values())
+
+    def leader(self) -> bool:
+        return not self.gone and value(self.svc.scrape(), "nws_reconciler_leader") == 1
+
+
+# -- the bench -------------------------------------------------------------------------------------
+
+@dataclass
+class Bench:
+    cluster: LocalCluster
+    proxy: StallingProxy
+    proxied_kubeconfig: Path
+    args: argparse.Namespace
+    replicas: list[Replica] = field(default_factory=list)
+    pods: list[tuple[str, str, str]] = field(default_factory=list)  # name, node, workload
+    replicasets: dict[str, dict] = field(default_factory=dict)  # workload -> its ReplicaSet
+    checks: list[dict] = field(default_factory=list)
+    actions: list[dict] = field(default_factory=list)
+    minutes: list[dict] = field(default_factory=list)
+    deaths: list[dict] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # churn pauses while held
+    stop: threading.Event = field(default_factory=threading.Event)
+    started: float = 0.0
+    serial: int = 0
+    changed: int = 0  # summaries changed by churn and actions this minute (each change once)
+    expected_writes: int = 0  # writes the neighbours' actions call for this minute
+    rng: random.Random = field(default_factory=random.Random)
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def quiet(self, lead: float) -> bool:
+        """In a quiet minute, or within ``lead`` seconds before one."""
+        if self.args.quiet_every <= 0:
+            return False
+        now = self.elapsed()
+        return any((int(t // 60) + 1) % self.args.quiet_every == 0 for t in (now, now + lead))
+
+    # -- replicas --
+
+    def start_replica(self, identity: str, proxied: bool) -> Replica:
+        args = [f"--identity={identity}", *LEASE]
+        if proxied:  # a stalled connection is noticed only by the read timeout
+            args += [f"--kubeconfig={self.proxied_kubeconfig}", f"--read-timeout={self.args.read_timeout}"]
+        replica = Replica(identity, Service(self.cluster, tuple(args)).start(), proxied)
+        self.replicas.append(replica)
+        return replica
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.gone]
+
+    def watch_deaths(self) -> None:
+        for r in self.live():
+            assert r.svc.proc is not None
+            if r.svc.proc.poll() is not None:
+                r.gone = "died"
+                self.deaths.append({"t": round(self.elapsed(), 1), "identity": r.identity,
+                                    "code": r.svc.proc.returncode, "log": str(r.svc.log),
+                                    "tail": r.svc.log_text().splitlines()[-30:]})
+                say(self.started, f"replica {r.identity} DIED with {r.svc.proc.returncode}; log {r.svc.log}")
+
+    # -- churn --
+
+    def node_groups(self, node: str) -> int:
+        """Summaries a change on this node touches: one per node summarizer whose label it has."""
+        labels = ok(self.cluster.request(f"/api/v1/nodes/{node}"))["metadata"].get("labels", {})
+        keys = {s["spec"]["labelKey"] for s in items(self.cluster, f"{API}/nodesummarizers")}
+        return len(keys & labels.keys())
+
+    def create_pod(self, workload: str, node: str, phase: str) -> None:
+        name = f"{workload}-{self.serial:06d}"
+        self.serial += 1
+        ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"app": workload},
+                         "ownerReferences": [owner_ref(self.replicasets[workload])]},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x",
+                                                       "resources": {"requests": {"cpu": "100m"}}}]}}))
+        self.pods.append((name, node, workload))
+        if phase != "Pending":
+            ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods/{name}/status", "PATCH",
+                                    {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
+
+    def churn_once(self) -> None:
+        """Replace a pod (new name, new UID, maybe another node and workload), or flip a node's Ready."""
+        if self.rng.random() < 0.1:
+            node = f"node-{self.rng.randrange(self.args.nodes):02d}"
+            self.set_ready(node, self.rng.choice(["True", "False", "Unknown"]))
+            self.changed += self.node_groups(node)
+            return
+        name, node, _ = self.pods.pop(self.rng.randrange(len(self.pods)))
+        ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods/{name}", "DELETE", {"gracePeriodSeconds": 0}))
+        self.changed += 1 + self.node_groups(node)
+        node = f"node-{self.rng.randrange(self.args.nodes):02d}"
+        self.create_pod(self.rng.choice(sorted(self.replicasets)), node,
+                        self.rng.choice(["Running", "Running", "Pending", "Succeeded"]))
+        self.changed += 2 * (1 + self.node_groups(node))  # created, then its phase set
+
+    def set_ready(self, node: str, ready: str) -> None:
+        ok(self.cluster.request(f"/api/v1/nodes/{node}/status", "PATCH", {"status": {"conditions": [
+            {"type": "Ready", "status": ready, "reason": "Bench"}]}},
+            content_type="application/strategic-merge-patch+json"))
+
+    def churn(self) -> None:
+        while not self.stop.wait(self.args.churn_seconds):
+            if self.quiet(lead=5):
+                continue
+            with self.lock:
+                try:
+                    self.churn_once()
+                except Exception as err:  # the API server may be restarting: the next round retries
+                    print(f"[neighbours] churn: {err}", file=sys.stderr, flush=True)
+
+    # -- checks --
+
+    def check(self, reason: str) -> dict:
+        """Wait until every live replica's metrics and the summaries equal the recomputation.
+        Called with churn paused, so the truth stays put while the service catches up."""
+        since = time.monotonic()
+        self.watch_deaths()
+        world = read_world(self.cluster)
+        want_metrics, want_summaries = expected_metrics(world), expected_summaries(world)
+        skipped = [r.identity for r in self.live() if time.monotonic() < r.stalled_until]
+        pending: dict[str, Callable[[], list[str]]] = {
+            f"metrics {r.identity}": lambda r=r: diff(want_metrics, scraped_metrics(r.svc))
+            for r in self.live() if r.identity not in skipped}
+
+        def summaries() -> list[str]:
+            got, problems = actual_summaries(self.cluster)
+            return problems + diff(want_summaries, got)
+
+        pending["summaries"] = summaries
+        latency: dict[str, float] = {}
+        last: dict[str, list[str]] = {}
+        deadline = time.monotonic() + self.args.timeout
+        while pending and time.monotonic() < deadline:
+            for what, probe in list(pending.items()):
+                try:
+                    last[what] = probe()
+                except Exception as err:  # a replica mid-relist, a refused connection: poll on
+                    last[what] = [f"{type(err).__name__}: {err}"]
+                if not last[what]:
+                    latency[what] = round(time.monotonic() - since, 2)
+                    del pending[what]
+            time.sleep(0.1)
+        record = {"t": round(self.elapsed(), 1), "reason": reason, "ok": not pending,
+                  "latency": latency, "converged_s": max(latency.values(), default=0.0),
+                  "failed": {what: last[what] for what in pending}, "skipped_stalled": skipped}
+        if pending:
+            record["logs"] = {r.identity: str(r.svc.log) for r in self.replicas}
+            record["replicas"] = {r.identity: reconciler_state(r.svc) for r in self.live()}
+        self.checks.append(record)
+        return record
+
+    # -- actions --
+
+    def random_summary(self, plural: str) -> dict:
+        return self.rng.choice(items(self.cluster, f"{API}/{plural}"))
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        return self.cluster.kubectl(*args, input=input).stdout.strip()
+
+    def label(self) -> str:
+        s = self.random_summary("nodesummaries")
+        self.kubectl("label", "nodesummaries", s["metadata"]["name"], f"team={self.serial}", "--overwrite")
+        return f"labelled NodeSummary {s['metadata']['name']}"
+
+    def annotate(self) -> str:
+        s = self.random_summary("workloadsummaries")
+        self.kubectl("annotate", "workloadsummaries", "-n", s["metadata"]["namespace"], s["metadata"]["name"],
+                     f"note=seen-{self.serial}", "--overwrite")
+        return f"annotated WorkloadSummary {s['metadata']['name']}"
+
+    def apply(self) -> str:
+        s = self.random_summary("nodesummaries")
+        body = {"apiVersion": s["apiVersion"], "kind": s["kind"], "metadata": {
+            "name": s["metadata"]["name"], "labels": {"cost-center": f"cc-{self.serial}"},
+            "annotations": {"owner": "platform-team"}}}
+        self.kubectl("apply", "--server-side", f"--field-manager={NEIGHBOUR}", "-f", "-", input=json.dumps(body))
+        return f"server-side applied labels to NodeSummary {s['metadata']['name']} as {NEIGHBOUR}"
+
+    def edit_status(self) -> str:
+        s = self.random_summary("nodesummaries")
+        self.kubectl("patch", "nodesummaries", s["metadata"]["name"], "--subresource=status", "--type=merge",
+                     "-p", json.dumps({"status": {"nodeCount": 999, "podCount": 999}}))
+        self.expected_writes += 1
+        return f"edited the status of NodeSummary {s['metadata']['name']}"
+
+    def delete(self) -> str:
+        plural = self.rng.choice(["nodesummaries", "workloadsummaries"])
+        s = self.random_summary(plural)
+        ns = ["-n", s["metadata"]["namespace"]] if plural == "workloadsummaries" else []
+        self.kubectl("delete", plural, *ns, s["metadata"]["name"], "--wait=false")
+        self.expected_writes += 2  # apply, apply_status
+        return f"deleted {s['kind']} {s['metadata']['name']}"
+
+    def restart_apiserver(self) -> str:
+        self.cluster.restart_apiserver()
+        self.churn_once()  # a change only a resumed watch can see
+        return "restarted the API server"
+
+    def stall(self) -> str:
+        """The proxied replica's metrics are not checked until its read timeout has passed; the
+        summaries must stay right meanwhile (a stalled leader must give way)."""
+        self.proxy.stall_existing()
+        stalled = [r for r in self.live() if r.proxied]
+        for r in stalled:
+            r.stalled_until = time.monotonic() + self.args.read_timeout
+        self.churn_once()
+        return f"stalled the connections of {', '.join(r.identity for r in stalled)}"
+
+    def rollout(self) -> str:
+        deadline = time.monotonic() + 10
+        leader = None
+        while leader is None and time.monotonic() < deadline:
+            leader = next((r for r in self.live() if r.leader()), None)
+            time.sleep(0.2)
+        if leader is None:
+            return "rollout skipped: no leader"
+        leader.scrape_writes()
+        assert leader.svc.proc is not None
+        leader.svc.proc.kill()
+        leader.svc.proc.wait()
+        leader.gone = "killed"
+        killed_at = time.monotonic()
+        fresh = self.start_replica(f"r{len(self.replicas)}", leader.proxied)
+        while not any(r.leader() for r in self.live()) and time.monotonic() - killed_at < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - killed_at
+        self.churn_once()
+        return f"killed leader {leader.identity} (SIGKILL), started {fresh.identity}; new leader in {took:.1f} s"
+
+    def toggle(self, summarizers: dict[str, str]) -> str:
+        existing = {s["metadata"]["name"] for s in items(self.cluster, f"{API}/nodesummarizers")}
+        workloads = len(self.replicasets)
+        groups_before = len(expected_summaries(read_world(self.cluster)))
+        if summarizers.keys() <= existing:
+            for name in summarizers:
+                self.kubectl("delete", "nodesummarizers", name, "--wait=false")
+            verb = "removed"
+        else:
+            for name, key in summarizers.items():
+                if name not in existing:
+                    node_summarizer(self.cluster, name, key)
+            verb = "added"
+        time.sleep(0.5)  # let the API server settle the objects before counting
+        groups = abs(len(expected_summaries(read_world(self.cluster))) - groups_before) // 4
+        # new summaries: apply + apply_status each; every workload's nodeSummaryRefs; summarizers' status
+        self.expected_writes += 2 * groups + workloads + 2 * len(summarizers)
+        self.changed += groups
+        return f"{verb} NodeSummarizers {', '.join(summarizers)} ({groups} node groups)"
+
+    def schedule(self) -> list[tuple[str, Callable[[], str]]]:
+        return [("label", self.label), ("restart_apiserver", self.restart_apiserver),
+                ("collide", lambda: self.toggle(COLLIDING)), ("annotate", self.annotate),
+                ("stall", self.stall), ("edit_status", self.edit_status), ("rollout", self.rollout),
+                ("apply", self.apply), ("odd", lambda: self.toggle(ODD)), ("delete", self.delete)]
+
+    def act(self, kind: str, action: Callable[[], str]) -> None:
+        with self.lock:
+            started = time.monotonic()
+            try:
+                what = action()
+            except Exception as err:
+                what = f"{kind} failed: {err}"
+            took = time.monotonic() - started
+            record = self.check(kind)  # latency from the action's end: a restart itself takes seconds
+        self.actions.append({"t": round(self.elapsed(), 1), "kind": kind, "what": what, "action_s": round(took, 2),
+                             "ok": record["ok"], "converged_s": record["converged_s"]})
+        if record["ok"]:
+            say(self.started, f"{what}; converged in {record['converged_s']:.1f} s")
+        else:
+            say(self.started, f"{what}; NOT converged in {self.args.timeout:g} s: {record['failed']}")
+
+    # -- writes per minute --
+
+    def close_minute(self, minute: int, quiet: bool) -> None:
+        before = sum(r.writes for r in self.replicas)
+        for r in self.live():
+            try:
+                r.scrape_writes()
+            except AssertionError:
+                self.watch_deaths()
+        writes = sum(r.writes for r in self.replicas) - before
+        bound = self.changed + self.expected_writes + self.args.slack
+        self.minutes.append({"minute": minute, "quiet": quiet, "writes": writes, "changed": self.changed,
+                             "expected_action_writes": self.expected_writes, "bound": bound,
+                             "ok": writes <= bound})
+        say(self.started, f"minute {minute}{' (quiet)' if quiet else ''}: {writes:g} writes, "
+                          f"{self.changed} summary changes, bound {bound}" + ("" if writes <= bound else " EXCEEDED"))
+        self.changed = self.expected_writes = 0
+
+    # -- the run --
+
+    def run(self) -> None:
+        self.started = time.monotonic()
+        churn = threading.Thread(target=self.churn, daemon=True)
+        churn.start()
+        schedule = self.schedule()
+        next_action, next_check, turn, minute = self.args.action_seconds, self.args.check_seconds, 0, 0
+        quiet_minute = self.quiet(lead=0)
+        try:
+            while self.elapsed() < self.args.minutes * 60:
+                if int(self.elapsed() // 60) != minute:
+                    self.close_minute(minute, quiet_minute)
+                    minute, quiet_minute = int(self.elapsed() // 60), self.quiet(lead=0)
+                if self.elapsed() >= next_action:
+                    next_action += self.args.action_seconds
+                    if not self.quiet(lead=20):  # actions end early: their writes stay in their minute
+                        self.act(*schedule[turn % len(schedule)])
+                        turn += 1
+                elif self.elapsed() >= next_check:
+                    with self.lock:
+                        record = self.check("periodic")
+                    if not record["ok"]:
+                        say(self.started, f"check NOT converged in {self.args.timeout:g} s: {record['failed']}")
+                    next_check = self.elapsed() + self.args.check_seconds
+                time.sleep(0.1)
+            self.close_minute(minute, quiet_minute)
+        finally:
+            self.stop.set()
+            churn.join()
+
+
+# -- setup -----------------------------------------------------------------------------------------
+
+def node_labels(i: int) -> dict[str, str]:
+    labels = {POOL_LABEL: f"pool-{i % 3}"}
+    labels.update([("gke", "pool-a"), ("gke-pool", "a"), ("odd", "a..b"), ("odd", "A_b")][i % 4:i % 4 + 1])
+    return labels
+
+
+def populate(bench: Bench) -> None:
+    cluster, args = bench.cluster, bench.args
+    node_summarizer(cluster, "pool", POOL_LABEL)
+    workload_summarizer(cluster, "apps", [("apps", "Deployment")])
+    ok(cluster.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
+                                                      "metadata": {"name": NS}}))
+    for i in range(args.nodes):
+        alloc = {"cpu": "32", "memory": "128Gi", "pods": "110"}
+        ok(cluster.request("/api/v1/nodes", "POST", {"apiVersion": "v1", "kind": "Node", "metadata": {
+            "name": f"node-{i:02d}", "labels": node_labels(i)}}))
+        ok(cluster.request(f"/api/v1/nodes/node-{i:02d}/status", "PATCH", {"status": {
+            "allocatable": alloc, "capacity": alloc,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Bench"}]}},
+            content_type="application/merge-patch+json"))
+    for w in range(args.workloads):
+        _, rs = deployment_chain(cluster, NS, f"app-{w}")
+        bench.replicasets[f"app-{w}"] = rs
+    for p in range(args.pods):
+        bench.create_pod(f"app-{p % args.workloads}", f"node-{p % args.nodes:02d}", "Running")
+
+
+def proxied_kubeconfig(cluster: LocalCluster, proxy: StallingProxy) -> Path:
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path = cluster.workdir / "proxied.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+# -- results ---------------------------------------------------------------------------------------
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else 0.0
+
+
+def summarize(bench: Bench) -> dict[str, Any]:
+    by_reason: dict[str, list[dict]] = {}
+    for c in bench.checks:
+        by_reason.setdefault(c["reason"], []).append(c)
+    rows = {reason: {"checks": len(cs), "failed": sum(not c["ok"] for c in cs),
+                     "p50_s": p([c["converged_s"] for c in cs if c["ok"]], 0.5),
+                     "max_s": max((c["converged_s"] for c in cs if c["ok"]), default=0.0)}
+            for reason, cs in sorted(by_reason.items())}
+    busy = [m["writes"] for m in bench.minutes if not m["quiet"]]
+    return {"checks": len(bench.checks), "failed_checks": sum(not c["ok"] for c in bench.checks),
+            "minutes_over_bound": sum(not m["ok"] for m in bench.minutes), "deaths": len(bench.deaths),
+            "writes_per_busy_minute_median": statistics.median(busy) if busy else 0,
+            "writes_per_quiet_minute_max": max((m["writes"] for m in bench.minutes if m["quiet"]), default=None),
+            "by_reason": rows}
+
+
+def write_markdown(bench: Bench, summary: dict[str, Any], path: Path) -> None:
+    lines = [f"# neighbours: {bench.args.minutes:g} minutes, {bench.args.nodes} nodes, {bench.args.pods} pods, "
+             f"{len(bench.replicas)} replicas in all", "",
+             f"{summary['checks']} checks, {summary['failed_checks']} failed; "
+             f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} replica deaths.", "",
+             "| check after | checks | not converged in 10 s | converged p50 | max |", "|---|---|---|---|---|"]
+    lines += [f"| {reason} | {r['checks']} | {r['failed']} | {r['p50_s']:.2f} s | {r['max_s']:.2f} s |"
+              for reason, r in summary["by_reason"].items()]
+    lines += ["", "| minute | quiet | summary changes | action writes expected | writes | bound | ok |",
+              "|---|---|---|---|---|---|---|"]
+    lines += [f"| {m['minute']} | {'yes' if m['quiet'] else ''} | {m['changed']} | {m['expected_action_writes']} | "
+              f"{m['writes']:g} | {m['bound']} | {'yes' if m['ok'] else 'NO'} |" for m in bench.minutes]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def plot(bench: Bench, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for reason in sorted({c["reason"] for c in bench.checks}):
+        cs = [c for c in bench.checks if c["reason"] == reason]
+        top.plot([c["t"] / 60 for c in cs], [c["converged_s"] if c["ok"] else bench.args.timeout for c in cs],
+                 "." if reason == "periodic" else "o", label=reason, markersize=3 if reason == "periodic" else 5)
+    top.axhline(bench.args.timeout, color="red", linewidth=0.8)
+    top.set_ylabel("seconds to converge"), top.legend(fontsize=6, ncol=4)
+    xs = [m["minute"] + 0.5 for m in bench.minutes]
+    bottom.bar(xs, [m["writes"] for m in bench.minutes], width=0.6, label="writes")
+    bottom.step(xs, [m["bound"] for m in bench.minutes], where="mid", color="red", label="bound")
+    bottom.set_xlabel("minutes"), bottom.set_ylabel("writes per minute"), bottom.legend(fontsize=7)
+    fig.suptitle("node-workload-summary: two replicas beside neighbours")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.neighbours", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=20, help="length of the run (default 20)")
+    parser.add_argument("--nodes", type=int, default=12, help="nodes, in 3 pools (default 12)")
+    parser.add_argument("--workloads", type=int, default=5, help="Deployments (default 5)")
+    parser.add_argument("--pods", type=int, default=60, help="pods, kept constant by the churn (default 60)")
+    parser.add_argument("--churn-seconds", type=float, default=1.0, help="seconds between churn steps (default 1)")
+    parser.add_argument("--action-seconds", type=float, default=10.0,
+                        help="seconds between neighbour actions; 10 kinds in turn (default 10)")
+    parser.add_argument("--check-seconds", type=float, default=4.0, help="seconds between checks (default 4)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds a check may take to converge (default 10)")
+    parser.add_argument("--quiet-every", type=int, default=5,
+                        help="every Nth minute has no churn and no actions; 0: none (default 5)")
+    parser.add_argument("--slack", type=int, default=5, help="writes allowed per minute beyond the bound (default 5)")
+    parser.add_argument("--read-timeout", type=float, default=70.0,
+                        help="--read-timeout of the proxied replica: above the API server's bookmark interval "
+                             "(about 60 s), or idle watches time out and reconnect with backoff (default 70)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--logs", type=Path, default=Path("/tmp/neighbours-logs"),
+                        help="where the replicas' and the control plane's logs are copied at the end")
+    args = parser.parse_args(argv)
+    with LocalCluster(Options()) as cluster:
+        cluster.install_crds(ROOT / "crds")
+        proxy = StallingProxy("127.0.0.1", int(cluster.server.rsplit(":", 1)[1]))
+        bench = Bench(cluster, proxy, proxied_kubeconfig(cluster, proxy), args, rng=random.Random(args.seed))
+        try:
+            populate(bench)
+            bench.start_replica("a", proxied=False)
+            bench.start_replica("b", proxied=True)
+            bench.run()
+        finally:
+            for r in bench.live():
+                r.svc.stop()
+            proxy.close()
+            shutil.rmtree(args.logs, ignore_errors=True)
+            shutil.copytree(cluster.workdir / "logs", args.logs)
+    summary = summarize(bench)
+    RESULTS.mkdir(exist_ok=True)
+    result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+              "summary": summary, "minutes": bench.minutes, "actions": bench.actions, "deaths": bench.deaths,
+              "replicas": [{"identity": r.identity, "proxied": r.proxied, "gone": r.gone, "writes": r.writes}
+                           for r in bench.replicas],
+              "checks": bench.checks}
+    (RESULTS / "neighbours.json").write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(bench, summary, RESULTS / "neighbours.md")
+    plot(bench, RESULTS / "neighbours.png")
+    print(f"[neighbours] {summary['checks']} checks, {summary['failed_checks']} failed; "
+          f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} deaths; "
+          f"logs in {args.logs}", flush=True)
+    failed = summary["failed_checks"] or summary["minutes_over_bound"] or summary["deaths"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
