@@ -1,21 +1,23 @@
-# node-workload-summary: a slim, non-root image (multi-stage: nothing of the build stays behind).
+# node-workload-summary: a slim, non-root image holding the wheel and its dependencies, nothing else
+# (no extras, no tooling: the sources and the build backend stay in the build stage).
 FROM python:3.11-slim AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
+# Exactly what the wheel is made of (tests/test_wheel.py checks the same list).
 COPY pyproject.toml README.md ./
 COPY node_workload_summary ./node_workload_summary
 COPY kubeindex ./kubeindex
 COPY exporter ./exporter
 COPY reconciler ./reconciler
-COPY alerts ./alerts
-COPY dashboards ./dashboards
-COPY localkube ./localkube
-COPY demo ./demo
-RUN python -m venv /opt/venv && /opt/venv/bin/pip install --no-compile . && \
-    find /opt/venv -name "__pycache__" -prune -exec rm -rf {} +
+RUN pip wheel --no-deps --wheel-dir /dist .
 
 FROM python:3.11-slim
-COPY --from=build /opt/venv /opt/venv
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+# The wheel is mounted, not copied, so it leaves no layer; the virtualenv gets no pip of its own.
+RUN --mount=type=bind,from=build,source=/dist,target=/dist \
+    python -m venv --without-pip /opt/venv && \
+    pip --python /opt/venv/bin/python install --no-compile /dist/*.whl && \
+    find /opt/venv -name "__pycache__" -prune -exec rm -rf {} +
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
 EXPOSE 8080

@@ -12,10 +12,15 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# The wheel holds the service only: the checkout's tooling (localkube, demo, dashboards, alerts,
+# bench, deploy/render.py) is put on the virtualenv's path by a .pth file, with a `localkube` command.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/python -c 'import sys, sysconfig; open(sysconfig.get_path("purelib") + "/nws-checkout.pth", "w").write(sys.argv[1] + "\n")' '$(CURDIR)'
+	printf '#!/bin/sh\nexec "%s/python" -m localkube.cli "$$@"\n' '$(abspath $(BIN))' > $(BIN)/localkube
+	chmod +x $(BIN)/localkube
 	touch $(STAMP)
 
 install: $(STAMP)  ## create the virtualenv and install the project with its test tools
