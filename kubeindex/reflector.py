@@ -36,6 +36,7 @@ with a longer backoff cap, as access may be granted or the CRD installed later.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -136,6 +137,10 @@ class Reflector(Generic[T]):
         self.lost_at = 0.0  # time.monotonic() when the connection was lost (while not connected)
         self._logged_reason = ""  # the failure last logged ("": none since the last contact)
         self._logged_at = 0.0
+        self.lists = 0  # LISTs completed
+        self._listing = False
+        self._relist_requested = asyncio.Event()
+        self._list_done = asyncio.Event()  # replaced after every completed LIST
         self._item = msgspec.json.Decoder(item_type)
         self._list = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
         self._event = msgspec.json.Decoder(RawEvent)
@@ -185,18 +190,59 @@ class Reflector(Generic[T]):
 
     # -- the loop -------------------------------------------------------------------------------
 
+    async def relist(self) -> None:
+        """Return once a LIST that started after this call has completed: the store then equals
+        the server as of now, whatever the watch connection was doing (a silently dead one
+        included), and the watch goes on from a new connection. A resource that is failing
+        (forbidden, not installed, unreachable) returns at once: it has nothing fresher to give."""
+        if not self.connected:
+            return
+        target = self.lists + (2 if self._listing else 1)  # a LIST already under way started too early
+        self._relist_requested.set()
+        while self.lists < target and self.connected:
+            done = self._list_done
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 1.0)  # wake up to notice a failure meanwhile
+
+    def _listed(self) -> None:
+        self.lists += 1
+        done, self._list_done = self._list_done, asyncio.Event()
+        done.set()
+
+    async def _watch_unless_relist(self) -> bool:
+        """Watch until the watch ends (True) or a relist is requested (False)."""
+        watch = asyncio.ensure_future(self._watch())
+        request = asyncio.ensure_future(self._relist_requested.wait())
+        try:
+            await asyncio.wait({watch, request}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (watch, request):
+                task.cancel()
+            for task in (watch, request):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task  # re-raises the watch's own error, if it ended with one
+        return not request.done() or request.cancelled()
+
     async def run(self) -> None:
         attempt = 0
         need_list = True
         while True:
             try:
                 if need_list:
-                    await self._list_and_sync()
+                    self._relist_requested.clear()  # this LIST serves any request made before it
+                    self._listing = True
+                    try:
+                        await self._list_and_sync()
+                    finally:
+                        self._listing = False
+                    self._listed()
                     need_list = False
                     self.synced.set()
                     self.stats.synced = True
                 started = time.monotonic()
-                await self._watch()
+                if not await self._watch_unless_relist():
+                    need_list = True
+                    continue
                 if self.failed:
                     log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
                     need_list = True

@@ -113,6 +113,11 @@ class Sources:
         self._spawn(self._wait_ready())
         self._spawn(self._retry_missing_kinds())
 
+    async def relist(self) -> None:
+        """Every watch relists (see Reflector.relist): afterwards the index is as fresh as a
+        restart would make it, at the cost of one LIST per resource."""
+        await asyncio.gather(*(r.relist() for r in list(self.reflectors.values())))
+
     async def stop(self) -> None:
         for task in list(self._tasks):
             task.cancel()

@@ -54,6 +54,7 @@ from .workqueue import WorkQueue
 log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"  # JSON is YAML
 RETRYABLE = {409, 429, 500, 502, 503, 504}
+WRITE_TIMEOUT = 10.0  # seconds: a write on a silently dead connection must not hold a worker long
 SUMMARIES = ("nodesummaries", "workloadsummaries")
 SUMMARIZERS = ("nodesummarizers", "workloadsummarizers")
 KIND_OF = {"nodesummaries": "NodeSummary", "workloadsummaries": "WorkloadSummary",
@@ -131,6 +132,10 @@ class Deposed(Exception):
     """Leadership was lost: this replica writes nothing more."""
 
 
+class Missing(Exception):
+    """A status write found no object: it was deleted since our view of it."""
+
+
 def _path(plural: str, namespace: str = "", name: str = "") -> str:
     base = f"/apis/{API_VERSION}"
     if namespace:
@@ -181,6 +186,8 @@ class Reconciler:
         self._infos: dict[tuple[str, str], TypeInfo] = {}
         self._bucket = TokenBucket(self.s.writes_per_second, self.s.burst)
         self._resync = True  # add every key on the next pass (start, leadership gained)
+        self._fresh = elector is None  # a new leader writes only from a view relisted since it won
+        self._refreshing: asyncio.Task | None = None
         self._next_summarizers = 0.0
         self._logged: set[tuple[str, str]] = set()  # (summarizer uid, reason) said once in the log
         self.reflectors = [
@@ -224,7 +231,7 @@ class Reconciler:
 
     @property
     def leading(self) -> bool:
-        return self.elector is None or self.elector.is_leader
+        return self.elector is None or (self.elector.is_leader and self._fresh)
 
     def not_ready(self) -> list[str]:
         """Why this replica's view is not current enough to write ([] when it is)."""
@@ -235,10 +242,21 @@ class Reconciler:
         return reasons
 
     def _leadership(self, leader: bool) -> None:
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+        self._fresh = False
+        self.queue.clear()  # nothing queued by a follower, or by a former leader, is done
         if leader:
-            self._resync = True
-        else:
-            self.queue.clear()  # nothing queued by a leader is done by a follower
+            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_view())
+
+    async def _refresh_view(self) -> None:
+        """Before a new leader's first write: relist every watch. A replica may win the lease
+        while a watch connection is silently dead (a load balancer that drops flows without a
+        reset goes unnoticed until the read timeout); a fresh LIST makes its view current."""
+        started = time.monotonic()
+        await asyncio.gather(self.sources.relist(), *(r.relist() for r in self.reflectors))
+        self._fresh, self._resync = True, True
+        log.info("leading: every watch relisted in %.2fs; writing", time.monotonic() - started)
 
     # -- loop -----------------------------------------------------------------------------------
 
@@ -320,7 +338,7 @@ class Reconciler:
                 if self.leading:
                     await self._sync(key)
                     self.queue.forget(key)
-            except Deposed:
+            except (Deposed, Missing):
                 pass
             except Retry:
                 if self.leading:
@@ -353,8 +371,12 @@ class Reconciler:
                 return
         if actual is None or not fields.same(desired.status, ours.get("status", {})):
             self.queue.wrote(key)
-            await self._apply(key, self._status_body(desired.body["kind"], desired.namespace, desired.name,
-                                                      desired.status), status=True)
+            status = self._status_body(desired.body["kind"], desired.namespace, desired.name, desired.status)
+            try:
+                await self._apply(key, status, status=True)
+            except Missing:  # deleted after our view of it: create it again, at once
+                if await self._apply(key, desired.body):
+                    await self._apply(key, status, status=True)
 
     @staticmethod
     def _main_equal(desired: Desired, ours: dict[str, Any]) -> bool:
@@ -387,7 +409,8 @@ class Reconciler:
         if not self.leading:
             raise Deposed
         try:
-            status, data = await self.api.request(method, path, body, params=params, content_type=content_type)
+            status, data = await self.api.request(method, path, body, params=params, content_type=content_type,
+                                                  timeout=WRITE_TIMEOUT)
         except (aiohttp.ClientError, TimeoutError, OSError) as err:
             self.stats.count(self.stats.errors, type(err).__name__)
             log.warning("%s %s: %s", method, path, err)
@@ -397,6 +420,8 @@ class Reconciler:
             return True
         if (verb == "delete" and status in (404, 409)) or _namespace_terminating(status, data):
             return False  # 404: already gone; 409: the UID precondition failed (replaced since)
+        if verb == "apply_status" and status == 404:
+            raise Missing
         self.stats.count(self.stats.errors, str(status))
         if status not in RETRYABLE:
             log.error("%s %s: HTTP %d %s", method, path, status, _message(data))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import socket
 import threading
 import time
@@ -344,3 +345,33 @@ def test_a_leader_cut_off_from_the_api_server_gives_way(kube: LocalCluster, lead
     finally:
         cut.stop()
         proxy.close()
+
+
+def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Service) -> None:
+    """A replica whose watch connections died silently (a load balancer that drops flows without a
+    reset) can still win the lease over new connections. Before, it then led on its frozen view
+    until the read timeout noticed (minutes); now a new leader relists every watch first."""
+    proxy = StallingProxy("127.0.0.1", int(kube.server.rsplit(":", 1)[1]))
+    config = json.loads(kube.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    proxied = kube.workdir / "silent.kubeconfig"
+    proxied.write_text(json.dumps(config))
+    standby = Service(kube, (f"--kubeconfig={proxied}", "--identity=silent", "--read-timeout=120",
+                             *FAST_LEASE)).start()
+    try:
+        assert is_leader(leader) and not is_leader(standby)
+        proxy.stall_existing()  # its watches go silent; new connections still work
+        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        wait_for(lambda: is_leader(standby), timeout=20)
+        deployment(kube, NS, "after-failover")
+        ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
+                        content_type="application/merge-patch+json"))
+        wait_for(lambda: summary(kube, "workloadsummaries", "after-failover", NS) is not None, timeout=10)
+        wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+                 timeout=10)
+        assert "every watch relisted" in standby.log_text()
+    finally:
+        standby.stop()
+        proxy.close()
+        leader.stop()
+        leader.start()
