@@ -41,6 +41,8 @@ class Component:
     tags: str = ""
     # Files copied out of the module's source tree into the cache dir as one YAML stream.
     bundles: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # Go string variables set to the pinned version, so `<binary> version` reports it.
+    version_vars: tuple[str, ...] = ()
 
     @property
     def dir(self) -> Path:
@@ -56,7 +58,7 @@ class Component:
 
     def ldflags(self) -> str:
         if self.name != "kubernetes":
-            return "-s -w"
+            return " ".join(["-s -w", *(f"-X {var}={self.version}" for var in self.version_vars)])
         v = self.version
         major, minor = v.lstrip("v").split(".")[:2]
         base = "k8s.io/component-base/version"
@@ -105,6 +107,14 @@ COMPONENTS: tuple[Component, ...] = (
             ),
         ),
     ),
+)
+
+# Not in COMPONENTS: only the chart tests need helm, so the demo and `localkube build` skip it.
+HELM = Component(
+    "helm",
+    "helm.sh/helm/v4",
+    (Binary("helm", "helm.sh/helm/v4/cmd/helm"),),
+    version_vars=("helm.sh/helm/v4/internal/version.version",),
 )
 
 
