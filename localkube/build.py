@@ -117,6 +117,23 @@ HELM = Component(
     version_vars=("helm.sh/helm/v4/internal/version.version",),
 )
 
+# Not in COMPONENTS: only the tests of our monitoring objects use the Prometheus Operator's
+# real CRDs (their schemas validate our ServiceMonitor and PrometheusRule) and its operator (the
+# scrape config it generates from them).
+PROMETHEUS_OPERATOR = Component(
+    "prometheus-operator",
+    "github.com/prometheus-operator/prometheus-operator",
+    (Binary("operator", "github.com/prometheus-operator/prometheus-operator/cmd/operator"),),
+    bundles=tuple(
+        (name, tuple(f"example/prometheus-operator-crd/monitoring.coreos.com_{crd}.yaml" for crd in crds))
+        for name, crds in (
+            ("monitoring-crds.yaml", ("servicemonitors", "prometheusrules")),
+            # The rest of what the operator's Prometheus controller watches.
+            ("prometheus-operator-crds.yaml", ("prometheuses", "podmonitors", "probes")),
+        )
+    ),
+)
+
 
 def cache_root() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "node-workload-summary"
