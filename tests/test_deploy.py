@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 from demo.workloads import kwok_node
+from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
-from tests.conftest import EXAMPLES, ROOT
+from tests.conftest import ROOT
 
 DEPLOY = ROOT / "deploy"
 WITH_MONITORING = DEPLOY / "with-monitoring"
@@ -74,8 +75,9 @@ def test_base_applies_without_the_prometheus_operator(kube: LocalCluster,
 
 @pytest.fixture(scope="module")
 def with_monitoring(kube: LocalCluster, base: subprocess.CompletedProcess[str]) -> subprocess.CompletedProcess[str]:
-    """`kubectl apply -k deploy/with-monitoring/` once the Prometheus Operator's CRDs are there."""
-    kube.install_crds(EXAMPLES / "stand-ins" / "monitoring-crds.yaml")
+    """`kubectl apply -k deploy/with-monitoring/` once the Prometheus Operator's CRDs are there (the
+    real ones, from its pinned Go module: the apply validates our objects against their schemas)."""
+    kube.install_crds(ensure_binaries((PROMETHEUS_OPERATOR,))["monitoring-crds.yaml"])
     return kube.kubectl("apply", "-k", str(WITH_MONITORING), check=False)
 
 
@@ -86,6 +88,37 @@ def test_with_monitoring_applies_with_the_prometheus_operator(
     names = kube.kubectl("get", "servicemonitor,prometheusrule", "-n", NS, "-o", "name").stdout.split()
     assert sorted(names) == ["prometheusrule.monitoring.coreos.com/node-workload-summary",
                              "servicemonitor.monitoring.coreos.com/node-workload-summary"], names
+
+
+def test_service_monitor_selects_our_service_and_its_port(
+        kube: LocalCluster, with_monitoring: subprocess.CompletedProcess[str]) -> None:
+    docs = {d["kind"]: d for d in _rendered(kube, WITH_MONITORING) if d["kind"] in ("ServiceMonitor", "Service")}
+    monitor, service = docs["ServiceMonitor"], docs["Service"]
+    # No namespaceSelector: the operator looks in the ServiceMonitor's own namespace only.
+    assert "namespaceSelector" not in monitor["spec"]
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"] == NS
+    # It selects Services by their own labels (not the pods'): ask the API server which ones match.
+    selector = monitor["spec"]["selector"]
+    assert set(selector) == {"matchLabels"}, selector
+    terms = ",".join(f"{k}={v}" for k, v in selector["matchLabels"].items())
+    selected = kube.kubectl("get", "services", "-n", NS, "-l", terms, "-o", "name").stdout.split()
+    assert selected == ["service/node-workload-summary"], selected
+    ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= ports, ports
+
+
+@pytest.mark.parametrize("patch,error", [
+    ({"endpoints": [{"port": "metrics", "honorLabel": True}]}, 'unknown field "spec.endpoints[0].honorLabel"'),
+    ({"endpoints": [{"port": "metrics", "interval": "30"}]}, "spec.endpoints[0].interval"),
+    ({"endpoints": [{"port": "metrics", "scheme": "tcp"}]}, "spec.endpoints[0].scheme"),
+], ids=["misspelt-field", "interval-without-unit", "unknown-scheme"])
+def test_real_schema_rejects_a_broken_service_monitor(
+        kube: LocalCluster, with_monitoring: subprocess.CompletedProcess[str], patch: dict, error: str) -> None:
+    # The stand-in CRDs took any object: these mistakes show the real schema is what validates.
+    [monitor] = [d for d in _rendered(kube, WITH_MONITORING) if d["kind"] == "ServiceMonitor"]
+    monitor["spec"].update(patch)
+    proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(monitor), check=False)
+    assert proc.returncode != 0 and error in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("path", [DEPLOY, WITH_MONITORING], ids=["base", "with-monitoring"])
