@@ -1,0 +1,393 @@
+"""The Helm chart (charts/node-workload-summary): `helm lint`; by default it renders exactly what
+`kubectl kustomize deploy/` does (and deploy/with-monitoring/ with the monitoring toggles on),
+object by object; every value changes exactly what it says; every variant passes a server-side
+dry run; and after a real `helm install` on the local control plane the service works as the
+chart's ServiceAccount."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from demo.workloads import kwok_node
+from localkube.build import HELM, PROMETHEUS_OPERATOR, ensure_binaries
+from localkube.cluster import LocalCluster, Options
+from localkube.service import Service, wait_for
+from tests.conftest import CRDS, ROOT
+
+CHART = ROOT / "charts" / "node-workload-summary"
+DEPLOY = ROOT / "deploy"
+NS = "node-workload-summary"
+RELEASE = "node-workload-summary"
+NAMESPACE_KEY = ("Namespace", "", NS)
+
+# Helm needs a release namespace that exists before it stores the release, so the chart leaves the
+# Namespace to `helm install --create-namespace`: the one object kustomize renders and Helm does not.
+pytestmark = pytest.mark.cluster
+
+Key = tuple[str, str, str]  # kind, namespace ("" for cluster-scoped), name
+Objects = dict[Key, dict[str, Any]]
+
+MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+
+
+def _summarizer_values() -> dict[str, Any]:
+    """deploy/summarizers.yaml as chart values."""
+    values: dict[str, Any] = {"nodeSummarizers": {}, "workloadSummarizers": {}}
+    for doc in yaml.safe_load_all((DEPLOY / "summarizers.yaml").read_text()):
+        key = "nodeSummarizers" if doc["kind"] == "NodeSummarizer" else "workloadSummarizers"
+        values[key][doc["metadata"]["name"]] = doc["spec"]
+    return values
+
+
+EXTRA_OWNERS = [{"apiGroups": ["kubeflow.org"], "resources": ["notebooks", "pytorchjobs"]},
+                {"apiGroups": ["example.com"], "resources": ["trainers"]}]
+RESOURCES = {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+EXTRA_ENV = [{"name": "NWS_MAX_OWNER_DEPTH", "value": "12"}]
+TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "monitoring", "effect": "NoSchedule"}]
+AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}
+DASHBOARDS = {"label": "my_dashboard", "labelValue": "yes", "namespace": "monitoring",
+              "annotations": {"grafana_folder": "Kubernetes"}}
+
+# Every value away from its default at once (lint and the server-side dry run).
+ALL_FLIPPED: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"},
+    "replicas": 3, "resources": RESOURCES, "extraArgs": ["--max-owner-depth=12"], "extraEnv": EXTRA_ENV,
+    "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": TOLERATIONS, "affinity": AFFINITY,
+    "priorityClassName": "system-cluster-critical",
+    **_summarizer_values(),
+    "rbac": {"extraOwnerKinds": EXTRA_OWNERS},
+    "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "dashboards": DASHBOARDS,
+}
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The helm command, built from its pinned Go module on first use, with its own home dirs."""
+    home = tmp_path_factory.mktemp("helm-home")
+    dirs = [f"{var}={home / var.lower()}" for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")]
+    return ["env", *dirs, str(ensure_binaries((HELM,))["helm"])]
+
+
+def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(cmd)}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def _values_file(tmp_path: Path, values: dict[str, Any]) -> str:
+    digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:12]
+    path = tmp_path / f"values-{digest}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+def _objects(text: str) -> Objects:
+    objects: Objects = {}
+    for doc in yaml.safe_load_all(text):
+        if doc:
+            key = (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+            assert key not in objects, f"rendered twice: {key}"
+            objects[key] = doc
+    return objects
+
+
+def _template_text(helm: list[str], tmp_path: Path, values: dict[str, Any] | None = None) -> str:
+    args = ["-f", _values_file(tmp_path, values)] if values else []
+    return _run([*helm, "template", RELEASE, str(CHART), "--namespace", NS, "--include-crds", *args]).stdout
+
+
+def _template(helm: list[str], tmp_path: Path, values: dict[str, Any] | None = None) -> Objects:
+    return _objects(_template_text(helm, tmp_path, values))
+
+
+def _kustomize(binaries: dict[str, Path], path: Path) -> Objects:
+    return _objects(_run([str(binaries["kubectl"]), "kustomize", str(path)]).stdout)
+
+
+def _diff(a: Objects, b: Objects) -> str:
+    lines = [f"only in kustomize: {k}" for k in sorted(a.keys() - b.keys())]
+    lines += [f"only in helm: {k}" for k in sorted(b.keys() - a.keys())]
+    for k in sorted(a.keys() & b.keys()):
+        if a[k] != b[k]:
+            lines.append(f"differs: {k}\n  kustomize: {json.dumps(a[k], sort_keys=True)[:1500]}"
+                         f"\n  helm:      {json.dumps(b[k], sort_keys=True)[:1500]}")
+    return "\n".join(lines)
+
+
+def test_lint(helm: list[str], tmp_path: Path) -> None:
+    _run([*helm, "lint", "--strict", str(CHART)])
+    _run([*helm, "lint", "--strict", str(CHART), "-f", _values_file(tmp_path, ALL_FLIPPED)])
+
+
+@pytest.mark.parametrize("values,path", [({}, DEPLOY), (MONITORING, DEPLOY / "with-monitoring")],
+                         ids=["default=deploy", "monitoring=deploy/with-monitoring"])
+def test_template_equals_kustomize(helm: list[str], binaries: dict[str, Path], tmp_path: Path,
+                                   values: dict[str, Any], path: Path) -> None:
+    kustomized = _kustomize(binaries, path)
+    assert kustomized.pop(NAMESPACE_KEY)
+    rendered = _template(helm, tmp_path, values)
+    assert rendered == kustomized, _diff(kustomized, rendered)
+
+
+def test_chart_crds_are_the_projects() -> None:
+    # Rendered by deploy/render.py (its stale check runs in tests/test_deploy.py); this says why.
+    chart = {p.name: list(yaml.safe_load_all(p.read_text())) for p in (CHART / "crds").glob("*.yaml")}
+    project = {p.name: list(yaml.safe_load_all(p.read_text())) for p in CRDS.glob("*.yaml")}
+    assert chart == project
+
+
+def test_summarizers_equal_the_samples(helm: list[str], tmp_path: Path) -> None:
+    rendered = _template(helm, tmp_path, _summarizer_values())
+    default = _template(helm, tmp_path)
+    samples = _objects((DEPLOY / "summarizers.yaml").read_text())
+    assert {k: v for k, v in rendered.items() if k not in default} == samples
+    assert {k: v for k, v in rendered.items() if k in default} == default
+
+
+def _deployment(objects: Objects) -> dict[str, Any]:
+    return copy.deepcopy(objects[("Deployment", NS, RELEASE)])
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def _pod_value(key: str, value: Any) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        d["spec"]["template"]["spec"][key] = value
+    return change
+
+
+def _container_value(key: str, value: Any) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        _container(d)[key] = value
+    return change
+
+
+def _container_list(key: str, extra: list[Any]) -> Any:
+    def change(d: dict[str, Any]) -> None:
+        _container(d)[key] += extra
+    return change
+
+
+# (values, how the default Deployment must change): nothing else may change.
+DEPLOYMENT_VALUES = {
+    "image": ({"image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"}},
+              [_container_value("image", "registry.example.com/nws:9.9.9"),
+               _container_value("imagePullPolicy", "Always")]),
+    "replicas": ({"replicas": 3}, [lambda d: d["spec"].update(replicas=3)]),
+    "resources": ({"resources": RESOURCES}, [_container_value("resources", RESOURCES)]),
+    "extraArgs": ({"extraArgs": ["--max-owner-depth=12", "--no-exporter"]},
+                  [_container_list("args", ["--max-owner-depth=12", "--no-exporter"])]),
+    "extraEnv": ({"extraEnv": EXTRA_ENV}, [_container_list("env", EXTRA_ENV)]),
+    "nodeSelector": ({"nodeSelector": {"kubernetes.io/os": "linux"}},
+                     [_pod_value("nodeSelector", {"kubernetes.io/os": "linux"})]),
+    "tolerations": ({"tolerations": TOLERATIONS}, [_pod_value("tolerations", TOLERATIONS)]),
+    "affinity": ({"affinity": AFFINITY}, [_pod_value("affinity", AFFINITY)]),
+    "priorityClassName": ({"priorityClassName": "system-cluster-critical"},
+                          [_pod_value("priorityClassName", "system-cluster-critical")]),
+}
+
+
+@pytest.mark.parametrize("name", DEPLOYMENT_VALUES)
+def test_deployment_values_change_only_the_deployment(helm: list[str], tmp_path: Path, name: str) -> None:
+    values, changes = DEPLOYMENT_VALUES[name]
+    default, rendered = _template(helm, tmp_path), _template(helm, tmp_path, values)
+    expected = _deployment(default)
+    for change in changes:
+        change(expected)
+    assert _deployment(rendered) == expected
+    del default[("Deployment", NS, RELEASE)], rendered[("Deployment", NS, RELEASE)]
+    assert rendered == default
+
+
+def _added(helm: list[str], tmp_path: Path, values: dict[str, Any], base: dict[str, Any] | None = None) -> Objects:
+    """What ``values`` adds to the render of ``base``, asserting it removes and changes nothing."""
+    before, after = _template(helm, tmp_path, base), _template(helm, tmp_path, {**(base or {}), **values})
+    assert before.keys() <= after.keys() and all(after[k] == v for k, v in before.items()), _diff(before, after)
+    return {k: v for k, v in after.items() if k not in before}
+
+
+def test_service_monitor_toggle(helm: list[str], tmp_path: Path) -> None:
+    added = _added(helm, tmp_path, {"serviceMonitor": {"enabled": True}})
+    assert list(added) == [("ServiceMonitor", NS, RELEASE)]
+    service = _template(helm, tmp_path)[("Service", NS, RELEASE)]
+    spec = added[("ServiceMonitor", NS, RELEASE)]["spec"]
+    # The ServiceMonitor finds the Service by its labels and scrapes it by its port name.
+    assert spec["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert [e["port"] for e in spec["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
+
+
+def test_service_monitor_labels_and_interval(helm: list[str], tmp_path: Path) -> None:
+    on = {"serviceMonitor": {"enabled": True}}
+    default = _template(helm, tmp_path, on)
+    rendered = _template(helm, tmp_path, {"serviceMonitor": {
+        "enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}}})
+    key = ("ServiceMonitor", NS, RELEASE)
+    expected = copy.deepcopy(default[key])
+    expected["metadata"]["labels"]["release"] = "kube-prometheus-stack"
+    expected["spec"]["endpoints"][0]["interval"] = "15s"
+    assert rendered.pop(key) == expected
+    default.pop(key)
+    assert rendered == default
+
+
+def test_prometheus_rule_toggle_and_labels(helm: list[str], tmp_path: Path) -> None:
+    added = _added(helm, tmp_path, {"prometheusRule": {"enabled": True}})
+    assert list(added) == [("PrometheusRule", NS, RELEASE)]
+    rule = added[("PrometheusRule", NS, RELEASE)]
+    generated = yaml.safe_load((DEPLOY / "with-monitoring" / "generated" / "prometheusrule.yaml").read_text())
+    assert rule["spec"] == generated["spec"]
+    assert "{{ $labels.group }}" in json.dumps(rule["spec"])  # not read as a Helm template
+    labelled = _template(helm, tmp_path, {"prometheusRule": {"enabled": True, "labels": {"release": "kps"}}})
+    expected = copy.deepcopy(rule)
+    expected["metadata"]["labels"]["release"] = "kps"
+    assert labelled[("PrometheusRule", NS, RELEASE)] == expected
+
+
+def _dashboards(objects: Objects) -> Objects:
+    return {k: v for k, v in objects.items() if k[0] == "ConfigMap" and "-dashboard-" in k[2]}
+
+
+def test_dashboards_toggle(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    dashboards = _dashboards(default)
+    assert len(dashboards) == len(list((ROOT / "dashboards" / "generated").glob("*.json"))) >= 4
+    for cm in dashboards.values():
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        (text,) = cm["data"].values()
+        assert json.loads(text)["panels"] and "{{" in text  # legends reach Grafana untouched
+    off = _template(helm, tmp_path, {"dashboards": {"enabled": False}})
+    assert off == {k: v for k, v in default.items() if k not in dashboards}
+
+
+def test_dashboards_label_namespace_and_annotations(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    rendered = _template(helm, tmp_path, {"dashboards": DASHBOARDS})
+    expected: Objects = {}
+    for (kind, _, name), cm in _dashboards(default).items():
+        cm = copy.deepcopy(cm)
+        del cm["metadata"]["labels"]["grafana_dashboard"]
+        cm["metadata"]["labels"]["my_dashboard"] = "yes"
+        cm["metadata"]["namespace"] = "monitoring"
+        cm["metadata"]["annotations"] = {"grafana_folder": "Kubernetes"}
+        expected[(kind, "monitoring", name)] = cm
+    assert _dashboards(rendered) == expected
+    assert {k: v for k, v in rendered.items() if k not in expected} == \
+        {k: v for k, v in default.items() if k not in _dashboards(default)}
+
+
+def test_extra_owner_kinds_extend_only_the_cluster_role(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    rendered = _template(helm, tmp_path, {"rbac": {"extraOwnerKinds": EXTRA_OWNERS}})
+    key = ("ClusterRole", "", RELEASE)
+    old, new = default.pop(key)["rules"], rendered.pop(key)["rules"]
+    assert [r for r in new if r not in old] == [{**kind, "verbs": ["list", "watch"]} for kind in EXTRA_OWNERS]
+    assert [r for r in new if r in old] == old
+    assert rendered == default
+
+
+def test_every_value_is_tested() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) == set(ALL_FLIPPED)
+
+
+# -- on the local control plane ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    """A fresh cluster: no CRDs, as a user's cluster before `helm install`."""
+    with LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True), binaries) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def installed(helm: list[str], kube: LocalCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`helm install` with the sample summarizers; returns its output."""
+    assert kube.kubectl("get", "crd", "-o", "name").stdout == ""
+    values = _values_file(tmp_path_factory.mktemp("values"), _summarizer_values())
+    return _run([*helm, "install", RELEASE, str(CHART), "--namespace", NS, "--create-namespace",
+                 "-f", values, f"--kubeconfig={kube.kubeconfig}"]).stdout
+
+
+def test_helm_install_creates_everything(kube: LocalCluster, installed: str, helm: list[str],
+                                         tmp_path: Path) -> None:
+    assert "STATUS: deployed" in installed, installed
+    crds = set(kube.kubectl("get", "crd", "-o", "name").stdout.split())
+    assert crds == {f"customresourcedefinition.apiextensions.k8s.io/{p.stem}.ux.sean.example.com"
+                    for p in CRDS.glob("*.yaml")}
+    for (kind, namespace, name) in _template(helm, tmp_path, _summarizer_values()):
+        if kind != "CustomResourceDefinition":
+            scope = ["-n", namespace] if namespace else []
+            kube.kubectl("get", kind, name, *scope, "-o", "name")
+
+
+@pytest.fixture(scope="module")
+def as_service_account(kube: LocalCluster, installed: str) -> Iterator[Service]:
+    """The real service process, started locally with a token of the chart's ServiceAccount."""
+    token = kube.kubectl("create", "token", RELEASE, "-n", NS, "--duration=2h").stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": "sa", "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = "sa"
+    sa_kubeconfig = kube.workdir / "chart-sa.kubeconfig"
+    sa_kubeconfig.write_text(json.dumps(config))
+    for pool in ("cpu", "gpu"):
+        for i in range(2):
+            kwok_node(kube, f"{pool}-{i}", pool, {"cpu": "8", "memory": "32Gi", "pods": "110"})
+    kube.kubectl("create", "deployment", "web", "--image=nginx", "--replicas=2")
+    svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"))
+    svc.start()
+    yield svc
+    svc.stop()
+
+
+def test_service_works_as_the_charts_service_account(kube: LocalCluster, as_service_account: Service) -> None:
+    def names(plural: str) -> set[str]:
+        return set(kube.kubectl("get", plural, "-A", "-o", "jsonpath={.items[*].metadata.name}").stdout.split())
+
+    try:
+        wait_for(lambda: {"nodepool-cpu", "nodepool-gpu"} <= names("nodesummaries"), timeout=30)
+        # The user's Deployment, and the chart's own (its pods run on the KWOK nodes).
+        wait_for(lambda: {"web", RELEASE} <= names("workloadsummaries"), timeout=30)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n{as_service_account.log_text()[-3000:]}") from None
+    holder = kube.kubectl("get", "lease", RELEASE, "-n", NS, "-o", "jsonpath={.spec.holderIdentity}").stdout
+    assert holder
+    log = as_service_account.log_text()
+    assert " 403" not in log and "Forbidden" not in log, log
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(kube: LocalCluster, installed: str) -> None:
+    kube.install_crds(ensure_binaries((PROMETHEUS_OPERATOR,))["monitoring-crds.yaml"])  # as tests/test_deploy.py does
+    kube.kubectl("create", "namespace", "monitoring")
+
+
+@pytest.mark.parametrize("values", [{}, MONITORING, ALL_FLIPPED], ids=["default", "monitoring", "all-flipped"])
+def test_server_side_dry_run(kube: LocalCluster, helm: list[str], tmp_path: Path, monitoring_crds: None,
+                             values: dict[str, Any]) -> None:
+    rendered = _template_text(helm, tmp_path, values)
+    proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.splitlines()) == len(_objects(rendered)), proc.stdout
+
+
+def test_helm_upgrade_turns_monitoring_on(kube: LocalCluster, helm: list[str], monitoring_crds: None) -> None:
+    _run([*helm, "upgrade", RELEASE, str(CHART), "--namespace", NS, "--reuse-values",
+          "--set", "serviceMonitor.enabled=true,prometheusRule.enabled=true", f"--kubeconfig={kube.kubeconfig}"])
+    names = kube.kubectl("get", "servicemonitor,prometheusrule", "-n", NS, "-o", "name").stdout.split()
+    assert sorted(names) == ["prometheusrule.monitoring.coreos.com/node-workload-summary",
+                             "servicemonitor.monitoring.coreos.com/node-workload-summary"], names
