@@ -27,11 +27,13 @@ CHART = ROOT / "charts" / "node-workload-summary"
 DEPLOY = ROOT / "deploy"
 NS = "node-workload-summary"
 RELEASE = "node-workload-summary"
-NAMESPACE_KEY = ("Namespace", "", NS)
-
 # Helm needs a release namespace that exists before it stores the release, so the chart leaves the
 # Namespace to `helm install --create-namespace`: the one object kustomize renders and Helm does not.
-pytestmark = pytest.mark.cluster
+NAMESPACE_KEY = ("Namespace", "", NS)
+
+# The first test here may build helm (about 3 minutes cold on 2 idle cores, far longer under load):
+# more room than the suite's 600 s; every command below has its own timeout.
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 Key = tuple[str, str, str]  # kind, namespace ("" for cluster-scoped), name
 Objects = dict[Key, dict[str, Any]]
