@@ -1,4 +1,5 @@
-"""The HTTP server: /metrics (Prometheus text or OpenMetrics), /healthz, /readyz."""
+"""The HTTP servers: /metrics (Prometheus text or OpenMetrics), /healthz, /readyz; with an
+Authorizer, /metrics answers only callers whose bearer token may read it."""
 
 from __future__ import annotations
 
@@ -8,13 +9,21 @@ from aiohttp import web
 
 from kubeindex.sources import Sources
 
+from .auth import Authorizer
 from .metrics import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer
 
 
-def make_app(renderer: Renderer | None, sources: Sources | None) -> web.Application:
-    """``renderer`` None: the exporter is switched off, only the probes are served."""
+def make_app(renderer: Renderer | None, sources: Sources | None, authorizer: Authorizer | None = None,
+             probes: bool = True) -> web.Application:
+    """``renderer`` None: the exporter is switched off; ``probes`` False: /healthz and /readyz are
+    served elsewhere (a plain port of their own)."""
     async def metrics(request: web.Request) -> web.Response:
         assert renderer is not None
+        if authorizer is not None:
+            decision = await authorizer.decide(request.headers.get("Authorization", ""))
+            if not decision.allowed:
+                headers = {"WWW-Authenticate": 'Bearer realm="metrics"'} if decision.status == 401 else {}
+                return web.Response(status=decision.status, text=f"{decision.reason}\n", headers=headers)
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
         body = renderer.render(openmetrics)
         headers = {"Content-Type": OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE}
@@ -41,6 +50,7 @@ def make_app(renderer: Renderer | None, sources: Sources | None) -> web.Applicat
     app = web.Application()
     if renderer is not None:
         app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    if probes:
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/readyz", readyz)
     return app

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Awaitable
 from pathlib import Path
@@ -17,8 +18,10 @@ from pathlib import Path
 import uvloop
 from aiohttp import web
 
+from exporter.auth import Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
+from exporter.tls import CertFiles, CertificateError, load_pem, self_signed_hosts, self_signed_pem, server_context
 from kubeindex.api import ApiClient, ConfigError, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.metrics import SourcesCollector
@@ -69,16 +72,28 @@ def lease_namespace(settings: Settings) -> str:
     return os.environ.get("POD_NAMESPACE", "default")
 
 
-async def listen(runner: web.AppRunner, address: str, port: int) -> web.TCPSite:
-    site = web.TCPSite(runner, address, port)
+async def listen(runner: web.AppRunner, address: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                 flag: str = "--port") -> web.TCPSite:
+    site = web.TCPSite(runner, address, port, ssl_context=ssl_context)
     try:
         await site.start()
     except OSError as err:
         host = f"[{address}]" if ":" in address else address
         unknown = isinstance(err, socket.gaierror)
         reason = "not an IP address or a known host name" if unknown else os.strerror(err.errno or 0)
-        raise StartupError(f"cannot listen on {host}:{port}: {reason} (--listen-address, --port)") from None
+        raise StartupError(f"cannot listen on {host}:{port}: {reason} (--listen-address, {flag})") from None
     return site
+
+
+def metrics_tls(settings: Settings) -> tuple[ssl.SSLContext | None, CertFiles | None]:
+    """The metrics server's TLS context (None: plain HTTP), and the files to watch if any."""
+    if not settings.metrics_secure:
+        return None, None
+    context = server_context()
+    if settings.metrics_cert_file and settings.metrics_key_file:
+        return context, CertFiles(context, settings.metrics_cert_file, settings.metrics_key_file)
+    load_pem(context, self_signed_pem(self_signed_hosts()))  # a new one on every start
+    return context, None
 
 
 async def within(seconds: float, what: str, step: Awaitable[object]) -> None:
@@ -121,7 +136,13 @@ async def serve(settings: Settings) -> None:
     renderer.registry.register(SourcesCollector(sources))
     if reconciler is not None:
         renderer.registry.register(ReconcilerCollector(reconciler, elector))
-    runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources), access_log=None)
+    tls, cert_files = metrics_tls(settings)
+    authorizer = Authorizer(api, "/metrics", settings.metrics_auth_cache_ttl,
+                            settings.metrics_auth_cache_size) if settings.metrics_secure else None
+    apart = settings.probe_port is not None
+    runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources, authorizer, probes=not apart),
+                           access_log=None)
+    probe_runner = web.AppRunner(make_app(None, sources), access_log=None) if apart else None
     tasks: list[asyncio.Task] = []
 
     def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
@@ -132,9 +153,19 @@ async def serve(settings: Settings) -> None:
     try:
         await runner.setup()
         # Bound before anything talks to the API server: a taken port is then the one thing said.
-        site = await listen(runner, settings.listen_address, settings.port)
+        site = await listen(runner, settings.listen_address, settings.port, tls)
         log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
                  "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
+        if probe_runner is not None and settings.probe_port is not None:
+            await probe_runner.setup()
+            probe_site = await listen(probe_runner, settings.listen_address, settings.probe_port, flag="--probe-port")
+            log.info("probes (/healthz, /readyz) on %s", probe_site.name)
+        if tls is not None:
+            log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s",
+                     f"certificate from {settings.metrics_cert_file}" if cert_files else "self-signed certificate",
+                     settings.metrics_auth_cache_ttl)
+        if cert_files is not None:
+            tasks.append(asyncio.create_task(cert_files.watch(), name="certificate reload"))
         if elector is not None:
             tasks.append(asyncio.create_task(elector.run(), name="leader election"))
         if reconciler is not None:
@@ -152,6 +183,8 @@ async def serve(settings: Settings) -> None:
         await within(STEP_SECONDS, "stopping the reconciler", asyncio.gather(*tasks, return_exceptions=True))
         await within(STEP_SECONDS, "stopping the watches", sources.stop())
         await within(STEP_SECONDS, "stopping the HTTP server", runner.cleanup())
+        if probe_runner is not None:
+            await within(STEP_SECONDS, "stopping the probe server", probe_runner.cleanup())
         await within(STEP_SECONDS, "closing API connections", asyncio.gather(api.close(), lease_api.close()))
 
 
@@ -167,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_mmap_threshold()
     try:
         uvloop.run(serve(settings))
-    except (ConfigError, StartupError) as err:  # one line saying what to fix
+    except (ConfigError, StartupError, CertificateError) as err:  # one line saying what to fix
         log.error("%s", err)
         return 1
     except Exception as err:  # a clear line, not a traceback

@@ -58,8 +58,12 @@ class Settings(BaseSettings):
     kubeconfig: FilePath | None = Field(None, description="Path to a kubeconfig. Unset: $KUBECONFIG, then the "
                                         "in-cluster service account, then ~/.kube/config.")
     context: Name | None = Field(None, description="kubeconfig context to use. Unset: the current one.")
-    listen_address: Address = Field("0.0.0.0", description="Address of the HTTP server (/metrics, /healthz, /readyz).")
-    port: Port = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: pick a free one).")
+    listen_address: Address = Field("0.0.0.0", description="Address of the HTTP servers (/metrics, /healthz, /readyz).")
+    port: Port = Field(8080, ge=0, le=65535, description="Port of the HTTP server (0: pick a free one): /metrics, "
+                       "and /healthz and /readyz unless --probe-port is set.")
+    probe_port: Port | None = Field(None, ge=0, le=65535, description="Serve /healthz and /readyz on this port "
+                                    "instead, plain HTTP without authentication (needed with --metrics-secure). "
+                                    "Unset: on --port.")
     max_workload_series: Count = Field(
         5000, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
         "workload=\"other\" and counted in nws_workload_series_dropped_total.")
@@ -111,6 +115,17 @@ class Settings(BaseSettings):
     write_debounce: Seconds = Field(1.0, ge=0, description="Minimum seconds between two writes of one summary "
                                     "object (the first change is written at once).")
     writes_per_second: Rate = Field(50.0, gt=0, description="Global limit on API writes per second.")
+    metrics_secure: bool = Field(False, description="Serve /metrics over HTTPS to callers whose bearer token "
+                                 "passes a TokenReview and a SubjectAccessReview for get on /metrics (needs "
+                                 "--probe-port).")
+    metrics_cert_file: FilePath | None = Field(None, description="PEM certificate (chain) for --metrics-secure, "
+                                               "reloaded when it changes. Unset: a self-signed certificate "
+                                               "made at start (needs the openssl command).")
+    metrics_key_file: FilePath | None = Field(None, description="PEM private key of --metrics-cert-file.")
+    metrics_auth_cache_ttl: Seconds = Field(60.0, ge=0, description="Seconds an authentication and "
+                                            "authorization decision for a token is reused (0: ask every time).")
+    metrics_auth_cache_size: Count = Field(1024, ge=1, description="Tokens whose decision is cached; the least "
+                                           "recently used is dropped beyond this.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
 
     @field_validator("workload_pod_labels", "disruption_taints", "problem_conditions", "accelerator_resources",
@@ -185,6 +200,32 @@ class Settings(BaseSettings):
                              f"time (got {value:g} s, renew deadline {renew:g} s)")
         return value
 
+    @field_validator("probe_port")
+    @classmethod
+    def _probe_port_apart(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and value == info.data.get("port"):
+            raise ValueError(f"must differ from --port (got {value})")
+        return value
+
+    @field_validator("metrics_secure")
+    @classmethod
+    def _probes_without_token(cls, value: bool, info: ValidationInfo) -> bool:
+        # The kubelet's probes carry no token: they need a plain port of their own.
+        if value and info.data.get("probe_port") is None and "probe_port" not in _failed(info):
+            raise ValueError("needs --probe-port, so that /healthz and /readyz answer without a token")
+        return value
+
+    @field_validator("metrics_key_file")
+    @classmethod
+    def _cert_and_key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        cert = info.data.get("metrics_cert_file")
+        if (cert is None) != (value is None):
+            raise ValueError("--metrics-cert-file and --metrics-key-file go together (got only "
+                             f"{'--metrics-cert-file' if value is None else '--metrics-key-file'})")
+        if value is not None and info.data.get("metrics_secure") is False:
+            raise ValueError("a certificate is only used with --metrics-secure")
+        return value
+
     @field_validator("watch_timeout_max")
     @classmethod
     def _max_not_below_min(cls, value: int, info: ValidationInfo) -> int:
@@ -192,6 +233,11 @@ class Settings(BaseSettings):
         if low is not None and value < low:
             raise ValueError(f"must not be below --watch-timeout-min (got {value}, min {low})")
         return value
+
+
+def _failed(info: ValidationInfo) -> set[str]:
+    """Fields declared before this one that did not validate (absent from ``info.data``)."""
+    return set(Settings.model_fields).difference(info.data) - {info.field_name or ""}
 
 
 def _at_least_a_second(seconds: float) -> None:
