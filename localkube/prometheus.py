@@ -16,12 +16,17 @@ from .cluster import ClusterError, Process, _wait, free_port
 class Prometheus:
     def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path], interval: str = "1s",
                  job: str = "node-workload-summary", target_labels: dict[str, dict[str, str]] | None = None,
-                 honor_labels: bool = False) -> None:
+                 honor_labels: bool = False, scheme: str = "http", ca_file: Path | None = None,
+                 bearer_token_file: Path | None = None) -> None:
         self.workdir = workdir
         self.targets = targets
         # Extra labels per target address, as service discovery would add them (pod, namespace, ...).
         self.target_labels = target_labels or {}
         self.honor_labels = honor_labels
+        # HTTPS targets (--metrics-secure): the CA that signed their certificate, and a token file.
+        self.scheme = scheme
+        self.ca_file = ca_file
+        self.bearer_token_file = bearer_token_file
         self.rule_files = rule_files
         self.interval = interval
         self.job = job
@@ -37,13 +42,18 @@ class Prometheus:
         if binary is None:
             raise ClusterError("prometheus is not installed: run `make tools` (Debian's prometheus package)")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        job: dict = {
+            "job_name": self.job, "honor_labels": self.honor_labels, "scheme": self.scheme,
+            "static_configs": [{"targets": [t], "labels": self.target_labels.get(t, {})} for t in self.targets],
+        }
+        if self.ca_file is not None:
+            job["tls_config"] = {"ca_file": str(self.ca_file)}
+        if self.bearer_token_file is not None:
+            job["authorization"] = {"type": "Bearer", "credentials_file": str(self.bearer_token_file)}
         config = {
             "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": [{
-                "job_name": self.job, "honor_labels": self.honor_labels,
-                "static_configs": [{"targets": [t], "labels": self.target_labels.get(t, {})} for t in self.targets],
-            }],
+            "scrape_configs": [job],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()

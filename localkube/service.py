@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -53,22 +54,30 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: flo
 
 @dataclass
 class Service:
-    """The real `node-workload-summary` process (exporter + reconciler) against the local control plane."""
+    """The real `node-workload-summary` process (exporter + reconciler) against the local control plane.
+
+    ``secure``: /metrics over HTTPS with token checks (--metrics-secure, its self-signed certificate
+    saved to ``ca_file`` and trusted by get()), the probes on a plain port of their own."""
 
     cluster: LocalCluster
     args: tuple[str, ...] = ()
     proc: subprocess.Popen | None = None
     port: int = 0
     log: Path | None = None
+    secure: bool = False
+    probe_port: int = 0
+    ca_file: Path | None = None
 
     def start(self, ready: bool = True) -> Service:
         """Start the process; wait for /readyz 200 (``ready``), or only for the HTTP server."""
         self.port = free_port()
+        self.probe_port = free_port() if self.secure else self.port
         self.log = self.cluster.workdir / "logs" / f"node-workload-summary-{self.port}.log"
+        secure = ("--metrics-secure", f"--probe-port={self.probe_port}") if self.secure else ()
         with self.log.open("w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={self.cluster.kubeconfig}",
-                 "--listen-address=127.0.0.1", f"--port={self.port}", *self.args],
+                 "--listen-address=127.0.0.1", f"--port={self.port}", *secure, *self.args],
                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
                 preexec_fn=lambda: set_parent_death_signal(signal.SIGKILL),  # never outlives pytest
             )
@@ -78,26 +87,40 @@ class Service:
             self.stop()
             readyz = self.get_readyz_text()
             raise AssertionError(f"service not ready within 60s: {readyz}\n{self.log_text()}") from None
+        if self.secure:  # trust exactly the certificate it serves
+            self.ca_file = self.log.with_suffix(".crt")
+            self.ca_file.write_text(ssl.get_server_certificate(("127.0.0.1", self.port)))
         return self
 
     def get_readyz_text(self) -> str:
         return self.get("/readyz")[1] if self.proc and self.proc.poll() is None else "(exited)"
 
-    def get(self, path: str, accept: str = "") -> tuple[int, str]:
+    @property
+    def metrics_url(self) -> str:
+        return f"{'https' if self.secure else 'http'}://127.0.0.1:{self.port}/metrics"
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """Verifies the served certificate (and that it names 127.0.0.1)."""
+        return ssl.create_default_context(cafile=self.ca_file) if self.secure and self.ca_file else None
+
+    def get(self, path: str, accept: str = "", token: str = "") -> tuple[int, str]:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"service exited with {self.proc.returncode}:\n{self.log_text()}")
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", headers={"Accept": accept})
+        headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
+        metrics = path.startswith("/metrics")
+        url = self.metrics_url + path.removeprefix("/metrics") if metrics else f"http://127.0.0.1:{self.probe_port}{path}"
+        request = urllib.request.Request(url, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=10) as resp:
+            with urllib.request.urlopen(request, timeout=10, context=self.tls_context() if metrics else None) as resp:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as err:
             return err.code, err.read().decode()
         except OSError as err:
             return 0, str(err)
 
-    def scrape(self) -> Samples:
-        code, text = self.get("/metrics")
+    def scrape(self, token: str = "") -> Samples:
+        code, text = self.get("/metrics", token=token)
         assert code == 200, text
         return parse(text)
 
