@@ -20,5 +20,7 @@ RUN --mount=type=bind,from=build,source=/dist,target=/dist \
     find /opt/venv -name "__pycache__" -prune -exec rm -rf {} +
 ENV PATH=/opt/venv/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 USER 65532:65532
-EXPOSE 8080
+# 8080: /metrics (HTTPS with --metrics-secure; its self-signed certificate is made by the openssl
+# command, which the base image has as a dependency of ca-certificates); 8081: --probe-port.
+EXPOSE 8080 8081
 ENTRYPOINT ["node-workload-summary"]

@@ -26,6 +26,7 @@ NS = "node-workload-summary"
 SA = f"system:serviceaccount:{NS}:node-workload-summary"
 API = "ux.sean.example.com/v1alpha1"
 MONITORING = {"ServiceMonitor/node-workload-summary", "PrometheusRule/node-workload-summary"}
+READER_ROLE = "node-workload-summary-metrics-reader"  # for Prometheus, not the service
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +112,9 @@ def test_service_monitor_selects_our_service_and_its_port(
     ({"endpoints": [{"port": "metrics", "honorLabel": True}]}, 'unknown field "spec.endpoints[0].honorLabel"'),
     ({"endpoints": [{"port": "metrics", "interval": "30"}]}, "spec.endpoints[0].interval"),
     ({"endpoints": [{"port": "metrics", "scheme": "tcp"}]}, "spec.endpoints[0].scheme"),
-], ids=["misspelt-field", "interval-without-unit", "unknown-scheme"])
+    ({"endpoints": [{"port": "metrics", "tlsConfig": {"insecureSkipVerfy": True}}]},
+     'unknown field "spec.endpoints[0].tlsConfig.insecureSkipVerfy"'),
+], ids=["misspelt-field", "interval-without-unit", "unknown-scheme", "misspelt-tls-field"])
 def test_real_schema_rejects_a_broken_service_monitor(
         kube: LocalCluster, with_monitoring: subprocess.CompletedProcess[str], patch: dict, error: str) -> None:
     # The stand-in CRDs took any object: these mistakes show the real schema is what validates.
@@ -119,6 +122,49 @@ def test_real_schema_rejects_a_broken_service_monitor(
     monitor["spec"].update(patch)
     proc = kube.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(monitor), check=False)
     assert proc.returncode != 0 and error in proc.stderr, proc.stderr
+
+
+def test_service_monitor_scrapes_https_with_prometheus_token(
+        kube: LocalCluster, with_monitoring: subprocess.CompletedProcess[str]) -> None:
+    [monitor] = [d for d in _rendered(kube, WITH_MONITORING) if d["kind"] == "ServiceMonitor"]
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["honorLabels"] is True
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True}  # self-signed at start: nothing to verify with
+
+
+def _deployment_container(kube: LocalCluster) -> dict:
+    [deployment] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "Deployment"]
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_deployment_serves_metrics_secure_and_probes_plain(kube: LocalCluster) -> None:
+    from node_workload_summary.settings import load
+
+    container = _deployment_container(kube)
+    settings = load(container["args"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert settings.metrics_secure and ports == {"metrics": settings.port, "probes": settings.probe_port}
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        assert container[probe]["httpGet"]["port"] == "probes", probe  # no token needed
+
+
+def test_network_policy_admits_metrics_from_labelled_namespaces_and_probes_from_anywhere(
+        kube: LocalCluster, base: subprocess.CompletedProcess[str]) -> None:
+    # Checked as an object only: this control plane has no network plugin to enforce it.
+    [policy] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "NetworkPolicy"]
+    [deployment] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "Deployment"]
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["policyTypes"] == ["Ingress"]
+    metrics, probes = spec["ingress"]
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}],
+                       "from": [{"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}}]}
+    assert probes == {"ports": [{"port": "probes", "protocol": "TCP"}]}  # no `from`: anyone
+    live = json.loads(kube.kubectl("get", "networkpolicy", "node-workload-summary", "-n", NS, "-o", "json").stdout)
+    assert live["spec"] == spec
+    policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] = {"team": "observability"}
+    kube.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
 
 
 @pytest.mark.parametrize("path", [DEPLOY, WITH_MONITORING], ids=["base", "with-monitoring"])
@@ -145,8 +191,15 @@ def as_service_account(kube: LocalCluster, base: subprocess.CompletedProcess[str
         for i in range(2):
             kwok_node(kube, f"{pool}-{i}", pool, {"cpu": "8", "memory": "32Gi", "pods": "110"})
     kube.kubectl("create", "deployment", "web", "--image=nginx", "--replicas=2")
-    svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"))
+    svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"), secure=True)
     svc.start()
+    # A scraper bound to the reader role: the service reviews its token (as its ServiceAccount).
+    kube.kubectl("create", "serviceaccount", "scraper", "-n", "default")
+    kube.kubectl("create", "clusterrolebinding", "scraper", f"--clusterrole={READER_ROLE}",
+                 "--serviceaccount=default:scraper")
+    scraper = kube.kubectl("create", "token", "scraper", "-n", "default").stdout.strip()
+    code, text = svc.get("/metrics", token=scraper)
+    assert code == 200, text
     yield svc
     svc.stop()
 
@@ -185,7 +238,7 @@ def test_everything_works_as_the_service_account(kube: LocalCluster, as_service_
 def _granted() -> set[tuple[str, str, str]]:
     granted = set()
     for doc in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text()):
-        if doc["kind"] in ("ClusterRole", "Role"):
+        if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] != READER_ROLE:
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
                     for resource in rule["resources"]:
@@ -210,7 +263,9 @@ def _used(kube: LocalCluster) -> set[tuple[str, str, str]]:
 
 def test_role_grants_exactly_what_the_service_uses(kube: LocalCluster, as_service_account: Service) -> None:
     wait_for(lambda: {("ux.sean.example.com", "workloadsummaries", "delete"),
-                      ("coordination.k8s.io", "leases", "update")} <= _used(kube), timeout=30)
+                      ("coordination.k8s.io", "leases", "update"),
+                      ("authentication.k8s.io", "tokenreviews", "create"),
+                      ("authorization.k8s.io", "subjectaccessreviews", "create")} <= _used(kube), timeout=30)
     granted, used = _granted(), _used(kube)
     assert used <= granted, f"used without a grant: {sorted(used - granted)}"
     denied = [line for line in kube.audit_log.read_text().splitlines()  # type: ignore[attr-defined]
@@ -234,6 +289,13 @@ def test_role_denies_what_the_service_must_not_do(kube: LocalCluster, as_service
                                                    verb: str, resource: str) -> None:
     proc = kube.kubectl("auth", "can-i", verb, resource, f"--as={SA}", "-A", check=False)
     assert proc.stdout.strip() == "no", (verb, resource, proc.stdout, proc.stderr)
+
+
+def test_reader_role_allows_get_metrics_and_nothing_else(kube: LocalCluster, as_service_account: Service) -> None:
+    scraper = "system:serviceaccount:default:scraper"
+    assert kube.kubectl("auth", "can-i", "get", "/metrics", f"--as={scraper}").stdout.strip() == "yes"
+    for verb, what in (("get", "/healthz/x"), ("list", "pods"), ("get", "secrets")):
+        assert kube.kubectl("auth", "can-i", verb, what, f"--as={scraper}", check=False).stdout.strip() == "no"
 
 
 def test_dockerfile_is_multi_stage_and_non_root() -> None:
