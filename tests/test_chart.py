@@ -57,6 +57,10 @@ EXTRA_ENV = [{"name": "NWS_MAX_OWNER_DEPTH", "value": "12"}]
 TOLERATIONS = [{"key": "dedicated", "operator": "Equal", "value": "monitoring", "effect": "NoSchedule"}]
 AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
     {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}]}}}
+CERT_SECRET = "nws-metrics-tls"
+SM_AUTHORIZATION = {"credentials": {"name": "prometheus-token", "key": "token"}}
+SM_TLS = {"ca": {"secret": {"name": CERT_SECRET, "key": "ca.crt"}},
+          "serverName": "node-workload-summary.node-workload-summary.svc"}
 DASHBOARDS = {"label": "my_dashboard", "labelValue": "yes", "namespace": "monitoring",
               "annotations": {"grafana_folder": "Kubernetes"}}
 
@@ -68,7 +72,11 @@ ALL_FLIPPED: dict[str, Any] = {
     "priorityClassName": "system-cluster-critical",
     **_summarizer_values(),
     "rbac": {"extraOwnerKinds": EXTRA_OWNERS},
-    "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"}},
+    "metrics": {"secure": True, "certSecret": CERT_SECRET},  # secure: false is checked on its own
+    "networkPolicy": {"enabled": True, "metricsNamespaceLabels": {"team": "observability"}},
+    "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"},
+                       "bearerTokenFile": "/var/run/secrets/prometheus/token", "authorization": SM_AUTHORIZATION,
+                       "tlsConfig": SM_TLS},
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "dashboards": DASHBOARDS,
 }
@@ -184,8 +192,16 @@ def _container_list(key: str, extra: list[Any]) -> Any:
     return change
 
 
+def _cert_secret(d: dict[str, Any]) -> None:
+    tls = "/etc/node-workload-summary/tls"
+    _container(d)["args"] += [f"--metrics-cert-file={tls}/tls.crt", f"--metrics-key-file={tls}/tls.key"]
+    _container(d)["volumeMounts"] = [{"name": "metrics-tls", "mountPath": tls, "readOnly": True}]
+    d["spec"]["template"]["spec"]["volumes"] = [{"name": "metrics-tls", "secret": {"secretName": CERT_SECRET}}]
+
+
 # (values, how the default Deployment must change): nothing else may change.
 DEPLOYMENT_VALUES = {
+    "metrics.certSecret": ({"metrics": {"secure": True, "certSecret": CERT_SECRET}}, [_cert_secret]),
     "image": ({"image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"}},
               [_container_value("image", "registry.example.com/nws:9.9.9"),
                _container_value("imagePullPolicy", "Always")]),
@@ -244,6 +260,55 @@ def test_service_monitor_labels_and_interval(helm: list[str], tmp_path: Path) ->
     assert rendered.pop(key) == expected
     default.pop(key)
     assert rendered == default
+
+
+def test_metrics_secure_off(helm: list[str], tmp_path: Path) -> None:
+    """Plain HTTP: no --metrics-secure, no review grants, a plain ServiceMonitor; the probes stay apart."""
+    on = {"serviceMonitor": {"enabled": True}}
+    default, rendered = _template(helm, tmp_path, on), _template(helm, tmp_path, {
+        **on, "metrics": {"secure": False, "certSecret": CERT_SECRET}})  # no Secret without secure
+    deployment, role = ("Deployment", NS, RELEASE), ("ClusterRole", "", RELEASE)
+    monitor = ("ServiceMonitor", NS, RELEASE)
+    expected = _deployment(default)
+    _container(expected)["args"].remove("--metrics-secure")
+    assert rendered.pop(deployment) == expected
+    reviews = [{"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+               {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]}]
+    assert rendered.pop(role)["rules"] == [r for r in default[role]["rules"] if r not in reviews]
+    [endpoint] = rendered.pop(monitor)["spec"]["endpoints"]
+    [secure] = default[monitor]["spec"]["endpoints"]
+    assert endpoint == {k: v for k, v in secure.items() if k not in ("scheme", "bearerTokenFile", "tlsConfig")}
+    for key in (deployment, role, monitor):
+        del default[key]
+    assert rendered == default
+
+
+def test_service_monitor_authorization_and_tls(helm: list[str], tmp_path: Path) -> None:
+    on = {"serviceMonitor": {"enabled": True}}
+    default = _template(helm, tmp_path, on)
+    rendered = _template(helm, tmp_path, {"serviceMonitor": {
+        "enabled": True, "authorization": SM_AUTHORIZATION, "tlsConfig": SM_TLS}})
+    key = ("ServiceMonitor", NS, RELEASE)
+    expected = copy.deepcopy(default[key])
+    [endpoint] = expected["spec"]["endpoints"]
+    del endpoint["bearerTokenFile"]
+    endpoint.update(authorization=SM_AUTHORIZATION, tlsConfig=SM_TLS)
+    assert rendered.pop(key) == expected
+    default.pop(key)
+    assert rendered == default
+
+
+def test_network_policy_toggle_and_labels(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    key = ("NetworkPolicy", NS, RELEASE)
+    off = _template(helm, tmp_path, {"networkPolicy": {"enabled": False}})
+    assert off == {k: v for k, v in default.items() if k != key}
+    labelled = _template(helm, tmp_path, {"networkPolicy": {"metricsNamespaceLabels": {"team": "observability"}}})
+    expected = copy.deepcopy(default[key])
+    expected["spec"]["ingress"][0]["from"] = [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    assert labelled.pop(key) == expected
+    default.pop(key)
+    assert labelled == default
 
 
 def test_prometheus_rule_toggle_and_labels(helm: list[str], tmp_path: Path) -> None:

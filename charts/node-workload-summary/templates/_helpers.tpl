@@ -4,3 +4,21 @@
 {{- define "nws.labels" -}}
 app.kubernetes.io/name: {{ include "nws.name" . }}
 {{- end }}
+
+{{/* The certificate Secret, when the metrics are secure and one is given. */}}
+{{- define "nws.certSecret" -}}
+{{- if .Values.metrics.secure }}{{ .Values.metrics.certSecret }}{{ end }}
+{{- end }}
+
+{{/* The container's own arguments (extraArgs are appended). */}}
+{{- define "nws.args" -}}
+- --port=8080
+- --probe-port=8081
+{{- if .Values.metrics.secure }}
+- --metrics-secure
+{{- end }}
+{{- if include "nws.certSecret" . }}
+- --metrics-cert-file=/etc/node-workload-summary/tls/tls.crt
+- --metrics-key-file=/etc/node-workload-summary/tls/tls.key
+{{- end }}
+{{- end }}
