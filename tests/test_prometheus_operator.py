@@ -1,6 +1,6 @@
 """The Prometheus Operator, built from its pinned Go module, run against the local control plane: the
-scrape job and rule file it generates from deploy/with-monitoring/ for a Prometheus that selects
-every ServiceMonitor and PrometheusRule."""
+scrape job (HTTPS with a bearer token file) and rule file it generates from deploy/with-monitoring/
+for a Prometheus that selects every ServiceMonitor and PrometheusRule."""
 
 from __future__ import annotations
 
@@ -88,6 +88,10 @@ def test_scrape_job_for_our_service_monitor(generated: tuple[dict, dict[str, str
     assert (("__meta_kubernetes_service_label_app_kubernetes_io_name",
              "__meta_kubernetes_service_labelpresent_app_kubernetes_io_name"), "(node-workload-summary);true") in keeps
     assert (("__meta_kubernetes_endpoint_port_name",), "metrics") in keeps
+    # --metrics-secure: HTTPS, Prometheus' own ServiceAccount token, the self-signed certificate unverified.
+    assert job["scheme"] == "https"
+    assert job["bearer_token_file"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert job["tls_config"] == {"insecure_skip_verify": True}
 
 
 def test_rule_file_carries_our_alerts(generated: tuple[dict, dict[str, str]]) -> None:
