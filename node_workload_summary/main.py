@@ -154,11 +154,13 @@ async def serve(settings: Settings) -> None:
         await runner.setup()
         # Bound before anything talks to the API server: a taken port is then the one thing said.
         site = await listen(runner, settings.listen_address, settings.port, tls)
-        log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
-                 "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
+        probe_site = None
         if probe_runner is not None and settings.probe_port is not None:
             await probe_runner.setup()
             probe_site = await listen(probe_runner, settings.listen_address, settings.probe_port, flag="--probe-port")
+        log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
+                 "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
+        if probe_site is not None:
             log.info("probes (/healthz, /readyz) on %s", probe_site.name)
         if tls is not None:
             log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s",

@@ -123,7 +123,8 @@ class Settings(BaseSettings):
                                                "made at start (needs the openssl command).")
     metrics_key_file: FilePath | None = Field(None, description="PEM private key of --metrics-cert-file.")
     metrics_auth_cache_ttl: Seconds = Field(60.0, ge=0, description="Seconds an authentication and "
-                                            "authorization decision for a token is reused (0: ask every time).")
+                                            "authorization decision for a token is reused (0: not cached; "
+                                            "concurrent requests with one token still share one review).")
     metrics_auth_cache_size: Count = Field(1024, ge=1, description="Tokens whose decision is cached; the least "
                                            "recently used is dropped beyond this.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")

@@ -112,3 +112,19 @@ def test_help_is_readable(capsys: pytest.CaptureFixture[str]) -> None:
     for readable in ("--kubeconfig PATH", "--workload-pod-labels LABELS", "--lease-duration SECONDS",
                      "--port PORT", "--log-level {debug,info,warning,error}", "[env: NWS_SYNC_LOSS_GRACE]"):
         assert readable in text, readable
+
+
+def test_metrics_secure_needs_a_probe_port(capsys: pytest.CaptureFixture[str]) -> None:
+    assert refused(capsys, "--metrics-secure") == [
+        "error: --metrics-secure: needs --probe-port, so that /healthz and /readyz answer without a token"]
+    assert refused(capsys, "--probe-port=8080") == ["error: --probe-port: must differ from --port (got 8080)"]
+    settings = parse("--metrics-secure", "--probe-port=8081")
+    assert settings.metrics_secure and settings.probe_port == 8081
+
+
+def test_metrics_certificate_and_key_go_together_and_only_when_secure(capsys: pytest.CaptureFixture[str]) -> None:
+    assert refused(capsys, "--metrics-secure", "--probe-port=8081", "--metrics-cert-file=/c") == [
+        "error: --metrics-key-file: --metrics-cert-file and --metrics-key-file go together (got only "
+        "--metrics-cert-file)"]
+    assert refused(capsys, "--metrics-cert-file=/c", "--metrics-key-file=/k") == [
+        "error: --metrics-key-file: a certificate is only used with --metrics-secure"]

@@ -66,6 +66,22 @@ def test_invalid_listen_address_is_one_line(unreachable_kubeconfig: Path, addres
     assert f"cannot listen on {address}:18080: {reason}" in one_error(code, lines)
 
 
+def test_probe_port_in_use_is_one_line_naming_it(unreachable_kubeconfig: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        code, lines = run(f"--kubeconfig={unreachable_kubeconfig}", "--listen-address=127.0.0.1",
+                          f"--port={free_port()}", f"--probe-port={port}")
+    assert one_error(code, lines).endswith(f"cannot listen on 127.0.0.1:{port}: Address already in use "
+                                           "(--listen-address, --probe-port)")
+
+
+def test_unreadable_metrics_certificate_is_one_line_naming_the_files(unreachable_kubeconfig: Path) -> None:
+    code, lines = run(f"--kubeconfig={unreachable_kubeconfig}", "--metrics-secure", f"--probe-port={free_port()}",
+                      "--metrics-cert-file=/nonexistent/tls.crt", "--metrics-key-file=/nonexistent/tls.key")
+    files = "--metrics-cert-file /nonexistent/tls.crt, --metrics-key-file /nonexistent/tls.key: "
+    assert files in one_error(code, lines)
+
+
 def test_missing_kubeconfig_flag_names_the_path() -> None:
     code, lines = run("--kubeconfig=/nonexistent/kc")
     assert one_error(code, lines).endswith("--kubeconfig /nonexistent/kc: no such file")
