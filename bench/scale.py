@@ -3,16 +3,29 @@ summaries, and the service's own costs: sync vs. the bare LIST floor, memory, ch
 writes, scrape. Writes bench/results/scale.{json,md,png}.
 
     python -m bench.scale --nodes 500 2000 5000 --pods-per-node 30
+
+A before/after comparison on one populated control plane, the service started from each checkout
+in turn (PYTHONPATH and working directory set to it), alternately, summaries deleted in between;
+`--only service` skips what does not depend on the service (`kubectl get nodes` and `get pods -A`):
+
+    git worktree add /tmp/before <commit>
+    python -m bench.scale --nodes 5000 --only service --code /tmp/before . --repeat 2 \
+        --merge --compare bench/results/scale.node-state.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
@@ -80,6 +93,52 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
             "summary_p50_ms": ms["summary"][0], "summary_p99_ms": ms["summary"][1]}
 
 
+def _on_node(cluster: LocalCluster, node: str) -> Counter[str]:
+    """Pods per workload (Deployment name) on one node."""
+    _, body = cluster.request(f"/api/v1/namespaces/bench/pods?fieldSelector=spec.nodeName%3D{node}")
+    assert isinstance(body, dict)
+    return Counter(item["metadata"]["name"].rsplit("-", 1)[0] for item in body["items"])
+
+
+def disruption_latency(cluster: LocalCluster, svc: Service, nodes: list[str], groups: int, taint: str) -> dict:
+    """A node state flip with its pods: a disruption taint added to a node, then removed (two flips
+    per node, one node tainted at a time) -> /metrics shows the node group's Disrupting count and
+    every workload with pods on the node in nws_workload_pods_by_node_state (or no longer)."""
+    flips, pods_per_node = [], []
+    for node in nodes:
+        group = f"pool-{int(node.rsplit('-', 1)[1]) % groups}"
+        on_node = _on_node(cluster, node)
+        pods_per_node.append(sum(on_node.values()))
+        count = f'nws_nodegroup_nodes_by_state{{summarizer="pool",group="{group}",state="Disrupting"}} '
+        per_workload = {w: f'nws_workload_pods_by_node_state{{namespace="bench",workload="{w}",kind="Deployment",'
+                           f'state="Disrupting"}} ' for w in on_node}
+        before = value(parse(svc.get("/metrics")[1]), "nws_nodegroup_nodes_by_state", summarizer="pool",
+                       group=group, state="Disrupting") or 0
+        for tainted in (True, False):
+            want = f"{count}{before + 1 if tainted else before:g}\n"
+            taints = [{"key": taint, "value": "bench", "effect": "NoSchedule"}] if tainted else None
+            started = time.monotonic()
+            cluster.request(f"/api/v1/nodes/{node}", "PATCH", {"spec": {"taints": taints}},
+                            content_type="application/merge-patch+json")
+
+            def shows(want: str = want, tainted: bool = tainted, on_node: Counter[str] = on_node,
+                      per_workload: dict[str, str] = per_workload) -> bool:  # substring tests, as above
+                text = svc.get("/metrics")[1]
+                if want not in text:
+                    return False
+                if tainted:
+                    return all(f"{series}{on_node[w]}\n" in text for w, series in per_workload.items())
+                return not any(series in text for series in per_workload.values())
+
+            wait_for(shows, timeout=30, interval=0.005)
+            flips.append(time.monotonic() - started)
+            time.sleep(1.1)
+    p50, p99 = (round(percentile(flips, q) * 1000) for q in (0.5, 0.99))
+    return {"flips": len(flips), "pods_per_node": min(pods_per_node), "taint": taint,
+            "metric_p50_ms": p50, "metric_p99_ms": p99, "metric_max_ms": round(max(flips) * 1000),
+            "metric_ms": [round(f * 1000) for f in flips]}
+
+
 async def _churn(api: ApiClient, pods: list[str], seconds: float, concurrency: int = 64) -> int:
     """Flip pod phases as fast as the API server takes them; returns the number of updates."""
     done = 0
@@ -111,8 +170,47 @@ def events(svc: Service) -> float:
     return sum(select(parse(svc.get("/metrics")[1]), "nws_watch_events_total", resource="pods").values())
 
 
-def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.Namespace) -> dict:
-    result: dict = {"nodes": nodes, "pods": pods, "groups": groups, "workloads": workloads}
+@contextlib.contextmanager
+def running_from(code: Path) -> Iterator[None]:
+    """Processes started inside run the service's code from ``code`` (a checkout)."""
+    cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(code)
+    os.environ["PYTHONPATH"] = str(code)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
+
+
+def revision(code: Path) -> str:
+    return subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+
+
+def clean(cluster: LocalCluster) -> None:
+    """Delete the summaries a previous service run wrote, so the next one starts as the first did
+    (one DELETE of the collection per namespace: `kubectl delete --all` takes one request each)."""
+    api = "/apis/ux.sean.example.com/v1alpha1"
+    _, listed = cluster.request("/api/v1/namespaces")
+    assert isinstance(listed, dict)
+    for ns in [item["metadata"]["name"] for item in listed["items"]]:
+        cluster.request(f"{api}/namespaces/{ns}/workloadsummaries", "DELETE")
+    cluster.request(f"{api}/nodesummaries", "DELETE")
+
+    def gone() -> bool:
+        return all(not body["items"] for _, body in (cluster.request(f"{api}/{plural}?limit=1")
+                                                    for plural in ("workloadsummaries", "nodesummaries")))
+
+    wait_for(gone, timeout=900, interval=1)
+
+
+def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.Namespace) -> list[dict]:
+    size: dict = {"nodes": nodes, "pods": pods, "groups": groups, "workloads": workloads}
+    runs = []
     with LocalCluster(Options(controller_manager=False,
                               extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
         cluster.install_crds(ROOT / "crds")
@@ -127,83 +225,130 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
                 for _ in range(2):  # best of two (the second is warm, like the service's)
                     n, p = await _floor(api, "/api/v1/nodes", 500), await _floor(api, "/api/v1/pods", 500)
                     floors.append((n[0] + p[0], n[1] + p[1]))
-                seconds, size = min(floors)
+                seconds, total = min(floors)
                 return {"populate_seconds": round(populated), "list_floor_seconds": round(seconds, 3),
-                        "list_floor_bytes": size}
+                        "list_floor_bytes": total}
 
-        result |= asyncio.run(setup())
-        say("starting the service ...")
-        svc = Service(cluster)
-        started = time.monotonic()
+        size |= asyncio.run(setup())
+        for _ in range(args.repeat):
+            for code in args.code:
+                if runs:
+                    say("deleting the summaries ...")
+                    clean(cluster)
+                runs.append(measure(cluster, code, size, args))
+                say(json.dumps(runs[-1]))
+    return runs
+
+
+def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namespace) -> dict:
+    """One service run, from the checkout ``code``, on a populated control plane."""
+    nodes, pods, workloads = size["nodes"], size["pods"], size["workloads"]
+    result = dict(size) | {"checkout": str(code), "code": revision(code), "only": args.only}
+    say(f"starting the service from {code} ({result['code']}) ...")
+    svc = Service(cluster)
+    started = time.monotonic()
+    with running_from(code):
         svc.start()
-        result["ready_seconds"] = round(time.monotonic() - started, 2)
-        assert svc.proc is not None
-        samples = parse(svc.get("/metrics")[1])
-        result["initial_sync_seconds"] = value(samples, "nws_initial_sync_duration_seconds")
-        result["sync_vs_floor"] = round(result["initial_sync_seconds"] / result["list_floor_seconds"], 2)
-        wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers", timeout=300)
-                             .stdout.splitlines()) == workloads, timeout=600, interval=1)
-        result["summaries_written_seconds"] = round(time.monotonic() - started, 1)
-        say("read costs ...")
-        result["read"] = {
-            "nodes": kubectl_cost(cluster, "nodes"), "nodesummaries": kubectl_cost(cluster, "nodesummaries"),
-            "pods": kubectl_cost(cluster, "pods", "-A"), "workloads": kubectl_cost(cluster, "workloads.ux", "-A"),
-        }
-        read = result["read"]
-        read["nodes_over_summaries_bytes"] = round(read["nodes"]["bytes"] / read["nodesummaries"]["bytes"])
-        read["pods_over_workloads_bytes"] = round(read["pods"]["bytes"] / read["workloads"]["bytes"])
-        say("idle writes (60 s) ...")
-        time.sleep(5)
-        w0 = writes(svc)
-        time.sleep(args.idle_seconds)
-        result["idle_writes"] = writes(svc) - w0
-        say("NotReady latency ...")
-        result["latency"] = not_ready_latency(cluster, svc, "node-00001", "pool-1", args.latency_rounds)
-        say("churn ...")
-        pod_names = cluster.kubectl("get", "pods", "-n", "bench", "-o", "jsonpath={.items[*].metadata.name}",
-                                    timeout=300).stdout.split()[:2000]
-        e0, w0, t0 = events(svc), writes(svc), time.monotonic()
+    result["ready_seconds"] = round(time.monotonic() - started, 2)
+    assert svc.proc is not None
+    samples = parse(svc.get("/metrics")[1])
+    result["initial_sync_seconds"] = value(samples, "nws_initial_sync_duration_seconds")
+    result["sync_vs_floor"] = round(result["initial_sync_seconds"] / result["list_floor_seconds"], 2)
+    wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers", timeout=300)
+                         .stdout.splitlines()) == workloads, timeout=600, interval=1)
+    result["summaries_written_seconds"] = round(time.monotonic() - started, 1)
+    result["peak_rss_at_summaries_written_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
+    say("read costs ...")
+    read = result["read"] = {
+        "nodesummaries": kubectl_cost(cluster, "nodesummaries"),
+        "workloads": kubectl_cost(cluster, "workloads.ux", "-A"),
+    }
+    if args.only != "service":  # what users pay without the service: the same for any version of it
+        read |= {"nodes": kubectl_cost(cluster, "nodes"), "pods": kubectl_cost(cluster, "pods", "-A")}
+        ratios(read)
+    say("idle writes (60 s) ...")
+    time.sleep(5)
+    w0 = writes(svc)
+    time.sleep(args.idle_seconds)
+    result["idle_writes"] = writes(svc) - w0
+    say("NotReady latency ...")
+    result["latency"] = not_ready_latency(cluster, svc, "node-00001", "pool-1", args.latency_rounds)
+    result["has_node_state"] = "nws_nodegroup_nodes_by_state{" in svc.get("/metrics")[1]
+    if result["has_node_state"]:
+        say("node state flip latency ...")
+        flip_nodes = [f"node-{(2 + 251 * k) % nodes:05d}" for k in range(args.flip_nodes)]
+        result["flip_latency"] = disruption_latency(cluster, svc, flip_nodes, size["groups"], args.taint)
+    say("churn ...")
+    _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
+    assert isinstance(listed, dict)
+    pod_names = [item["metadata"]["name"] for item in listed["items"]]
+    e0, w0, t0 = events(svc), writes(svc), time.monotonic()
 
-        async def churn() -> int:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-                return await _churn(api, pod_names, args.churn_seconds)
+    async def churn() -> int:
+        async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
+            return await _churn(api, pod_names, args.churn_seconds)
 
-        updates = asyncio.run(churn())
-        elapsed = time.monotonic() - t0
-        time.sleep(2)
-        result["churn"] = {"api_updates_per_second": round(updates / elapsed),
-                           "pod_events_per_second_seen": round((events(svc) - e0) / elapsed),
-                           "writes_per_minute": round((writes(svc) - w0) / elapsed * 60)}
-        say("scrape ...")
-        t = time.perf_counter()
-        _, text = svc.get("/metrics")
-        result["scrape"] = {"seconds": round(time.perf_counter() - t, 4), "bytes": len(text.encode()),
-                            "series": sum(1 for line in text.splitlines() if line and not line.startswith("#"))}
-        result["peak_rss_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
-        result["rss_kb_per_pod"] = round(result["peak_rss_mb"] * 1024 / pods, 2)
-        svc.stop()
-    say(json.dumps(result))
+    updates = asyncio.run(churn())
+    elapsed = time.monotonic() - t0
+    time.sleep(2)
+    result["churn"] = {"api_updates_per_second": round(updates / elapsed),
+                       "pod_events_per_second_seen": round((events(svc) - e0) / elapsed),
+                       "writes_per_minute": round((writes(svc) - w0) / elapsed * 60)}
+    say("scrape ...")
+    t = time.perf_counter()
+    _, text = svc.get("/metrics")
+    result["scrape"] = {"seconds": round(time.perf_counter() - t, 4), "bytes": len(text.encode()),
+                        "series": sum(1 for line in text.splitlines() if line and not line.startswith("#"))}
+    result["peak_rss_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
+    result["rss_kb_per_pod"] = round(result["peak_rss_mb"] * 1024 / pods, 2)
+    svc.stop()
     return result
+
+
+def ratios(read: dict) -> None:
+    read["nodes_over_summaries_bytes"] = round(read["nodes"]["bytes"] / read["nodesummaries"]["bytes"])
+    read["pods_over_workloads_bytes"] = round(read["pods"]["bytes"] / read["workloads"]["bytes"])
+
+
+def merged(runs: list[dict]) -> list[dict]:
+    """scale.json's rows: per size, the last run of the current checkout, in place of the size's
+    row already there; the reads skipped by `--only service` carried over from that row."""
+    old = {r["nodes"]: r for r in json.loads((RESULTS / "scale.json").read_text())}
+    for run in runs:
+        previous = old.get(run["nodes"], {})
+        if "pods" not in run["read"] and "pods" in previous.get("read", {}):
+            run["read"] |= {k: previous["read"][k] for k in ("nodes", "pods")}
+            run["read"]["carried_over"] = ["nodes", "pods"]
+            ratios(run["read"])
+        old[run["nodes"]] = run
+    return [old[n] for n in sorted(old)]
 
 
 def report(results: list[dict]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
     rows = ["| nodes | pods | nodes JSON / nodesummaries JSON | pods JSON / workloads JSON | sync / LIST floor | "
-            "peak RSS (MB, KB/pod) | NotReady -> metric p50/p99 | -> NodeSummary p50/p99 | idle writes | "
-            "churn: API updates/s, writes/min | scrape |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+            "peak RSS (MB, KB/pod) | NotReady -> metric p50/p99 | -> NodeSummary p50/p99 | "
+            "Disrupting flip (30 pods) -> metric p50/p99 | idle writes | churn: API updates/s, writes/min | scrape |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rd, lat, ch, sc = r["read"], r["latency"], r["churn"], r["scrape"]
-        nodes, summaries, pods, wls = rd["nodes"], rd["nodesummaries"], rd["pods"], rd["workloads"]
+        flip = r.get("flip_latency")
+        flip_text = f"{flip['metric_p50_ms']} / {flip['metric_p99_ms']} ms" if flip else "-"
+        summaries, wls = rd["nodesummaries"], rd["workloads"]
+        nodes_text = pods_text = "- / "
+        if "nodes" in rd:  # not with --only service (and nothing to carry over)
+            nodes, pods = rd["nodes"], rd["pods"]
+            nodes_text = (f"{nodes['bytes'] / 1e6:.1f} MB / {summaries['bytes'] / 1e3:.1f} KB "
+                          f"({rd['nodes_over_summaries_bytes']}x); {nodes['seconds']} s / ")
+            pods_text = (f"{pods['bytes'] / 1e6:.0f} MB / {wls['bytes'] / 1e3:.0f} KB "
+                         f"({rd['pods_over_workloads_bytes']}x); {pods['seconds']} s / ")
         rows.append(
-            f"| {r['nodes']} | {r['pods']} | {nodes['bytes'] / 1e6:.1f} MB / {summaries['bytes'] / 1e3:.1f} KB "
-            f"({rd['nodes_over_summaries_bytes']}x); {nodes['seconds']} s / {summaries['seconds']} s "
-            f"| {pods['bytes'] / 1e6:.0f} MB / {wls['bytes'] / 1e3:.0f} KB ({rd['pods_over_workloads_bytes']}x); "
-            f"{pods['seconds']} s / {wls['seconds']} s "
+            f"| {r['nodes']} | {r['pods']} | {nodes_text}{summaries['seconds']} s "
+            f"| {pods_text}{wls['seconds']} s "
             f"| {r['initial_sync_seconds']} s / {r['list_floor_seconds']} s ({r['sync_vs_floor']}x) "
             f"| {r['peak_rss_mb']} ({r['rss_kb_per_pod']}) | {lat['metric_p50_ms']} / {lat['metric_p99_ms']} ms "
-            f"| {lat['summary_p50_ms']} / {lat['summary_p99_ms']} ms | {r['idle_writes']:.0f} "
+            f"| {lat['summary_p50_ms']} / {lat['summary_p99_ms']} ms | {flip_text} | {r['idle_writes']:.0f} "
             f"| {ch['api_updates_per_second']}, {ch['writes_per_minute']} "
             f"| {sc['series']} series, {sc['bytes'] / 1e3:.0f} KB, {sc['seconds'] * 1000:.1f} ms |")
     (RESULTS / "scale.md").write_text("\n".join(rows) + "\n")
@@ -221,7 +366,9 @@ def report(results: list[dict]) -> None:
     ax = axes[0][0]
     for key, label in (("nodes", "get nodes"), ("pods", "get pods -A"), ("nodesummaries", "get nodesummaries"),
                        ("workloads", "get workloads.ux -A")):
-        ax.plot(pods, [r["read"][key]["bytes"] / 1e6 for r in results], "o-", label=f"kubectl {label} -o json")
+        have = [r for r in results if key in r["read"]]
+        ax.plot([r["pods"] for r in have], [r["read"][key]["bytes"] / 1e6 for r in have], "o-",
+                label=f"kubectl {label} -o json")
     ax.set_yscale("log"), ax.set_title("read: MB per answer"), ax.legend(fontsize=7)
     ax = axes[0][1]
     ax.plot(pods, [r["initial_sync_seconds"] for r in results], "o-", label="service initial sync")
@@ -234,6 +381,9 @@ def report(results: list[dict]) -> None:
     ax = axes[1][1]
     ax.plot(pods, [r["latency"]["metric_p99_ms"] for r in results], "o-", label="NotReady -> /metrics p99 (ms)")
     ax.plot(pods, [r["latency"]["summary_p99_ms"] for r in results], "o-", label="NotReady -> NodeSummary p99 (ms)")
+    flips = [r for r in results if r.get("flip_latency")]
+    ax.plot([r["pods"] for r in flips], [r["flip_latency"]["metric_p99_ms"] for r in flips], "o",
+            label="Disrupting taint, 30 pods -> /metrics p99 (ms)")
     ax.set_title("latency"), ax.legend(fontsize=7)
     for a in axes.flat:
         a.set_xlabel("pods")
@@ -251,12 +401,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=60)
     parser.add_argument("--churn-seconds", type=float, default=30)
     parser.add_argument("--latency-rounds", type=int, default=20)
+    parser.add_argument("--flip-nodes", type=int, default=20,
+                        help="nodes tainted and untainted in turn for the node state flip latency (2 flips each)")
+    parser.add_argument("--taint", default="karpenter.sh/disrupted", help="the disruption taint of the flips")
+    parser.add_argument("--only", choices=["service"],
+                        help="service: skip `kubectl get nodes` and `get pods -A` (no service involved)")
+    parser.add_argument("--code", type=Path, nargs="+", default=[ROOT],
+                        help="checkouts to run the service from, in turn, on each populated control plane")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over --code")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace only the sizes run in scale.json (the current checkout's last run)")
+    parser.add_argument("--compare", type=Path, help="write every run (each checkout, each round) here")
     args = parser.parse_args(argv)
-    results = []
+    args.code = [c.resolve() for c in args.code]
+    results, runs = [], []
     for n in args.nodes:
         pods = n * args.pods_per_node
-        results.append(run_size(n, pods, args.groups, max(1, pods // args.pods_per_workload), args))
-        report(results)
+        runs += run_size(n, pods, args.groups, max(1, pods // args.pods_per_workload), args)
+        if args.compare:
+            args.compare.write_text(json.dumps(runs, indent=2) + "\n")
+        mine = [r for r in runs if r["checkout"] == str(ROOT)]
+        if args.merge:
+            results = merged(mine)
+        else:
+            results = [[r for r in mine if r["nodes"] == size][-1] for size in sorted({r["nodes"] for r in mine})]
+        if results:
+            report(results)
     return 0
 
 
