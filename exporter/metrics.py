@@ -155,8 +155,9 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                     lambda w: ((_labels(state=s), w.pods_by_node_state[s])
                                for s in UNHEALTHY_STATES if w.pods_by_node_state.get(s))),
     FamilyGenerator(Family("workload_nodes_unhealthy", "gauge",
-                           "Distinct nodes that the root workload's pods run on and that are not Ready."),
-                    lambda w: [] if w.unhealthy_nodes is None else [("", w.unhealthy_nodes)]),
+                           "Distinct nodes that the root workload's pods run on and that are not Ready, "
+                           "while non-zero."),
+                    lambda w: [("", w.unhealthy_nodes)] if w.unhealthy_nodes else []),
 )
 
 
