@@ -43,7 +43,7 @@ import msgspec
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.objects import Node, Pod
 from localkube.cluster import LocalCluster, Options
-from localkube.proxy import StallingProxy
+from localkube.proxy import StallingProxy, through_proxy
 from localkube.service import Service, select, value
 from reconciler.names import is_dns1123_subdomain
 from tests.reference import Owner, World, recompute
@@ -550,14 +550,6 @@ def populate(bench: Bench) -> None:
         bench.create_pod(f"app-{p % args.workloads}", f"node-{p % args.nodes:02d}", "Running")
 
 
-def proxied_kubeconfig(cluster: LocalCluster, proxy: StallingProxy) -> Path:
-    config = json.loads(cluster.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    path = cluster.workdir / "proxied.kubeconfig"
-    path.write_text(json.dumps(config))
-    return path
-
-
 # -- results ---------------------------------------------------------------------------------------
 
 def p(values: list[float], q: float) -> float:
@@ -644,8 +636,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with LocalCluster(Options()) as cluster:
         cluster.install_crds(ROOT / "crds")
-        proxy = StallingProxy("127.0.0.1", int(cluster.server.rsplit(":", 1)[1]))
-        bench = Bench(cluster, proxy, proxied_kubeconfig(cluster, proxy), args, rng=random.Random(args.seed))
+        proxy, kubeconfig = through_proxy(cluster)
+        bench = Bench(cluster, proxy, kubeconfig, args, rng=random.Random(args.seed))
         try:
             populate(bench)
             bench.start_replica("a", proxied=False)

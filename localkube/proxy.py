@@ -5,10 +5,12 @@ client-side read timeout can notice. TLS passes through untouched."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import threading
+from pathlib import Path
 
-from .cluster import free_port
+from .cluster import LocalCluster, free_port
 
 
 class StallingProxy:
@@ -79,3 +81,13 @@ class StallingProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+def through_proxy(cluster: LocalCluster, name: str = "proxied") -> tuple[StallingProxy, Path]:
+    """A StallingProxy in front of ``cluster``'s API server, and a kubeconfig that goes through it."""
+    proxy = StallingProxy("127.0.0.1", int(cluster.server.rsplit(":", 1)[1]))
+    config = json.loads(cluster.kubeconfig.read_text())
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path = cluster.workdir / f"{name}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return proxy, path

@@ -4,7 +4,6 @@ lost (restarts and 410 after a freeze are in test_exporter.py, user edits in tes
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import threading
@@ -21,7 +20,7 @@ from kubeindex.index import ClusterIndex
 from kubeindex.objects import Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from localkube.cluster import LocalCluster
-from localkube.proxy import StallingProxy
+from localkube.proxy import through_proxy
 from localkube.service import Service, parse, select, value, wait_for
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
@@ -45,12 +44,7 @@ def _node_not_ready(svc: Service, group: str = "a") -> float | None:
 
 
 def test_silent_watch_is_noticed_by_the_read_timeout(kube: LocalCluster) -> None:
-    port = int(kube.server.rsplit(":", 1)[1])
-    proxy = StallingProxy("127.0.0.1", port)
-    config = json.loads(kube.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    proxied = kube.workdir / "proxied.kubeconfig"
-    proxied.write_text(json.dumps(config))
+    proxy, proxied = through_proxy(kube, "proxied")
     svc = Service(kube, (f"--kubeconfig={proxied}", "--read-timeout=3", "--no-reconciler")).start()
     try:
         assert _node_not_ready(svc) == 0

@@ -21,7 +21,7 @@ from kubernetes import client
 from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
 from localkube.cluster import LocalCluster
-from localkube.proxy import StallingProxy
+from localkube.proxy import through_proxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
@@ -317,11 +317,7 @@ def test_a_leader_cut_off_from_the_api_server_gives_way(kube: LocalCluster, lead
     """A leader whose connections all hang (a dead load balancer in front of the API server)
     steps down once its watches have been cut off for longer than --sync-loss-grace, and a
     healthy replica takes over; /readyz of the cut-off replica says why."""
-    proxy = StallingProxy("127.0.0.1", int(kube.server.rsplit(":", 1)[1]))
-    config = json.loads(kube.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    proxied = kube.workdir / "cut-off.kubeconfig"
-    proxied.write_text(json.dumps(config))
+    proxy, proxied = through_proxy(kube, "cut-off")
     leader.stop()
     lease = ok(kube.request(LEASE))
     lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
@@ -351,11 +347,7 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
     """A replica whose watch connections died silently (a load balancer that drops flows without a
     reset) can still win the lease over new connections. Before, it then led on its frozen view
     until the read timeout noticed (minutes); now a new leader relists every watch first."""
-    proxy = StallingProxy("127.0.0.1", int(kube.server.rsplit(":", 1)[1]))
-    config = json.loads(kube.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    proxied = kube.workdir / "silent.kubeconfig"
-    proxied.write_text(json.dumps(config))
+    proxy, proxied = through_proxy(kube, "silent")
     standby = Service(kube, (f"--kubeconfig={proxied}", "--identity=silent", "--read-timeout=120",
                              *FAST_LEASE)).start()
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from localkube.cluster import LocalCluster, free_port
-from localkube.proxy import StallingProxy
+from localkube.proxy import through_proxy
 from localkube.service import Service, wait_for
 
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
@@ -139,11 +139,7 @@ def test_sigterm_releases_the_lease_and_exits(cluster: LocalCluster) -> None:
 
 
 def test_sigterm_under_a_hung_api_server_exits_within_the_bound(cluster: LocalCluster) -> None:
-    proxy = StallingProxy("127.0.0.1", int(cluster.server.rsplit(":", 1)[1]))
-    config = json.loads(cluster.kubeconfig.read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
-    proxied = cluster.workdir / "startup-stalled.kubeconfig"
-    proxied.write_text(json.dumps(config))
+    proxy, proxied = through_proxy(cluster, "startup-stalled")
     svc = Service(cluster, (f"--kubeconfig={proxied}", "--lease-name=startup-stall", "--identity=stalled",
                             *FAST_LEASE)).start()
     try:
