@@ -15,7 +15,6 @@ Aggregates carry a ``generation`` stamp that changes whenever their content does
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -40,7 +39,20 @@ PROBLEM_CONDITIONS = ("KernelDeadlock", "ReadonlyFilesystem", "FrequentKubeletRe
 ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu", "aws.amazon.com/neuron*",
                          "habana.ai/gaudi")
 
-_generation = itertools.count(1)
+
+
+class _Stamps:
+    """Generation stamps: ``next()`` gives a new one; ``value`` is the newest, so a consumer can
+    tell in O(1) whether anything changed since it last looked."""
+
+    value = 0
+
+    def __next__(self) -> int:
+        self.value += 1
+        return self.value
+
+
+_generation = _Stamps()
 K = TypeVar("K")
 
 
@@ -278,6 +290,11 @@ class ClusterIndex:
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.on_owner_kind = on_owner_kind
+
+    @property
+    def stamp(self) -> int:
+        """Changes whenever any aggregate, or the set of node groups or workloads, does."""
+        return _generation.value
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -537,8 +554,10 @@ class ClusterIndex:
         was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid
         if is_root and not was_root:
             namespace, name = split_key(vertex.key)
-            self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk))
+            self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk,
+                                                              generation=next(_generation)))
         elif was_root and not is_root:
             agg = self.workloads.get(vertex.uid)
             if agg is not None and not agg.pods:
                 del self.workloads[vertex.uid]
+                next(_generation)  # the set of workloads changed

@@ -189,6 +189,7 @@ class Reconciler:
         self._fresh = elector is None  # a new leader writes only from a view relisted since it won
         self._refreshing: asyncio.Task | None = None
         self._next_summarizers = 0.0
+        self._inputs: tuple = ()  # (index stamp, summarizer uids) of the last desired computation
         self._logged: set[tuple[str, str]] = set()  # (summarizer uid, reason) said once in the log
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
@@ -310,6 +311,11 @@ class Reconciler:
         if infos != self._infos:
             self._infos = infos
             self._resync = True  # kept summaries of a kind that was not usable may now be stale
+        inputs = (self.index.stamp, uids)
+        if inputs == self._inputs and not self._resync:
+            self._summarizers_due()
+            return  # nothing the desired objects are made of changed: a quiet pass costs this much
+        self._inputs = inputs
         desired = {(d.plural, d.key): d for d in desired_state(self.index, uids, infos, self._desired_cache,
                                                                 self.naming)}
         previous, self.desired = self.desired, desired
@@ -323,6 +329,9 @@ class Reconciler:
                     self.queue.add(key)
             for key in previous.keys() - desired.keys():
                 self.queue.add(key)
+        self._summarizers_due()
+
+    def _summarizers_due(self) -> None:
         now = time.monotonic()
         if now >= self._next_summarizers:
             self._next_summarizers = now + self.s.summarizer_interval

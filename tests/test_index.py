@@ -524,3 +524,18 @@ def test_bad_quantities_count_as_zero() -> None:
 
     for bad in ("1e999999999", "1E400000", "abc", "", "1.2.3Gi"):
         assert parse_or_zero(bad) == 0, bad
+
+
+def test_stamp_changes_with_every_change_the_summaries_are_made_of() -> None:
+    """The reconciler skips a pass when the stamp is unchanged: a workload that appears or goes
+    without a pod (a configured owner alone) must change it too."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
+    before = index.stamp
+    index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)
+    assert "d1" in index.workloads and index.stamp != before
+    quiet = index.stamp
+    index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)  # a status update: nothing new
+    assert index.stamp == quiet
+    index.delete_owner(("apps", "Deployment"), "ns/idle")
+    assert "d1" not in index.workloads and index.stamp != quiet
