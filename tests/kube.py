@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
@@ -84,3 +87,14 @@ def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[Lo
         workload_summarizer(c, "apps", [("apps", "Deployment")])
         c.kubectl("create", "namespace", namespace)
         yield c
+
+
+def token_kubeconfig(kube: LocalCluster, account: str, namespace: str, name: str | None = None) -> Path:
+    """The cluster's kubeconfig with a token of ServiceAccount ``namespace/account`` as its user."""
+    token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
+    config = yaml.safe_load(kube.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    config["contexts"][0]["context"]["user"] = account
+    path = kube.workdir / f"{name or account}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path

@@ -22,6 +22,7 @@ from localkube.build import HELM, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from tests.conftest import CRDS, ROOT
+from tests.kube import token_kubeconfig
 
 CHART = ROOT / "charts" / "node-workload-summary"
 DEPLOY = ROOT / "deploy"
@@ -405,12 +406,7 @@ def test_helm_install_creates_everything(kube: LocalCluster, installed: str, hel
 @pytest.fixture(scope="module")
 def as_service_account(kube: LocalCluster, installed: str) -> Iterator[Service]:
     """The real service process, started locally with a token of the chart's ServiceAccount."""
-    token = kube.kubectl("create", "token", RELEASE, "-n", NS, "--duration=2h").stdout.strip()
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": "sa", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "sa"
-    sa_kubeconfig = kube.workdir / "chart-sa.kubeconfig"
-    sa_kubeconfig.write_text(json.dumps(config))
+    sa_kubeconfig = token_kubeconfig(kube, RELEASE, NS, "chart-sa")
     for pool in ("cpu", "gpu"):
         for i in range(2):
             kwok_node(kube, f"{pool}-{i}", pool, {"cpu": "8", "memory": "32Gi", "pods": "110"})

@@ -18,6 +18,7 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
 from tests.conftest import ROOT
+from tests.kube import token_kubeconfig
 
 DEPLOY = ROOT / "deploy"
 WITH_MONITORING = DEPLOY / "with-monitoring"
@@ -181,12 +182,7 @@ def test_one_apply_needs_no_crd_it_creates(kube: LocalCluster, path: Path) -> No
 def as_service_account(kube: LocalCluster, base: subprocess.CompletedProcess[str]) -> Iterator[Service]:
     kube.kubectl("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
     kube.kubectl("apply", "-f", str(SUMMARIZERS))
-    token = kube.kubectl("create", "token", "node-workload-summary", "-n", NS, "--duration=2h").stdout.strip()
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": "sa", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "sa"
-    sa_kubeconfig = kube.workdir / "sa.kubeconfig"
-    sa_kubeconfig.write_text(json.dumps(config))
+    sa_kubeconfig = token_kubeconfig(kube, "node-workload-summary", NS, "sa")
     for pool in ("cpu", "gpu"):
         for i in range(2):
             kwok_node(kube, f"{pool}-{i}", pool, {"cpu": "8", "memory": "32Gi", "pods": "110"})

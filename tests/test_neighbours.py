@@ -25,7 +25,7 @@ from localkube.proxy import through_proxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
-from tests.kube import create_node, delete, deployment, summarized_cluster
+from tests.kube import create_node, delete, deployment, summarized_cluster, token_kubeconfig
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "team"
@@ -216,12 +216,7 @@ def _token_kubeconfig(kube: LocalCluster, account: str, rules: str) -> Path:
     kube.kubectl("apply", "-f", "-", input=json.dumps(role))
     kube.kubectl("create", "clusterrolebinding", account, f"--clusterrole={account}",
                  f"--serviceaccount=default:{account}")
-    token = kube.kubectl("create", "token", account, "-n", "default", "--duration=1h").stdout.strip()
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": token}}]
-    path = kube.workdir / f"{account}.kubeconfig"
-    path.write_text(json.dumps(config))
-    return path
+    return token_kubeconfig(kube, account, "default")
 
 
 def test_an_unsynced_replica_never_holds_the_lease(kube: LocalCluster, leader: Service) -> None:

@@ -7,7 +7,6 @@ Each test failed against the code before the change (recorded in its docstring).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import time
@@ -29,7 +28,7 @@ from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from tests.conftest import CRDS
-from tests.kube import create_pod, delete, set_pod_phase
+from tests.kube import create_pod, delete, set_pod_phase, token_kubeconfig
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "src"
@@ -254,13 +253,7 @@ def limited_kubeconfig(kube: LocalCluster, name: str, resources: dict[str, list[
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
          "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NS}]}]))
-    token = kube.kubectl("create", "token", name, "-n", NS, "--duration=1h").stdout.strip()
-    config = yaml.safe_load(kube.kubeconfig.read_text())
-    config["users"] = [{"name": name, "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = name
-    path = kube.workdir / f"{name}.kubeconfig"
-    path.write_text(json.dumps(config))
-    return path
+    return token_kubeconfig(kube, name, NS)
 
 
 SUMMARIZERS = {"ux.sean.example.com": ["nodesummarizers", "workloadsummarizers"]}
