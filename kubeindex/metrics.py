@@ -61,7 +61,7 @@ class SourcesCollector(Collector):
                      sources.missing_kinds)
         yield _kinds("nws_kind_forbidden",
                      "1 for each configured or referenced kind this service may not list or watch.",
-                     getattr(sources, "forbidden_kinds", set()))
+                     sources.forbidden_kinds)
 
 
 def _kinds(name: str, help_: str, kinds: set[tuple[str, str]]) -> GaugeMetricFamily:

@@ -236,9 +236,7 @@ class Reconciler:
 
     def not_ready(self) -> list[str]:
         """Why this replica's view is not current enough to write ([] when it is)."""
-        problems = getattr(self.sources, "sync_problems", None)
-        reasons = list(problems()) if problems is not None else (
-            [] if self.sources.ready.is_set() else ["initial sync in progress"])
+        reasons = self.sources.sync_problems()
         reasons += [f"{r.name}: initial sync in progress" for r in self.reflectors if not r.synced.is_set()]
         return reasons
 
@@ -296,12 +294,7 @@ class Reconciler:
         return infos
 
     def _kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
-        problem = getattr(self.sources, "kind_problem", None)
-        if problem is not None:
-            return problem(group, kind, version)
-        if (group, kind) in self.sources.missing_kinds:
-            return "KindNotServed", f"{kind} ({group or 'core'}) is not served by the API server"
-        return None
+        return self.sources.kind_problem(group, kind, version)
 
     def refresh(self) -> None:
         """One pass: recompute the desired objects (cheap when little changed) and queue the keys

@@ -495,7 +495,7 @@ def test_sources_and_reconciler_collectors() -> None:
     sources.missing_kinds.clear()  # a kind no longer configured: its series goes
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
     assert value(s, "nws_reconciler_leader") == 1 and not select(s, "nws_kind_not_served")
-    del sources.forbidden_kinds  # an older Sources without the attribute
+    sources.forbidden_kinds.clear()  # the kind was granted: its series goes
     registry2 = CollectorRegistry()
     registry2.register(SourcesCollector(sources))  # type: ignore[arg-type]
     registry2.register(ReconcilerCollector(reconciler, None))
