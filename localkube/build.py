@@ -135,6 +135,21 @@ PROMETHEUS_OPERATOR = Component(
 )
 
 
+# Not in COMPONENTS: the real CRDs of the workload and queueing projects, for the tests and the
+# demo that create their objects (no binaries: only the YAML, copied out of the pinned module).
+def _crds(name: str, module: str, bundle: str, paths: tuple[str, ...]) -> Component:
+    return Component(name, module, (), bundles=((bundle, paths),))
+
+
+JOBSET = _crds("jobset", "sigs.k8s.io/jobset", "jobset-crds.yaml",
+               ("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",))
+LWS = _crds("lws", "sigs.k8s.io/lws", "lws-crds.yaml",
+            ("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",))
+KUEUE = _crds("kueue", "sigs.k8s.io/kueue", "kueue-crds.yaml",
+              tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
+                    for plural in ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")))
+
+
 def cache_root() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "node-workload-summary"
     return Path(os.environ.get("NWS_CACHE_DIR", default))
@@ -191,6 +206,9 @@ def _build_one(go: str, component: Component, binary: Binary, dest: Path) -> Non
 def _write_bundles(go: str, component: Component, out: Path) -> None:
     if not component.bundles:
         return
+    # A component without binaries has nothing that downloads its module: do it here (a no-op
+    # when it is in the module cache already).
+    subprocess.run([go, "mod", "download", component.module], cwd=component.dir, capture_output=True, check=True)
     source = subprocess.run(
         [go, "list", "-m", "-f", "{{.Dir}}", component.module],
         cwd=component.dir, capture_output=True, text=True, check=True,
@@ -224,7 +242,7 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS) -> dict[str,
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 missing = _missing(component, out)
                 if missing:
-                    _say(f"building {component.name} {component.version} ({len(missing)} binaries) into {out}")
+                    _say(f"building {component.name} {component.version} ({', '.join(sorted(missing))}) into {out}")
                 for binary in (b for b in component.binaries if b.name in missing):
                     tmp = out / f".{binary.name}.tmp"
                     _build_one(go, component, binary, tmp)

@@ -136,3 +136,23 @@ def test_restart_apiserver_and_expire_resource_versions(cluster: LocalCluster) -
     # A watch from a compacted resourceVersion is answered with an ERROR event carrying 410 Gone.
     assert code == 200
     assert body["type"] == "ERROR" and body["object"]["code"] == 410, body  # type: ignore[index]
+
+
+def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> None:
+    """The CRDs come from the projects' pinned Go modules and are served as the projects serve them."""
+    from localkube.build import JOBSET, KUEUE, LWS
+
+    for component in (JOBSET, LWS, KUEUE):
+        [path] = ensure_binaries((component,)).values()
+        assert component.version in str(path)
+        cluster.install_crds(path)
+    served = cluster.kubectl("api-resources", "-o", "name").stdout.split()
+    for resource in ("jobsets.jobset.x-k8s.io", "leaderworkersets.leaderworkerset.x-k8s.io",
+                     "resourceflavors.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "workloads.kueue.x-k8s.io"):
+        assert resource in served
+    # The real schemas validate: a ClusterQueue quota that is not a quantity is refused.
+    bad = cluster.kubectl("apply", "-f", "-", check=False, input=json.dumps({
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "bad"},
+        "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "f", "resources": [{"name": "cpu", "nominalQuota": "lots"}]}]}]}}))
+    assert bad.returncode != 0 and "nominalQuota" in bad.stderr
