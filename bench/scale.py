@@ -11,6 +11,12 @@ in turn (PYTHONPATH and working directory set to it), alternately, summaries del
     git worktree add /tmp/before <commit>
     python -m bench.scale --nodes 5000 --only service --code /tmp/before . --repeat 2 \
         --merge --compare bench/results/scale.node-state.json
+
+The same for /metrics served plain and with --metrics-secure (HTTPS, every scrape with a bearer
+token checked by TokenReview + SubjectAccessReview, decisions cached), alternately:
+
+    python -m bench.scale --nodes 5000 --only service --metrics plain secure --repeat 2 \
+        --compare bench/results/scale.secure-metrics.json
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
-from localkube.service import Service, parse, select, value, wait_for
+from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
 from .populate import populate
 from .sync import _floor, _status_kb
@@ -230,22 +236,27 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
                         "list_floor_bytes": total}
 
         size |= asyncio.run(setup())
+        token = metrics_reader_token(cluster, "bench-reader") if "secure" in args.metrics else ""
         for _ in range(args.repeat):
             for code in args.code:
-                if runs:
-                    say("deleting the summaries ...")
-                    clean(cluster)
-                runs.append(measure(cluster, code, size, args))
-                say(json.dumps(runs[-1]))
+                for metrics in args.metrics:
+                    if runs:
+                        say("deleting the summaries ...")
+                        clean(cluster)
+                    runs.append(measure(cluster, code, size, args, metrics, token))
+                    say(json.dumps(runs[-1]))
     return runs
 
 
-def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namespace) -> dict:
-    """One service run, from the checkout ``code``, on a populated control plane."""
+def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namespace, metrics: str = "plain",
+            token: str = "") -> dict:
+    """One service run, from the checkout ``code``, on a populated control plane; every read of
+    /metrics (the latency probes too) goes through --metrics-secure when ``metrics`` is "secure"."""
     nodes, pods, workloads = size["nodes"], size["pods"], size["workloads"]
-    result = dict(size) | {"checkout": str(code), "code": revision(code), "only": args.only}
-    say(f"starting the service from {code} ({result['code']}) ...")
-    svc = Service(cluster)
+    result = dict(size) | {"checkout": str(code), "code": revision(code), "only": args.only, "metrics": metrics}
+    say(f"starting the service from {code} ({result['code']}), {metrics} /metrics ...")
+    secure = metrics == "secure"
+    svc = Service(cluster, secure=secure, token=token if secure else "")
     started = time.monotonic()
     with running_from(code):
         svc.start()
@@ -408,7 +419,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="service: skip `kubectl get nodes` and `get pods -A` (no service involved)")
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT],
                         help="checkouts to run the service from, in turn, on each populated control plane")
-    parser.add_argument("--repeat", type=int, default=1, help="rounds over --code")
+    parser.add_argument("--metrics", nargs="+", choices=["plain", "secure"], default=["plain"],
+                        help="serve /metrics plain, or with --metrics-secure (the bench scrapes with a token "
+                             "bound to the metrics-reader role); several: each in turn")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over --code (and --metrics)")
     parser.add_argument("--merge", action="store_true",
                         help="replace only the sizes run in scale.json (the current checkout's last run)")
     parser.add_argument("--compare", type=Path, help="write every run (each checkout, each round) here")
@@ -420,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         runs += run_size(n, pods, args.groups, max(1, pods // args.pods_per_workload), args)
         if args.compare:
             args.compare.write_text(json.dumps(runs, indent=2) + "\n")
-        mine = [r for r in runs if r["checkout"] == str(ROOT)]
+        mine = [r for r in runs if r["checkout"] == str(ROOT) and r["metrics"] == args.metrics[0]]
         if args.merge:
             results = merged(mine)
         else:

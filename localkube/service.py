@@ -3,6 +3,7 @@ shared by tests, benchmarks and the demo."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import ssl
@@ -15,11 +16,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from .cluster import LocalCluster, free_port, set_parent_death_signal
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+READER_ROLE = "node-workload-summary-metrics-reader"
+RBAC = Path(__file__).resolve().parent.parent / "deploy" / "base" / "rbac.yaml"
+
+
+def metrics_reader_token(cluster: LocalCluster, account: str = "reader", namespace: str = "default") -> str:
+    """A token of ServiceAccount ``namespace/account`` bound to the shipped metrics-reader
+    ClusterRole (deploy/base/rbac.yaml): what Prometheus presents to a --metrics-secure service."""
+    role = next(d for d in yaml.safe_load_all(RBAC.read_text()) if d["metadata"]["name"] == READER_ROLE)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(role))
+    cluster.kubectl("create", "serviceaccount", account, "-n", namespace, check=False)  # may exist
+    cluster.kubectl("create", "clusterrolebinding", f"{account}-{namespace}-metrics", f"--clusterrole={READER_ROLE}",
+                    f"--serviceaccount={namespace}:{account}", check=False)
+    return cluster.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
 
 
 def parse(text: str) -> Samples:
@@ -57,7 +72,8 @@ class Service:
     """The real `node-workload-summary` process (exporter + reconciler) against the local control plane.
 
     ``secure``: /metrics over HTTPS with token checks (--metrics-secure, its self-signed certificate
-    saved to ``ca_file`` and trusted by get()), the probes on a plain port of their own."""
+    saved to ``ca_file`` and trusted by get()), the probes on a plain port of their own; ``token``
+    is the bearer token get() sends to /metrics unless given another."""
 
     cluster: LocalCluster
     args: tuple[str, ...] = ()
@@ -67,6 +83,7 @@ class Service:
     secure: bool = False
     probe_port: int = 0
     ca_file: Path | None = None
+    token: str = ""
 
     def start(self, ready: bool = True) -> Service:
         """Start the process; wait for /readyz 200 (``ready``), or only for the HTTP server."""
@@ -107,8 +124,9 @@ class Service:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise AssertionError(f"service exited with {self.proc.returncode}:\n{self.log_text()}")
-        headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
         metrics = path.startswith("/metrics")
+        token = token or (self.token if metrics else "")
+        headers = {"Accept": accept, **({"Authorization": f"Bearer {token}"} if token else {})}
         url = self.metrics_url + path.removeprefix("/metrics") if metrics else f"http://127.0.0.1:{self.probe_port}{path}"
         request = urllib.request.Request(url, headers=headers)
         try:

@@ -29,19 +29,12 @@ from exporter.auth import Authorizer
 from exporter.tls import CertFiles, server_context
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
-from localkube.service import Service, wait_for
-from tests.conftest import CRDS, ROOT
+from localkube.service import Service, metrics_reader_token, wait_for
+from tests.conftest import CRDS
 from tests.kube import create_node, set_node_status
 
-READER_ROLE = "node-workload-summary-metrics-reader"
 SCRAPES = 100
 HANDFUL = 3  # TokenReviews allowed for SCRAPES concurrent scrapes with one token
-
-
-def _reader_role() -> dict:
-    """The shipped ClusterRole, as deploy/base/rbac.yaml has it."""
-    docs = yaml.safe_load_all((ROOT / "deploy" / "base" / "rbac.yaml").read_text())
-    return next(d for d in docs if d["metadata"]["name"] == READER_ROLE)
 
 
 @pytest.fixture(scope="module")
@@ -61,11 +54,8 @@ def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         node_summarizer(c, "pool", "pool")
         for name in ("a-1", "a-2"):
             create_node(c, name, {"pool": "a"})
-        c.kubectl("apply", "-f", "-", input=json.dumps(_reader_role()))
-        for sa in ("reader", "stranger"):
-            c.kubectl("create", "serviceaccount", sa)
-        c.kubectl("create", "clusterrolebinding", "reader", f"--clusterrole={READER_ROLE}",
-                  "--serviceaccount=default:reader")
+        metrics_reader_token(c, "reader")  # bound to the shipped metrics-reader role
+        c.kubectl("create", "serviceaccount", "stranger")
         c.audit_log = audit / "audit.log"  # type: ignore[attr-defined]
         yield c
 
