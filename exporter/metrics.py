@@ -31,6 +31,7 @@ from kubeindex.index import (
     READY_STATES,
     UNHEALTHY_STATES,
     ClusterIndex,
+    FlavorAgg,
     GroupAgg,
     GroupKey,
     WorkloadAgg,
@@ -124,6 +125,32 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_requested", "gauge",
                            "Sum of the effective resource requests of the non-terminated pods on the group's nodes."),
                     lambda g: _resources(g.requested)),
+)
+
+
+# -- Kueue flavors -------------------------------------------------------------------------------
+
+def _flavor_resources(f: FlavorAgg, values: dict[str, int]) -> Iterator[Sample]:
+    """A flavor's node sums (none without its ResourceFlavor), with a 0 for each resource it has
+    quota for but its nodes lack: a pool that lost every node still compares with its quota."""
+    return _resources({**dict.fromkeys(f.quota_refs, 0), **values}) if f.defined else iter(())
+
+
+FLAVOR_FAMILIES: tuple[FamilyGenerator[FlavorAgg], ...] = (
+    FamilyGenerator(Family("flavor_allocatable", "gauge",
+                           "Sum of the allocatable of the nodes matching the Kueue ResourceFlavor's nodeLabels, "
+                           "per resource."),
+                    lambda f: _flavor_resources(f, f.allocatable)),
+    FamilyGenerator(Family("flavor_nodes_by_state", "gauge",
+                           "Nodes matching the Kueue ResourceFlavor by state, as nws_nodegroup_nodes_by_state."),
+                    lambda f: ((_labels(state=s), f.states.get(s, 0)) for s in NODE_STATES) if f.defined else ()),
+    FamilyGenerator(Family("flavor_nominal_quota", "gauge",
+                           "Nominal quota of the Kueue flavor summed over the ClusterQueues that name it, "
+                           "per resource."),
+                    lambda f: ((_labels(resource=r), _quantity(f.quota.get(r, 0))) for r in sorted(f.quota_refs))),
+    FamilyGenerator(Family("flavor_requested", "gauge",
+                           "Sum of the effective requests of the non-terminated pods on the flavor's nodes."),
+                    lambda f: _flavor_resources(f, f.requested)),
 )
 
 
@@ -268,6 +295,7 @@ class Renderer:
         self._groups: dict[GroupKey, tuple[int, tuple[str, ...]]] = {}
         self._other_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
+        self._flavors: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.last_render_seconds = 0.0
 
     # -- node groups under the cap -------------------------------------------------------------
@@ -357,6 +385,20 @@ class Renderer:
                               WorkloadSeries(pods, {}, by_state, None)))
         return out, len(overflow)
 
+    # -- Kueue flavors (few: no cap) ------------------------------------------------------------
+
+    def _flavor_chunks(self) -> list[tuple[str, ...]]:
+        flavors = self.index.flavors
+        for name in self._flavors.keys() - flavors.keys():
+            del self._flavors[name]
+        return [self._cached_flavor(flavors[name]) for name in sorted(flavors)]
+
+    def _cached_flavor(self, agg: FlavorAgg) -> tuple[str, ...]:
+        hit = self._flavors.get(agg.name)
+        if hit is None or hit[0] != agg.generation:
+            hit = self._flavors[agg.name] = (agg.generation, chunks(FLAVOR_FAMILIES, _labels(flavor=agg.name), agg))
+        return hit[1]
+
     # -- render ---------------------------------------------------------------------------------
 
     def render(self, openmetrics_format: bool = False) -> bytes:
@@ -364,7 +406,9 @@ class Renderer:
         out: list[str] = []
         groups = self._group_chunks()  # first: workloads fold node groups by its outcome
         workloads, overflow = self._workload_chunks()
-        for table, rendered in ((NODEGROUP_FAMILIES, groups), (WORKLOAD_FAMILIES, workloads)):
+        flavors = self._flavor_chunks()
+        for table, rendered in ((NODEGROUP_FAMILIES, groups), (WORKLOAD_FAMILIES, workloads),
+                                (FLAVOR_FAMILIES, flavors)):
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))
                 out.extend(c[i] for c in rendered)

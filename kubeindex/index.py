@@ -9,6 +9,10 @@ owners.py).
 Each node has one state (NODE_STATES, see node_state for the precedence); workloads count their
 pods and distinct nodes on nodes in a state other than Ready.
 
+Kueue flavors (FlavorAgg) are node sets too: the nodes matching a ResourceFlavor's nodeLabels,
+summed by the same arithmetic as node groups (NodeSetAgg, _node_into, _pod_into) but kept apart
+from them, with the nominal quota of the ClusterQueues that name the flavor.
+
 Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
 (the exporter's renderer, the reconciler) redo only what changed.
 """
@@ -19,7 +23,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from .objects import Node, Pod, PodSpec, Taint, WorkloadType, key_of, object_key, split_key
+from .objects import (
+    ClusterQueue,
+    Node,
+    Pod,
+    PodSpec,
+    ResourceFlavor,
+    Taint,
+    WorkloadType,
+    key_of,
+    object_key,
+    split_key,
+)
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
 
@@ -69,12 +84,11 @@ def _bump(target: dict[K, int], key: K, sign: int) -> None:
     _add(target, ((key, 1),), sign)
 
 
-@dataclass(eq=False)
-class GroupAgg:
-    """One node group: the nodes of one NodeSummarizer that carry one value of its label."""
+@dataclass(eq=False, kw_only=True)
+class NodeSetAgg:
+    """Sums over a set of nodes and the pods bound to them: what node groups and Kueue flavors
+    both show (one arithmetic, _node_into and _pod_into, for both)."""
 
-    summarizer: str
-    value: str
     nodes: int = 0
     conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
     unschedulable: int = 0
@@ -86,6 +100,27 @@ class GroupAgg:
     states: dict[str, int] = field(default_factory=dict)  # NODE_STATES -> nodes
     accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
     generation: int = 0
+
+
+@dataclass(eq=False)
+class GroupAgg(NodeSetAgg):
+    """One node group: the nodes of one NodeSummarizer that carry one value of its label."""
+
+    summarizer: str
+    value: str
+
+
+@dataclass(eq=False)
+class FlavorAgg(NodeSetAgg):
+    """One Kueue flavor: the nodes matching all of its ResourceFlavor's nodeLabels, and the
+    nominal quota the ClusterQueues give it. It exists while its ResourceFlavor does (``defined``)
+    or while a ClusterQueue names it (then it has quota but no nodes)."""
+
+    name: str
+    defined: bool = False
+    node_labels: dict[str, str] = field(default_factory=dict)
+    quota: dict[str, int] = field(default_factory=dict)  # resource -> nominal quota summed over ClusterQueues
+    quota_refs: dict[str, int] = field(default_factory=dict)  # resource -> ClusterQueues that set it (0 counts)
 
 
 @dataclass(eq=False)
@@ -108,8 +143,8 @@ class WorkloadAgg:
 
 
 class NodeEntry:
-    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "groups", "labels", "name", "pod_phases",
-                 "pod_requests", "pods", "present", "ready", "state", "unschedulable")
+    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "groups", "labels", "name",
+                 "pod_phases", "pod_requests", "pods", "present", "ready", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -122,6 +157,7 @@ class NodeEntry:
         self.accelerators_unhealthy: tuple[tuple[str, int], ...] = ()
         self.state = "Unknown"
         self.groups: tuple[GroupKey, ...] = ()
+        self.flavors: tuple[str, ...] = ()  # Kueue flavors whose nodeLabels it matches
         self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
         self.pod_requests: dict[str, int] = {}
         self.pods: set[str] = set()  # pod keys
@@ -270,6 +306,47 @@ def _placement(entry: NodeEntry) -> Placement:
     return entry.groups, (entry.state if entry.present and entry.state != READY else None)
 
 
+def _node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
+    """Add (sign +1) or remove a node's own facts and the running sums of its pods."""
+    agg.nodes += sign
+    _bump(agg.conditions, entry.ready, sign)
+    _bump(agg.states, entry.state, sign)
+    _add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
+    agg.unschedulable += sign * entry.unschedulable
+    _add(agg.allocatable, entry.allocatable, sign)
+    _add(agg.capacity, entry.capacity, sign)
+    _add(agg.pods, entry.pod_phases.items(), sign)
+    _add(agg.requested, entry.pod_requests.items(), sign)
+    if sign > 0:
+        agg.node_names.add(entry.name)
+    else:
+        agg.node_names.discard(entry.name)
+    agg.generation = next(_generation)
+
+
+def _pod_into(agg: NodeSetAgg, pod: PodEntry, sign: int) -> None:
+    """Add or remove one pod bound to one of the aggregate's nodes."""
+    _bump(agg.pods, pod.phase, sign)
+    _add(agg.requested, pod.requests, sign)
+    agg.generation = next(_generation)
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """All of a flavor's nodeLabels are on the node (no nodeLabels: every node, as Kueue)."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _quotas(queue: ClusterQueue) -> dict[tuple[str, str], int]:
+    """(flavor, resource) -> nominal quota of one ClusterQueue, in the units of allocatable."""
+    out: dict[tuple[str, str], int] = {}
+    for group in queue.spec.resourceGroups:
+        for flavor in group.flavors:
+            for r in flavor.resources:
+                key = (flavor.name, r.name)
+                out[key] = out.get(key, 0) + parse_or_zero(r.nominalQuota)
+    return out
+
+
 class ClusterIndex:
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
                  max_depth: int = 10, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
@@ -279,6 +356,8 @@ class ClusterIndex:
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
         self.groups: dict[GroupKey, GroupAgg] = {}
+        self.flavors: dict[str, FlavorAgg] = {}  # Kueue flavors: ResourceFlavors and names in ClusterQueues
+        self.cluster_queues: dict[str, dict[tuple[str, str], int]] = {}  # name -> its (flavor, resource) quotas
         self.workloads: dict[str, WorkloadAgg] = {}
         self.node_summarizers: dict[str, str] = {}  # name -> labelKey
         self.workload_summarizers: dict[str, list[WorkloadType]] = {}
@@ -340,6 +419,7 @@ class ClusterIndex:
             entry = self.nodes[name] = NodeEntry(name)
         for g in entry.groups:
             self._node_into_group(entry, g, -1)
+        self._node_in_flavors(entry, -1)
         before = _placement(entry)
         entry.present = True
         entry.labels = node.metadata.labels
@@ -354,6 +434,8 @@ class ClusterIndex:
         entry.groups = self._groups_for(entry.labels)
         for g in entry.groups:
             self._node_into_group(entry, g, +1)
+        entry.flavors = self._flavors_for(entry.labels)
+        self._node_in_flavors(entry, +1)
         self._move_node_workloads(entry, before, _placement(entry))
 
     def delete_node(self, name: str) -> None:
@@ -362,8 +444,9 @@ class ClusterIndex:
             return
         for g in entry.groups:
             self._node_into_group(entry, g, -1)
+        self._node_in_flavors(entry, -1)
         before = _placement(entry)
-        entry.present, entry.groups, entry.labels = False, (), {}
+        entry.present, entry.groups, entry.flavors, entry.labels = False, (), (), {}
         self._move_node_workloads(entry, before, NOWHERE)
         if not entry.pods:
             del self.nodes[name]
@@ -387,20 +470,7 @@ class ClusterIndex:
         agg = self.groups.get(key)
         if agg is None:
             agg = self.groups[key] = GroupAgg(*key)
-        agg.nodes += sign
-        _bump(agg.conditions, entry.ready, sign)
-        _bump(agg.states, entry.state, sign)
-        _add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
-        agg.unschedulable += sign * entry.unschedulable
-        _add(agg.allocatable, entry.allocatable, sign)
-        _add(agg.capacity, entry.capacity, sign)
-        _add(agg.pods, entry.pod_phases.items(), sign)
-        _add(agg.requested, entry.pod_requests.items(), sign)
-        if sign > 0:
-            agg.node_names.add(entry.name)
-        else:
-            agg.node_names.discard(entry.name)
-        agg.generation = next(_generation)
+        _node_into(agg, entry, sign)
         if agg.nodes == 0:
             del self.groups[key]
 
@@ -416,6 +486,87 @@ class ClusterIndex:
             _node_in_workload(agg, old, pods, True, -1)
             _node_in_workload(agg, new, pods, True, +1)
             agg.generation = next(_generation)
+
+    # ---------------------------------------------------------------------------- Kueue flavors
+    # A flavor is a node set with a selector: its nodes (and their pods' running sums) enter and
+    # leave it through the same _node_into / _pod_into as node groups, but it is kept apart from
+    # them (no node-group series, no NodeSummary, no workload placement). Matching costs O(flavors)
+    # per node event; a flavor's edit re-matches every node (flavors are few and rarely edited).
+
+    def _flavors_for(self, labels: dict[str, str]) -> tuple[str, ...]:
+        return tuple(name for name, agg in self.flavors.items() if agg.defined and _matches(agg.node_labels, labels))
+
+    def _node_in_flavors(self, entry: NodeEntry, sign: int) -> None:
+        for name in entry.flavors:
+            _node_into(self.flavors[name], entry, sign)
+
+    def _flavor(self, name: str) -> FlavorAgg:
+        agg = self.flavors.get(name)
+        if agg is None:
+            agg = self.flavors[name] = FlavorAgg(name=name, generation=next(_generation))
+        return agg
+
+    def _forget_flavor_if_unused(self, name: str) -> None:
+        agg = self.flavors[name]
+        if not agg.defined and not agg.quota_refs:
+            del self.flavors[name]
+            next(_generation)  # the set of flavors changed
+
+    def _rematch(self, entry: NodeEntry, agg: FlavorAgg) -> None:
+        """Put the node in or out of the flavor after the flavor changed."""
+        match = agg.defined and _matches(agg.node_labels, entry.labels)
+        if match == (agg.name in entry.flavors):
+            return
+        _node_into(agg, entry, +1 if match else -1)
+        entry.flavors = tuple(f for f in entry.flavors if f != agg.name) + ((agg.name,) if match else ())
+
+    def upsert_flavor(self, flavor: ResourceFlavor) -> None:
+        agg = self._flavor(flavor.metadata.name)
+        labels = dict(flavor.spec.nodeLabels)
+        if agg.defined and agg.node_labels == labels:
+            return  # status or metadata only
+        agg.defined, agg.node_labels = True, labels
+        agg.generation = next(_generation)
+        for entry in self.nodes.values():
+            if entry.present:
+                self._rematch(entry, agg)
+
+    def delete_flavor(self, name: str) -> None:
+        agg = self.flavors.get(name)
+        if agg is None or not agg.defined:
+            return
+        agg.defined, agg.node_labels = False, {}
+        agg.generation = next(_generation)
+        for entry in self.nodes.values():
+            self._rematch(entry, agg)
+        self._forget_flavor_if_unused(name)
+
+    def upsert_cluster_queue(self, queue: ClusterQueue) -> None:
+        """The queue's old contribution to its flavors' nominal quota out, the new one in."""
+        name = queue.metadata.name
+        new = _quotas(queue)
+        old = self.cluster_queues.get(name)
+        if old == new:
+            return
+        if old:
+            self._queue_quotas(old, -1)
+        self.cluster_queues[name] = new
+        self._queue_quotas(new, +1)
+
+    def delete_cluster_queue(self, name: str) -> None:
+        old = self.cluster_queues.pop(name, None)
+        if old:
+            self._queue_quotas(old, -1)
+
+    def _queue_quotas(self, quotas: dict[tuple[str, str], int], sign: int) -> None:
+        for (flavor, resource), value in quotas.items():
+            agg = self._flavor(flavor)
+            _add(agg.quota, ((resource, value),), sign)
+            _bump(agg.quota_refs, resource, sign)
+            agg.generation = next(_generation)
+        if sign < 0:
+            for flavor in {f for f, _ in quotas}:
+                self._forget_flavor_if_unused(flavor)
 
     # ---------------------------------------------------------------------------- pods
 
@@ -486,10 +637,9 @@ class ClusterIndex:
         else:
             node.pods.discard(entry.key)
         for g in node.groups:
-            agg = self.groups[g]
-            _bump(agg.pods, entry.phase, sign)
-            _add(agg.requested, entry.requests, sign)
-            agg.generation = next(_generation)
+            _pod_into(self.groups[g], entry, sign)
+        for f in node.flavors:
+            _pod_into(self.flavors[f], entry, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]
 

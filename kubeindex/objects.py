@@ -134,6 +134,44 @@ class WorkloadSummarizer(Struct):
     status: dict[str, Any] = field(default_factory=dict)
 
 
+# -- Kueue (kueue.x-k8s.io/v1beta1): flavors and the quotas ClusterQueues give them ---------------
+
+class ResourceFlavorSpec(Struct):
+    nodeLabels: dict[str, str] = field(default_factory=dict)  # none: every node (as Kueue)
+
+
+class ResourceFlavor(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: ResourceFlavorSpec = field(default_factory=ResourceFlavorSpec)
+
+
+class ResourceQuota(Struct):
+    name: str
+    nominalQuota: str | int = 0  # int-or-string in the CRD
+
+
+class FlavorQuotas(Struct):
+    name: str
+    resources: list[ResourceQuota] = field(default_factory=list)
+
+
+class ResourceGroup(Struct):
+    flavors: list[FlavorQuotas] = field(default_factory=list)
+
+
+class ClusterQueueSpec(Struct):
+    resourceGroups: list[ResourceGroup] = field(default_factory=list)
+
+
+class ClusterQueue(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: ClusterQueueSpec = field(default_factory=ClusterQueueSpec)
+
+
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta1"
+
+
 # -- List and watch envelopes --------------------------------------------------------------------
 
 class ListMeta(Struct):
