@@ -45,6 +45,7 @@ def make_app(renderer: Renderer | None, sources: Sources | None, authorizer: Aut
         if problems:
             return web.Response(status=503, text="".join(f"{p}\n" for p in problems))
         notes = "".join(f"{p} (owner kind: not counted against readiness)\n" for p in sources.owner_problems())
+        notes += "".join(f"{p} (optional kind: not counted against readiness)\n" for p in sources.optional_problems())
         return web.Response(text=f"ok\n{notes}")
 
     app = web.Application()

@@ -13,6 +13,11 @@ whatever version it is read at. The one watch of a group/kind reads metadata, wh
 every version, so another configuration or a reference needing the kind at a served version is
 watched as usual while the one that asked for an unserved version is still reported.
 
+Optional kinds (Kueue's ResourceFlavors and ClusterQueues) are watched in full whenever the API
+server serves them: looked up at start and, while not served, every DISCOVERY_RETRY_SECONDS (a CRD
+installed later is picked up). Not served is no error and no readiness problem (and not in
+``missing_kinds``); forbidden is reported as for owner kinds, never against readiness.
+
 ``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
 a live object while not watched) that discovery says is not served; only those are looked up
 again, every DISCOVERY_RETRY_SECONDS. A kind no longer configured nor referenced leaves the set.
@@ -29,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,11 +42,15 @@ from .api import ApiClient, ApiResource, sleep_jittered
 from .index import ClusterIndex
 from .objects import (
     API_VERSION,
+    KUEUE_GROUP,
+    KUEUE_VERSION,
+    ClusterQueue,
     Node,
     NodeSummarizer,
     OwnerReference,
     PartialObject,
     Pod,
+    ResourceFlavor,
     WorkloadSummarizer,
     group_of,
     object_key,
@@ -54,6 +63,11 @@ log = logging.getLogger(__name__)
 DISCOVERY_RETRY_SECONDS = 30.0
 CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
 Need = tuple[str, str, str | None]  # (group, kind, version; None: any served version)
+
+
+def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
+    now = time.monotonic()
+    return [f"{r.name}: {r.problem(grace, now)}" for r in reflectors if r.last_error_status in PERMANENT]
 
 
 def describe(need: Need) -> str:
@@ -89,6 +103,14 @@ class Sources:
         self.sync_seconds: float | None = None
         self._tasks: set[asyncio.Task] = set()
         self._owner_reflectors: dict[GroupKind, Reflector] = {}
+        # Optional kinds: need -> (projection, handler); watched whenever served.
+        self.optional: dict[Need, tuple[type, Handler]] = {
+            (KUEUE_GROUP, "ResourceFlavor", KUEUE_VERSION):
+                (ResourceFlavor, Handler(index.upsert_flavor, index.delete_flavor)),
+            (KUEUE_GROUP, "ClusterQueue", KUEUE_VERSION):
+                (ClusterQueue, Handler(index.upsert_cluster_queue, index.delete_cluster_queue)),
+        }
+        self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self._discovered: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known
         self._pending: set[Need] = set()  # being discovered
         self._configured: set[Need] = set()
@@ -110,6 +132,8 @@ class Sources:
         self._add(Reflector(self.api, "workloadsummarizers", f"/apis/{API_VERSION}/workloadsummarizers",
                             WorkloadSummarizer, Handler(self._workload_summarizer, self._workload_summarizer_deleted),
                             settings=self.settings))
+        for need in self.optional:
+            self._discover(need)
         self._spawn(self._wait_ready())
         self._spawn(self._retry_missing_kinds())
 
@@ -180,14 +204,17 @@ class Sources:
     def owner_problems(self) -> list[str]:
         """Owner kinds that cannot be read (forbidden, not installed): reported, not counted
         against readiness."""
-        now = time.monotonic()
-        return [f"{r.name}: {r.problem(self.sync_grace, now)}" for r in self._owner_reflectors.values()
-                if r.last_error_status in PERMANENT]
+        return _permanent_problems(self._owner_reflectors.values(), self.sync_grace)
+
+    def optional_problems(self) -> list[str]:
+        """Optional kinds served but not readable (forbidden): reported, not counted against readiness."""
+        return _permanent_problems(self._optional_reflectors.values(), self.sync_grace)
 
     @property
     def forbidden_kinds(self) -> set[GroupKind]:
-        """Owner kinds whose list/watch the API server denies (401/403)."""
-        return {gk for gk, r in self._owner_reflectors.items() if r.last_error_status in (401, 403)}
+        """Owner and optional kinds whose list/watch the API server denies (401/403)."""
+        reflectors = {**self._owner_reflectors, **self._optional_reflectors}
+        return {gk for gk, r in reflectors.items() if r.last_error_status in (401, 403)}
 
     def kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
         """Why a configured workload type cannot be summarized, as (reason, message); None when
@@ -213,11 +240,14 @@ class Sources:
 
     # -- kinds needed ---------------------------------------------------------------------------
 
-    def _needs(self) -> set[Need]:
+    def _owner_needs(self) -> set[Need]:
         return self._configured | {(group, kind, None) for group, kind in self._ref_counts}
 
+    def _needs(self) -> set[Need]:
+        return self._owner_needs() | self.optional.keys()
+
     def _refresh_missing(self) -> None:
-        self.missing_kinds = {(group, kind) for group, kind, version in self._needs()
+        self.missing_kinds = {(group, kind) for group, kind, version in self._owner_needs()
                               if (group, kind, version) in self._discovered
                               and self._discovered[(group, kind, version)] is None}
 
@@ -239,10 +269,14 @@ class Sources:
             else:
                 return  # stays unknown: the retry loop looks again
             if resource is None and self._discovered.get(need, ...) is not None:
-                log.warning("%s is not served by the API server; looking again every %.0fs while it is needed",
-                            describe(need), DISCOVERY_RETRY_SECONDS)
+                optional = need in self.optional
+                log.log(logging.INFO if optional else logging.WARNING,
+                        "%s is not served by the API server; looking again every %.0fs while it is %s",
+                        describe(need), DISCOVERY_RETRY_SECONDS, "optional" if optional else "needed")
             self._discovered[need] = resource
-            if resource is not None:
+            if resource is not None and need in self.optional:
+                self._watch_optional_kind(need, resource)
+            elif resource is not None:
                 self._watch_owner_kind(resource)
             self._refresh_missing()
         finally:
@@ -269,6 +303,16 @@ class Sources:
         reflector = Reflector(self.api, name, resource.path, PartialObject, handler, metadata_only=True,
                               settings=self.settings)
         self._owner_reflectors[gk] = reflector
+        self._add(reflector)
+
+    def _watch_optional_kind(self, need: Need, resource: ApiResource) -> None:
+        gk = (resource.group, resource.kind)
+        if gk in self._optional_reflectors:
+            return
+        item_type, handler = self.optional[need]
+        log.info("watching %s", resource.path)
+        reflector = Reflector(self.api, resource.name, resource.path, item_type, handler, settings=self.settings)
+        self._optional_reflectors[gk] = reflector
         self._add(reflector)
 
     # -- references -----------------------------------------------------------------------------
