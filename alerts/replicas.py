@@ -43,6 +43,10 @@ LABELS: dict[str, tuple[str, ...]] = {
     "nws_workload_series_overflow": (),
     "nws_pods_without_workload": ("reason",),
     "nws_kind_not_served": ("group", "kind"),
+    "nws_flavor_allocatable": ("flavor", "resource"),
+    "nws_flavor_nodes_by_state": ("flavor", "state"),
+    "nws_flavor_nominal_quota": ("flavor", "resource"),
+    "nws_flavor_requested": ("flavor", "resource"),
 }
 
 

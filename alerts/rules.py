@@ -30,6 +30,9 @@ class Thresholds:
     unhealthy_critical_fraction: float = 0.5  # ... critical from this fraction of its pods
     accelerators_unhealthy_for: str = "10m"
     disrupting_for: str = "5m"
+    quota_exceeds_for: str = "10m"  # KueueQuotaExceedsCapacity: nominal quota above allocatable
+    unassigned_fraction: float = 0.2  # KueueCapacityUnassigned: allocatable in no quota, above this fraction
+    unassigned_for: str = "30m"
     job: str = "node-workload-summary"  # the scrape job of the exporter
     cluster: str = CLUSTER  # the label naming the cluster, kept by every aggregation
 
@@ -84,6 +87,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     pods = total(workload, "nws_workload_pods", 'workload!="other"')
     disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
     up = f'up{{job="{t.job}"}}'
+    quota, allocatable = one("nws_flavor_nominal_quota", cluster=c), one("nws_flavor_allocatable", cluster=c)
     return [
         Alert(
             "NodeGroupNotReady",
@@ -162,6 +166,24 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "{{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) carry a "
             "disruption taint (Karpenter, the cluster autoscaler, an impending termination): their pods are "
             "being evicted.",
+        ),
+        Alert(
+            "KueueQuotaExceedsCapacity",
+            f"{quota} - {allocatable} > 0",  # the value: how much more is promised than the nodes have
+            t.quota_exceeds_for, "warning",
+            "Kueue quota for {{ $labels.resource }} of flavor {{ $labels.flavor }} exceeds its nodes",
+            "The ClusterQueues' nominal quota for {{ $labels.resource }} in flavor {{ $labels.flavor }} is "
+            "{{ $value | humanize }} more than the allocatable of the flavor's nodes: Kueue admits workloads "
+            "that cannot all run (nodes lost, a pool shrunk?).",
+        ),
+        Alert(
+            "KueueCapacityUnassigned",
+            f"({allocatable} - {quota}) / {allocatable} > {t.unassigned_fraction}",
+            t.unassigned_for, "info",
+            "Capacity of flavor {{ $labels.flavor }} ({{ $labels.resource }}) is in no Kueue quota",
+            "{{ $value | humanizePercentage }} of the allocatable {{ $labels.resource }} of flavor "
+            "{{ $labels.flavor }} is in no ClusterQueue's nominal quota: Kueue admits no workload onto it "
+            "(a pool grew?).",
         ),
         Alert(
             "NodeWorkloadSummaryDown",

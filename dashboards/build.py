@@ -200,10 +200,30 @@ def node_groups_overview(o: Options = Options()) -> Dashboard:
                  thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
                  targets=[_t(o.sum("nws_nodegroup_accelerators_unhealthy", sel, f"{by}, resource"),
                              "{{group}} {{resource}}")]),
+        *kueue_panels(o, 37),
     ]
     return _dashboard(o, "nws-node-groups", "Node groups", panels,
-                      [_var("summarizer", _values(o, "nws_nodegroup_nodes", "summarizer"), "Summarizer")],
+                      [_var("summarizer", _values(o, "nws_nodegroup_nodes", "summarizer"), "Summarizer"),
+                       _var("resource", _values(o, "nws_flavor_nominal_quota", "resource"), "Kueue resource",
+                            multi=False)],
                       "Size, health and usage of every node group (node pool).")
+
+
+def kueue_panels(o: Options, y: int) -> list:
+    """Kueue flavors (empty without Kueue): nominal quota against the flavor's live allocatable."""
+    by, sel, one_resource = "flavor, resource", o.sel(), o.sel('resource="$resource"')
+    return [
+        TimeSeries(title="Kueue: nominal quota / allocatable per flavor (above 100%: promised more than the nodes "
+                         "have)", dataSource=DS, gridPos=_pos(0, y, 12, 8), unit="percentunit",
+                   thresholdsStyleMode="line", thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+                   targets=[_t(_ratio(o, "nws_flavor_nominal_quota", "nws_flavor_allocatable", sel, by),
+                               "{{flavor}} {{resource}}")]),
+        TimeSeries(title="Kueue: nominal quota, allocatable and requested per flavor ($resource)", dataSource=DS,
+                   gridPos=_pos(12, y, 12, 8), unit="short",
+                   targets=[_t(o.sum("nws_flavor_allocatable", one_resource, "flavor"), "{{flavor}} allocatable", "A"),
+                            _t(o.sum("nws_flavor_nominal_quota", one_resource, "flavor"), "{{flavor}} quota", "B"),
+                            _t(o.sum("nws_flavor_requested", one_resource, "flavor"), "{{flavor}} requested", "C")]),
+    ]
 
 
 def node_group_detail(o: Options = Options()) -> Dashboard:
