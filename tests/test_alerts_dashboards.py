@@ -26,6 +26,7 @@ from localkube.service import Service, wait_for
 from node_workload_summary import generated
 from tests.conftest import CRDS, ROOT
 from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
+from tests.kueue import cluster_queue, install_kueue, resource_flavor
 
 API = "ux.sean.example.com/v1alpha1"
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"
@@ -202,9 +203,12 @@ def disrupt(cluster: LocalCluster, node: str, taints: list[dict[str, str]] | Non
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
     disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-2 on b-1) and 1
-    Pending; one pod of no workload."""
+    Pending; one pod of no workload. Kueue: flavor a (group a's nodes), 24 cpu and 8 GPUs of quota."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
+        install_kueue(c)
+        resource_flavor(c, "a", {"pool": "a"})
+        cluster_queue(c, "team", {"a": {"cpu": "24", "nvidia.com/gpu": "8"}})
         node_summarizer(c, "pool", "pool")
         workload_summarizer(c, "apps", [("apps", "Deployment")])
         gpu = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
@@ -344,7 +348,7 @@ def test_workload_on_unhealthy_nodes_fires_once_per_affected_workload(binaries: 
 
 # $cluster: the value Grafana gives a variable whose query finds none (these series carry no cluster label).
 VARIABLES = {"$__rate_interval": "1m", "$top": "10", "$summarizer": "pool", "$group": "a", "$namespace": ".*",
-             "$kind": ".*", "$job": "node-workload-summary", "$cluster": ""}
+             "$resource": "cpu", "$kind": ".*", "$job": "node-workload-summary", "$cluster": ""}
 CLUSTER_DASHBOARDS = ("node-groups.json", "node-group-detail.json", "workloads.json")
 
 
@@ -417,6 +421,13 @@ def test_every_dashboard_query_reads_the_same_with_two_replicas(replicas: list[S
         by_state = result(two, panels("node-groups.json")["Nodes by state (all selected groups)"][0])
         assert {dict(k)["state"]: v for k, v in by_state.items()} == {
             "Ready": 2, "NotReady": 0, "Unknown": 0, "Disrupting": 1, "Cordoned": 1, "Degraded": 1}
+        kueue = panels("node-groups.json")
+        (ratio,) = next(qs for title, qs in kueue.items() if title.startswith("Kueue: nominal quota / allocatable"))
+        assert {(dict(k)["flavor"], dict(k)["resource"]): v for k, v in result(two, ratio).items()} == {
+            ("a", "cpu"): 1.5, ("a", "nvidia.com/gpu"): 1.0}
+        absolute = kueue["Kueue: nominal quota, allocatable and requested per flavor ($resource)"]
+        assert [{dict(k)["flavor"]: v for k, v in result(two, q).items()} for q in absolute] == [
+            {"a": 16}, {"a": 24}, {"a": 1}]  # cpu: allocatable, quota, requested
         for query in (q for qs in panels("health.json").values() for q in qs):
             two.query(query)  # per-replica panels: every query evaluates
     finally:

@@ -19,6 +19,7 @@ from localkube.service import Service, wait_for
 from node_workload_summary import generated
 from tests.conftest import ROOT
 from tests.kube import token_kubeconfig
+from tests.kueue import cluster_queue, install_kueue, resource_flavor
 
 DEPLOY = ROOT / "deploy"
 WITH_MONITORING = DEPLOY / "with-monitoring"
@@ -187,6 +188,10 @@ def as_service_account(kube: LocalCluster, base: subprocess.CompletedProcess[str
         for i in range(2):
             kwok_node(kube, f"{pool}-{i}", pool, {"cpu": "8", "memory": "32Gi", "pods": "110"})
     kube.kubectl("create", "deployment", "web", "--image=nginx", "--replicas=2")
+    # Kueue (its real CRDs), so that the service uses its grants on ResourceFlavors and ClusterQueues.
+    install_kueue(kube)
+    resource_flavor(kube, "gpu", {"cloud.google.com/gke-nodepool": "gpu"})
+    cluster_queue(kube, "team", {"gpu": {"cpu": "16"}})
     svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"), secure=True)
     svc.start()
     # A scraper bound to the reader role: the service reviews its token (as its ServiceAccount).
@@ -261,7 +266,9 @@ def test_role_grants_exactly_what_the_service_uses(kube: LocalCluster, as_servic
     wait_for(lambda: {("ux.sean.example.com", "workloadsummaries", "delete"),
                       ("coordination.k8s.io", "leases", "update"),
                       ("authentication.k8s.io", "tokenreviews", "create"),
-                      ("authorization.k8s.io", "subjectaccessreviews", "create")} <= _used(kube), timeout=30)
+                      ("authorization.k8s.io", "subjectaccessreviews", "create"),
+                      ("kueue.x-k8s.io", "resourceflavors", "watch"),
+                      ("kueue.x-k8s.io", "clusterqueues", "watch")} <= _used(kube), timeout=30)
     granted, used = _granted(), _used(kube)
     assert used <= granted, f"used without a grant: {sorted(used - granted)}"
     denied = [line for line in kube.audit_log.read_text().splitlines()  # type: ignore[attr-defined]
