@@ -215,7 +215,8 @@ def kueue_panels(o: Options, y: int) -> list:
     return [
         TimeSeries(title="Kueue: nominal quota / allocatable per flavor (above 100%: promised more than the nodes "
                          "have)", dataSource=DS, gridPos=_pos(0, y, 12, 8), unit="percentunit",
-                   thresholdsStyleMode="line", thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+                   thresholdsStyleMode="line",
+                   thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
                    targets=[_t(_ratio(o, "nws_flavor_nominal_quota", "nws_flavor_allocatable", sel, by),
                                "{{flavor}} {{resource}}")]),
         TimeSeries(title="Kueue: nominal quota, allocatable and requested per flavor ($resource)", dataSource=DS,
