@@ -72,6 +72,8 @@ def test_absent_kueue_is_fine_and_kueue_installed_later_is_picked_up(
                         await asyncio.wait_for(sources.ready.wait(), 30)
                         assert sources.sync_problems() == [] and sources.missing_kinds == set()
                         await asyncio.sleep(1)  # a few retry periods: still quiet
+                        assert not [r for r in caplog.records
+                                    if r.levelno >= logging.WARNING and "kueue" in r.getMessage()], caplog.text
                         await asyncio.to_thread(install_kueue, kube)
                         await asyncio.to_thread(resource_flavor, kube, "gpu", {"pool": "gpu"})
                         await asyncio.to_thread(cluster_queue, kube, "team", {"gpu": {"nvidia.com/gpu": "4"}})
@@ -87,8 +89,6 @@ def test_absent_kueue_is_fine_and_kueue_installed_later_is_picked_up(
 
             with caplog.at_level(logging.INFO, logger="kubeindex"):
                 asyncio.run(in_process())
-            assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "kueue" in r.getMessage()], \
-                caplog.text
             # The real process looks again every DISCOVERY_RETRY_SECONDS (30 s).
             wait_for(lambda: value(svc.scrape(), "nws_flavor_nominal_quota", flavor="gpu",
                                    resource="nvidia.com/gpu") == 4, timeout=45, interval=0.5)
