@@ -27,6 +27,7 @@ from .objects import (
     ClusterQueue,
     Node,
     Pod,
+    PodLabelWorkload,
     PodSpec,
     ResourceFlavor,
     Taint,
@@ -132,7 +133,7 @@ class WorkloadAgg:
     name: str
     group: str
     kind: str
-    is_object: bool = True  # False for a workload named by a pod label
+    is_object: bool = True  # False for a workload named by a pod label: kind is the label key, name its value
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
     node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
     group_nodes: dict[GroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
@@ -164,16 +165,18 @@ class NodeEntry:
 
 
 class PodEntry:
-    __slots__ = ("key", "label_workload", "node", "phase", "requests", "status", "uid", "workload")
+    __slots__ = ("key", "labels", "node", "phase", "requests", "status", "uid", "workload")
 
     def __init__(self, key: str, uid: str, node: str, phase: str, requests: tuple[tuple[str, int], ...],
-                 label_workload: tuple[str, str] | None) -> None:
+                 labels: LabelMatches) -> None:
         self.key = key
         self.uid = uid
         self.node = node
         self.phase = phase
         self.requests = requests  # effective requests; () once terminated
-        self.label_workload = label_workload  # (label, value) naming a workload, if configured
+        # Only the values of configured label keys are kept (usually none): a pod's whole label
+        # set would cost about 1 KB per pod, so keys added later are learnt by upserting pods again.
+        self.labels = labels
         self.workload: str | None = None
         self.status = ""  # owners.OK / NONE / a failure: why there is (no) workload
 
@@ -233,6 +236,17 @@ class WorkloadTypeInfo:
     short_type: str | None
 
 
+@dataclass(frozen=True)
+class LabelWorkloadInfo:
+    """A pod label key whose values name workloads, from the first summarizer (by name) that
+    lists it; summarizer "" for a key of the deprecated --workload-pod-labels alone (metrics only)."""
+
+    summarizer: str
+    label_key: str
+    short_type: str | None = None
+
+
+LabelMatches = tuple[tuple[str, str], ...]  # a pod's (key, value) of the configured label keys, in key order
 OwnerKindListener = Callable[[str, str], None]  # (apiVersion, kind) of an owner kind seen first
 
 
@@ -364,7 +378,10 @@ class ClusterIndex:
         self.workload_types: dict[GroupKind, WorkloadTypeInfo] = {}
         self.unresolved: dict[str, int] = {}  # reason -> pods without a workload
         self.chain_broken: dict[str, int] = {}  # reason -> pods with a workload but a broken chain above it
-        self.workload_pod_labels = tuple(workload_pod_labels)
+        self.workload_pod_labels = tuple(workload_pod_labels)  # the deprecated flag's keys
+        self.label_summarizers: dict[str, list[PodLabelWorkload]] = {}  # summarizer -> its podLabelWorkloads
+        self.label_types: dict[str, LabelWorkloadInfo] = {}  # label key -> info, in precedence order
+        self._configure_labels()
         self.health = NodeHealth.of(disruption_taints, problem_conditions, accelerator_resources)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
@@ -387,13 +404,16 @@ class ClusterIndex:
         if self.node_summarizers.pop(name, None) is not None:
             self._regroup_all()
 
-    def set_workload_summarizer(self, name: str, types: list[WorkloadType]) -> None:
+    def set_workload_summarizer(self, name: str, types: list[WorkloadType],
+                                pod_labels: Iterable[PodLabelWorkload] = ()) -> None:
+        self._set_label_summarizer(name, list(pod_labels))
         if self.workload_summarizers.get(name) == types:
             return
         self.workload_summarizers[name] = list(types)
         self._reconfigure_workloads()
 
     def delete_workload_summarizer(self, name: str) -> None:
+        self._set_label_summarizer(name, [])
         if self.workload_summarizers.pop(name, None) is not None:
             self._reconfigure_workloads()
 
@@ -406,6 +426,51 @@ class ClusterIndex:
                                      WorkloadTypeInfo(name, t.group, t.kind, t.version, t.shortType))
         self.workload_types = types
         self.graph.set_configured(types)  # redoes only the vertices of kinds that changed
+
+    @property
+    def label_keys(self) -> tuple[str, ...]:
+        """The pod label keys that name workloads, in precedence order."""
+        return tuple(self.label_types)
+
+    def _set_label_summarizer(self, name: str, pod_labels: list[PodLabelWorkload]) -> None:
+        if self.label_summarizers.get(name, []) == pod_labels:
+            return
+        if pod_labels:
+            self.label_summarizers[name] = pod_labels
+        else:
+            del self.label_summarizers[name]
+        before = self.label_keys
+        self._configure_labels()
+        if self.label_keys != before:
+            self._relabel_pods()
+        next(_generation)  # a short type may have changed: the summaries are made of it
+
+    def _configure_labels(self) -> None:
+        """Keys by precedence: the summarizers' by name, each in its list's order; then the flag's."""
+        types: dict[str, LabelWorkloadInfo] = {}
+        for name in sorted(self.label_summarizers):
+            for p in self.label_summarizers[name]:
+                types.setdefault(p.labelKey, LabelWorkloadInfo(name, p.labelKey, p.shortType))
+        for key in self.workload_pod_labels:
+            types.setdefault(key, LabelWorkloadInfo("", key))
+        self.label_types = types
+
+    def _relabel_pods(self) -> None:
+        """The label keys changed: O(pods), rare. A pod keeps only its values of the keys configured
+        when it was last upserted, so keys dropped or reordered take effect here; a key added takes
+        effect as pods are upserted again (Sources relists them)."""
+        for entry in self.pods.values():
+            if not entry.labels:
+                continue
+            labels = tuple(m for key in self.label_types for m in entry.labels if m[0] == key)
+            if labels == entry.labels:
+                continue
+            self._pod_in_workload(entry, -1)
+            entry.labels = labels
+            res = self.graph.resolution(entry.uid)
+            if res is not None:
+                entry.workload, entry.status = self._pod_workload(res, split_key(entry.key)[0], labels)
+            self._pod_in_workload(entry, +1)
 
     # ---------------------------------------------------------------------------- nodes
 
@@ -584,8 +649,8 @@ class ClusterIndex:
         res = self.graph.upsert(meta.uid, POD, meta.namespace, key, ref.uid if ref else None)
         phase = pod.status.phase if pod.status.phase in PHASES else "Unknown"
         requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
-        entry = PodEntry(key, meta.uid, pod.spec.nodeName, phase, requests, self._label_workload(meta.labels))
-        entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.label_workload)
+        entry = PodEntry(key, meta.uid, pod.spec.nodeName, phase, requests, self._label_matches(meta.labels))
+        entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.labels)
         self.pods[key] = entry
         self._attach_pod(entry)
 
@@ -596,20 +661,19 @@ class ClusterIndex:
         self._detach_pod(entry)
         self.graph.delete(entry.uid)
 
-    def _label_workload(self, labels: dict[str, str]) -> tuple[str, str] | None:
-        for label in self.workload_pod_labels:
-            value = labels.get(label)
-            if value:
-                return label, value
-        return None
+    def _label_matches(self, labels: dict[str, str]) -> LabelMatches:
+        """O(configured keys), whatever the number of the pod's labels."""
+        if not self.label_types:
+            return ()
+        return tuple((key, value) for key in self.label_types if (value := labels.get(key)))
 
-    def _pod_workload(self, res: Resolution, namespace: str,
-                      label_workload: tuple[str, str] | None) -> tuple[str | None, str]:
-        """The pod's root workload; a configured pod label names one where no owner does."""
+    def _pod_workload(self, res: Resolution, namespace: str, labels: LabelMatches) -> tuple[str | None, str]:
+        """The pod's root workload. An owner of a configured kind wins; else the first configured
+        pod label names one (not below a broken chain: the missing owner may be the workload)."""
         if res.workload is not None:
             return res.workload, res.status
-        if label_workload is not None and res.status not in FAILURES:
-            label, value = label_workload
+        if labels and res.status not in FAILURES:
+            label, value = labels[0]
             uid = f"label:{label}:{namespace}/{value}"
             if uid not in self.workloads:
                 self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", label, is_object=False)
@@ -698,7 +762,7 @@ class ClusterIndex:
             entry = self.pods.get(vertex.key)
             if entry is not None and entry.uid == vertex.uid:  # not the pod being upserted right now
                 self._pod_in_workload(entry, -1)
-                entry.workload, entry.status = self._pod_workload(new, vertex.namespace, entry.label_workload)
+                entry.workload, entry.status = self._pod_workload(new, vertex.namespace, entry.labels)
                 self._pod_in_workload(entry, +1)
             return
         was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid

@@ -114,6 +114,13 @@ class WorkloadType(Struct, frozen=True):
     shortType: str | None = None
 
 
+class PodLabelWorkload(Struct, frozen=True):
+    """A pod label whose values name workloads (a gang scheduler's or operator's group label)."""
+
+    labelKey: str
+    shortType: str | None = None
+
+
 class NodeSummarizerSpec(Struct):
     labelKey: str = ""
 
@@ -126,6 +133,7 @@ class NodeSummarizer(Struct):
 
 class WorkloadSummarizerSpec(Struct):
     workloadTypes: list[WorkloadType] = field(default_factory=list)
+    podLabelWorkloads: list[PodLabelWorkload] = field(default_factory=list)
 
 
 class WorkloadSummarizer(Struct):

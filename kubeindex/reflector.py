@@ -139,6 +139,8 @@ class Reflector(Generic[T]):
         self._logged_at = 0.0
         self.lists = 0  # LISTs completed
         self._listing = False
+        # Requests to hand every object to the handler again, and the last one a complete LIST served.
+        self._redeliver_requests = self._redelivered = 0
         self._relist_requested = asyncio.Event()
         self._list_done = asyncio.Event()  # replaced after every completed LIST
         self._item = msgspec.json.Decoder(item_type)
@@ -203,6 +205,14 @@ class Reflector(Generic[T]):
             done = self._list_done
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(done.wait(), 1.0)  # wake up to notice a failure meanwhile
+
+    async def redeliver(self) -> None:
+        """Hand every object to the handler again: a relist whose diff skips nothing, for a
+        handler that now keeps more of each object than before (a pod label key configured). A
+        LIST under way when this is called may have passed objects already: the next one serves."""
+        self._redeliver_requests += 1
+        self._relist_requested.set()  # also when out of contact now: the LIST comes once it is back
+        await self.relist()
 
     def _listed(self) -> None:
         self.lists += 1
@@ -288,6 +298,8 @@ class Reflector(Generic[T]):
 
     async def _list_and_sync(self) -> None:
         self.stats.relists += 1
+        requests = self._redeliver_requests  # served only by a pass that completes
+        upsert_all = requests > self._redelivered
         seen: dict[str, str] = {}
         self.failed.clear()  # this pass retries them; what fails again is added back
         accept = PARTIAL_LIST if self.metadata_only else JSON
@@ -309,7 +321,7 @@ class Reflector(Generic[T]):
                 raise
             self._contact()
             page = self._list.decode(body)
-            await self._apply_page(page.items or [], seen)
+            await self._apply_page(page.items or [], seen, upsert_all)
             if not page.metadata.continue_:
                 self.resource_version = page.metadata.resourceVersion
                 break
@@ -321,13 +333,14 @@ class Reflector(Generic[T]):
                 seen[key] = self.store[key]  # kept: the next relist's diff deletes it again
         self.store = seen
         self.stats.objects = len(seen)
+        self._redelivered = requests
 
-    async def _apply_page(self, items: list[Any], seen: dict[str, str]) -> None:
+    async def _apply_page(self, items: list[Any], seen: dict[str, str], upsert_all: bool = False) -> None:
         for i, obj in enumerate(items):
             meta: ObjectMeta = obj.metadata
             key = object_key(meta)
             version = meta.resourceVersion
-            if self.store.get(key) == version or self._call(key, self.handler.upsert, obj):
+            if (self.store.get(key) == version and not upsert_all) or self._call(key, self.handler.upsert, obj):
                 seen[key] = version
                 # Recorded at once: if this LIST fails later, the retry's diff still deletes it.
                 self.store[key] = version

@@ -388,8 +388,16 @@ class Sources:
 
     def _workload_summarizer(self, obj: WorkloadSummarizer) -> None:
         self.summarizers.workload[obj.metadata.name] = obj
-        self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes)
+        keys = set(self.index.label_keys)
+        self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes, obj.spec.podLabelWorkloads)
         self._reconfigure()
+        added = set(self.index.label_keys) - keys
+        if added and self.index.pods:
+            # The index keeps only the pods' values of keys configured before: hand it every
+            # pod again (one LIST; a summarizer edit is rare). At start, the summarizers usually
+            # list before the first page of pods, and nothing is read twice.
+            log.info("pod label keys %s configured: relisting pods to read them", ", ".join(sorted(added)))
+            self._spawn(self.reflectors["pods"].redeliver())
 
     def _workload_summarizer_deleted(self, name: str) -> None:
         self.summarizers.workload.pop(name, None)

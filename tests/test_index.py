@@ -18,6 +18,7 @@ from kubeindex.objects import (
     ObjectMeta,
     OwnerReference,
     Pod,
+    PodLabelWorkload,
     PodSpec,
     PodStatus,
     Resources,
@@ -219,6 +220,85 @@ def test_pod_label_names_the_workload_where_no_owner_does() -> None:
     for i in range(2):
         index.delete_pod(f"ns/v{i}")
     assert index.workloads == {}
+
+
+VOLCANO, KUBENEXUS = "volcano.sh/job-name", "pod-group.scheduling.kubenexus.io/name"
+
+
+def labels_of(*keys: str) -> list[PodLabelWorkload]:
+    return [PodLabelWorkload(key) for key in keys]
+
+
+def label_workloads(index: ClusterIndex) -> dict[tuple[str, str], dict[str, int]]:
+    """(label key, value) -> pods by phase, of the workloads named by a pod label."""
+    return {(w.kind, w.name): w.pods for w in index.workloads.values() if not w.is_object}
+
+
+def test_label_workloads_follow_live_summarizer_edits() -> None:
+    """Keys dropped or reordered take effect at once; a key added takes effect as pods are
+    upserted again (Sources relists the pods then: the index keeps only configured keys' values)."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("gangs", [], labels_of(VOLCANO))
+    pods = [make_pod("a", "a", labels={VOLCANO: "sim", KUBENEXUS: "pg"}),
+            make_pod("b", "b", labels={VOLCANO: "sim"}), make_pod("c", "c", labels={KUBENEXUS: "pg"})]
+    for pod in pods:
+        index.upsert_pod(pod)
+    assert label_workloads(index) == {(VOLCANO, "sim"): {"Running": 2}}
+    assert index.unresolved == {NONE: 1}
+
+    index.set_workload_summarizer("gangs", [], labels_of(KUBENEXUS, VOLCANO))
+    assert label_workloads(index) == {(VOLCANO, "sim"): {"Running": 2}}  # c's value of the new key: not known yet
+    for pod in pods:
+        index.upsert_pod(pod)
+    assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 2}, (VOLCANO, "sim"): {"Running": 1}}
+    assert index.unresolved == {}
+
+    stamp = index.stamp
+    index.set_workload_summarizer("a-first", [], [PodLabelWorkload(VOLCANO, "vc")])  # sorts before gangs
+    assert index.label_keys == (VOLCANO, KUBENEXUS) and index.label_types[VOLCANO].short_type == "vc"
+    assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 1}, (VOLCANO, "sim"): {"Running": 2}}
+    assert index.stamp != stamp
+
+    index.delete_workload_summarizer("a-first")
+    index.set_workload_summarizer("gangs", [], [])
+    assert label_workloads(index) == {} and index.unresolved == {NONE: 3}
+
+
+def test_the_first_summarizer_by_name_gives_a_key_its_short_type_and_the_flag_only_metrics() -> None:
+    index = ClusterIndex(workload_pod_labels=[VOLCANO, "flag.example.com/job"])
+    index.set_workload_summarizer("zz", [], [PodLabelWorkload(VOLCANO, "z")])
+    index.set_workload_summarizer("aa", [], [PodLabelWorkload(VOLCANO, "a")])
+    assert index.label_types[VOLCANO].summarizer == "aa" and index.label_types[VOLCANO].short_type == "a"
+    assert index.label_types["flag.example.com/job"].summarizer == ""  # the deprecated flag's: metrics only
+    assert index.label_keys == (VOLCANO, "flag.example.com/job")
+
+
+def test_an_owner_of_a_configured_kind_wins_over_a_pod_label() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")), labels_of(VOLCANO))
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+    deployment = Owner("d1", "apps", "Deployment", "ns", "web", None)
+    index.upsert_pod(make_pod("p", "p1", owner=ref(deployment), labels={VOLCANO: "web"}))
+    assert index.workloads["d1"].pods == {"Running": 1} and label_workloads(index) == {}
+    index.set_workload_summarizer("w", configured(("apps", "StatefulSet")), labels_of(VOLCANO))
+    assert label_workloads(index) == {(VOLCANO, "web"): {"Running": 1}} and "d1" not in index.workloads
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")), labels_of(VOLCANO))
+    assert index.workloads["d1"].pods == {"Running": 1} and label_workloads(index) == {}
+
+
+def test_a_label_workload_goes_with_its_last_pod() -> None:
+    index = ClusterIndex()
+    index.set_workload_summarizer("gangs", [], labels_of(VOLCANO))
+    index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "sim"}))
+    index.upsert_pod(make_pod("b", "b", labels={VOLCANO: "sim"}, namespace="other"))
+    assert {(w.namespace, w.name, w.kind) for w in index.workloads.values()} == {
+        ("ns", "sim", VOLCANO), ("other", "sim", VOLCANO)}  # one per namespace and value
+    stamp = index.stamp
+    index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "renamed"}))  # its label changed: it moves
+    assert {(w.namespace, w.name) for w in index.workloads.values()} == {("ns", "renamed"), ("other", "sim")}
+    index.delete_pod("ns/a")
+    index.delete_pod("other/b")
+    assert index.workloads == {} and index.stamp != stamp
 
 
 def test_effective_requests_with_init_containers_sidecars_and_overhead() -> None:
@@ -456,7 +536,8 @@ class Scenario:
             uid = existing.metadata.uid if existing else self.uid("pod")
             parent = self.random_parent() if not existing or rnd.random() < 0.3 else (
                 existing.metadata.ownerReferences[0].uid if existing.metadata.ownerReferences else None)
-            labels = {"team/job": rnd.choice(["x", "y"])} if rnd.random() < 0.3 else {}
+            labels = {k: rnd.choice(["x", "y"]) for k in ("team/job", "team/gang", "team/other")
+                      if rnd.random() < 0.3}
             pod = make_pod(name, uid, node=rnd.choice(["", "n0", "n1", "n2", "n3", "n4", "n5", "n9"]),
                            phase=rnd.choice(PHASES), owner=self._parent_ref(parent),
                            cpu=rnd.choice(["100m", "1", "250m"]), labels=labels)
@@ -495,9 +576,15 @@ class Scenario:
         elif action == "wsum":
             name = rnd.choice(["w1", "w2"])
             types = rnd.sample(KINDS, rnd.randint(1, 3))
-            idx.set_workload_summarizer(name, configured(*types)) if rnd.random() < 0.7 else (
+            keys = labels_of(*rnd.sample(["team/gang", "team/other", "team/job"], rnd.randint(0, 2)))
+            before = set(idx.label_keys)
+            idx.set_workload_summarizer(name, configured(*types), keys) if rnd.random() < 0.7 else (
                 idx.delete_workload_summarizer(name))
             w.configured = {(t.group, t.kind) for ts in idx.workload_summarizers.values() for t in ts}
+            w.pod_labels = idx.label_keys
+            if set(idx.label_keys) - before:  # as Sources does: every pod again
+                for pod in w.pods.values():
+                    idx.upsert_pod(pod)
 
 
 @pytest.mark.parametrize("seed", range(40))
