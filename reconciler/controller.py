@@ -29,7 +29,7 @@ import aiohttp
 import msgspec
 
 from kubeindex.api import ApiClient
-from kubeindex.index import ClusterIndex
+from kubeindex.index import ClusterIndex, WorkloadAgg
 from kubeindex.objects import API_VERSION, group_of, key_of, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
@@ -42,6 +42,7 @@ from .desired import (
     Naming,
     TypeInfo,
     desired_state,
+    label_claim,
     long_type,
     node_claim,
     short_type,
@@ -161,6 +162,8 @@ def claim_of(plural: str, obj: Summary) -> Claim | None:
         labels = (obj.spec.get("selector") or {}).get("matchLabels") or {}
         return node_claim(owner, next(iter(labels.values()))) if owner and len(labels) == 1 else None
     ref = obj.spec.get("workloadRef") or {}
+    if ref.get("labelKey") and ref.get("labelValue"):
+        return label_claim(obj.metadata.namespace, ref["labelKey"], ref["labelValue"])
     if not ref.get("kind") or not ref.get("name"):
         return None
     group = group_of(str(ref.get("apiVersion", "")))
@@ -485,31 +488,43 @@ class Reconciler:
         return ("True", "NoMatchingNodes", f"no node carries the label {label}"), {"groupCount": 0}
 
     def _workload_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
-        types = obj.spec.workloadTypes
+        types, labels = obj.spec.workloadTypes, obj.spec.podLabelWorkloads
         problems = [p for t in types if (p := self._kind_problem(t.group, t.kind, t.version)) is not None]
-        count = self._workload_count({(t.group, t.kind) for t in types})
+        count = self._workload_count({(t.group, t.kind) for t in types}, {p.labelKey for p in labels})
         if problems:
             self._log_once(obj.metadata.uid, problems)
             reasons = dict.fromkeys(reason for reason, _ in problems)
             return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
                 {"workloadCount": count}
-        message = f"{count} root workloads of the configured types"
+        message = f"{count} root workloads of the configured types" + (" and pod labels" if labels else "")
         overlaps = self._overlaps(obj)
         if overlaps:
-            message += f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind)"
+            message += (f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind "
+                        f"or label key)")
         return ("True", "Summarizing", message), {"workloadCount": count}
 
-    def _workload_count(self, kinds: set[tuple[str, str]]) -> int:
-        return sum(1 for w in self.index.workloads.values()
-                   if w.is_object and (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos)
+    def _workload_count(self, kinds: set[tuple[str, str]], label_keys: set[str]) -> int:
+        return sum(1 for w in self.index.workloads.values() if self._counts_for(w, kinds, label_keys))
+
+    def _counts_for(self, w: WorkloadAgg, kinds: set[tuple[str, str]], label_keys: set[str]) -> bool:
+        if w.is_object:
+            return (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos
+        return w.kind in label_keys  # a label workload: kind is its label key
+
+    @staticmethod
+    def _listed(spec: Any) -> dict[tuple[str, str], str]:
+        """What a WorkloadSummarizer lists, each as the status names it: kinds by (group, kind),
+        label keys by ("label/", key) (no API group has a '/')."""
+        return {**{(t.group, t.kind): t.kind for t in spec.workloadTypes},
+                **{("label/", p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
 
     def _overlaps(self, obj: Any) -> str:
-        mine = {(t.group, t.kind) for t in obj.spec.workloadTypes}
+        mine = self._listed(obj.spec)
         others = []
         for name, other in sorted(self.sources.summarizers.workload.items()):
-            shared = sorted(mine & {(t.group, t.kind) for t in other.spec.workloadTypes})
+            shared = sorted(mine.keys() & self._listed(other.spec).keys())
             if name != obj.metadata.name and shared:
-                others.append(f"{name} ({', '.join(k for _, k in shared)})")
+                others.append(f"{name} ({', '.join(mine[k] for k in shared)})")
         return ", ".join(others)
 
     def _log_once(self, uid: str, problems: list[tuple[str, str]]) -> None:

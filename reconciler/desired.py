@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, LabelWorkloadInfo, WorkloadAgg
 from kubeindex.objects import API_VERSION, GROUP, key_of
 from kubeindex.quantity import format_quantity
 
@@ -33,6 +33,9 @@ SHORT_TYPES = {
     ("trainer.kubeflow.org", "TrainJob"): "trainjob", ("argoproj.io", "Workflow"): "wf",
     ("argoproj.io", "Rollout"): "rollout", ("batch.volcano.sh", "Job"): "vcjob",
 }
+
+
+LABEL_SHORT_TYPE = "label"  # the shortType of a label workload whose podLabelWorkloads entry sets none
 
 
 def short_type(group: str, kind: str, configured: str | None) -> str:
@@ -84,6 +87,18 @@ def node_claim(summarizer: str, value: str) -> Claim:
 
 def workload_claim(namespace: str, group: str, kind: str, name: str) -> Claim:
     return Claim(namespace, f"{group}\x00{kind}\x00{name}", name)
+
+
+def label_claim(namespace: str, label_key: str, value: str) -> Claim:
+    """A label workload's claim. Its identity starts with `label/`: an owner's starts with its API
+    group, which has no '/', so the two never share an identity (nor a hashed name)."""
+    return Claim(namespace, f"label/{label_key}\x00{value}", value)
+
+
+def claim_for(agg: WorkloadAgg) -> Claim:
+    if agg.is_object:
+        return workload_claim(agg.namespace, agg.group, agg.kind, agg.name)
+    return label_claim(agg.namespace, agg.kind, agg.name)
 
 
 def _not_ready(agg: GroupAgg) -> int:
@@ -171,19 +186,28 @@ def _refs(agg: WorkloadAgg, summary_names: dict[tuple[str, str], str]) -> list[d
     return sorted(refs, key=lambda r: (-r["nodeCount"], r["name"]))
 
 
+def label_type(info: LabelWorkloadInfo) -> TypeInfo:
+    """How a label workload is shown: longType `label/<key>`, shortType its entry's or `label`."""
+    return TypeInfo("", info.short_type or LABEL_SHORT_TYPE, f"label/{info.label_key}")
+
+
 def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[tuple[str, str], str]) -> Desired:
     view = WorkloadView(agg, info, _refs(agg, summary_names))
     status = _drop_empty({field: value(view) for field, value in WORKLOAD_SUMMARY_STATUS.items()})
-    body = {
-        "apiVersion": API_VERSION, "kind": "WorkloadSummary",
-        "metadata": {
-            "name": name, "namespace": agg.namespace,
-            "labels": {MANAGED_BY: MANAGER},
-            "ownerReferences": [{"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}],
-        },
-        "spec": {"workloadRef": {"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}},
-    }
+    metadata: dict[str, Any] = {"name": name, "namespace": agg.namespace, "labels": {MANAGED_BY: MANAGER}}
+    if agg.is_object:  # owned by the workload, so the garbage collector removes it with it
+        ref = {"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}
+        metadata["ownerReferences"] = [ref]
+    else:  # no object to own it: the reconciler deletes it when the label's last pod is gone
+        ref = {"labelKey": agg.kind, "labelValue": agg.name}
+    body = {"apiVersion": API_VERSION, "kind": "WorkloadSummary", "metadata": metadata, "spec": {"workloadRef": ref}}
     return Desired("workloadsummaries", agg.namespace, name, body, status)
+
+
+def _type_of(agg: WorkloadAgg, type_infos: Mapping[tuple[str, str], TypeInfo],
+             label_infos: Mapping[str, TypeInfo]) -> TypeInfo | None:
+    """How a workload is written; None: it is not (a kind not usable now, a flag-only label key)."""
+    return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.kind)
 
 
 Cache = dict[object, tuple[tuple, Desired]]
@@ -235,8 +259,12 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
         out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
                            lambda agg=agg, name=name, label_key=label_key, uid=uid:
                            node_summary(agg, name, label_key, uid)))
-    workloads = [w for w in index.workloads.values() if w.is_object and (w.group, w.kind) in type_infos]
-    claims = {w.uid: workload_claim(w.namespace, w.group, w.kind, w.name) for w in workloads}
+    # Label workloads of a key no summarizer lists (the deprecated flag's) are in the metrics only.
+    label_infos = {key: label_type(info) for key, info in index.label_types.items() if info.summarizer}
+    infos = {w.uid: info for w in index.workloads.values()
+             if (info := _type_of(w, type_infos, label_infos)) is not None}
+    workloads = [index.workloads[uid] for uid in infos]
+    claims = {w.uid: claim_for(w) for w in workloads}
     names = naming.workloads.assign(claims.values(), naming.held_workloads)
     emitted: set[Claim] = set()
     for w in workloads:
@@ -244,7 +272,7 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
         if claim in emitted:
             continue  # deleted and recreated under the same name: both known for a moment
         emitted.add(claim)
-        info = type_infos[(w.group, w.kind)]
+        info = infos[w.uid]
         name = names[claim]
         refs = tuple(summary_names.get(g) for g in w.group_nodes)  # the names its refs point at
         seen.add(w.uid)

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import WorkloadType
+from kubeindex.objects import PodLabelWorkload, WorkloadType
+from reconciler.controller import Summary, SummaryMeta, claim_of
 from reconciler.desired import (
+    LABEL_SHORT_TYPE,
+    Desired,
+    Naming,
     TypeInfo,
     desired_state,
+    label_claim,
     long_type,
     names_prefix,
     node_claim,
@@ -18,6 +26,7 @@ from reconciler.desired import (
 from reconciler.names import NameAllocator
 from tests.reference import Owner
 from tests.test_index import make_node, make_pod, ref
+from tests.test_names import SUBDOMAIN, label_values
 
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -130,3 +139,75 @@ def test_kind_label_qualified_only_where_kinds_collide() -> None:
     labels = kind_labels([("batch", "Job"), ("batch.volcano.sh", "Job"), ("apps", "Deployment")])
     assert labels == {("batch", "Job"): "Job.batch", ("batch.volcano.sh", "Job"): "Job.batch.volcano.sh",
                       ("apps", "Deployment"): "Deployment"}
+
+
+# -- label workloads -------------------------------------------------------------------------------
+
+GANG = "pod-group.scheduling.kubenexus.io/name"
+DEPLOYMENT = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
+
+
+def label_index(*values: str, short_type: str | None = "pg") -> ClusterIndex:
+    """Deployment `web` (one pod) and pods labelled GANG=<value> for each value, in namespace ns."""
+    index = ClusterIndex(workload_pod_labels=["flag.example.com/job"])
+    index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")],
+                                  [PodLabelWorkload(GANG, short_type)])
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+    index.upsert_pod(make_pod("web-1", "w1", owner=ref(Owner("d1", "apps", "Deployment", "ns", "web", None))))
+    for i, value in enumerate(values):
+        index.upsert_pod(make_pod(f"g{i}", f"g{i}", labels={GANG: value}))
+    index.upsert_pod(make_pod("flagged", "f1", labels={"flag.example.com/job": "old"}))
+    return index
+
+
+def workload_summaries(index: ClusterIndex, naming: Naming | None = None) -> dict[str, Desired]:
+    return {d.key: d for d in desired_state(index, {}, DEPLOYMENT, naming=naming) if d.plural == "workloadsummaries"}
+
+
+def test_label_workload_summary() -> None:
+    out = workload_summaries(label_index("train", "train", "web"))
+    train = out["ns/train"]
+    assert train.body["spec"] == {"workloadRef": {"labelKey": GANG, "labelValue": "train"}}
+    assert "ownerReferences" not in train.body["metadata"]  # no owner object: the reconciler deletes it
+    assert train.status["podCount"] == 2
+    assert (train.status["shortType"], train.status["longType"]) == ("pg", f"label/{GANG}")
+    # The label value `web` wants the Deployment's name: a different claim, so a hashed name.
+    assert out["ns/web"].body["spec"]["workloadRef"]["kind"] == "Deployment"
+    (hashed,) = [d for d in out.values() if d.body["spec"]["workloadRef"].get("labelValue") == "web"]
+    assert hashed.name.startswith("web-") and DNS.match(hashed.name)
+    # The deprecated flag's key names a workload for the metrics, not a summary.
+    assert not [d for d in out.values() if d.body["spec"]["workloadRef"].get("labelValue") == "old"]
+    assert set(out) == {"ns/train", "ns/web", f"ns/{hashed.name}"}
+
+
+def test_label_workload_default_short_type() -> None:
+    status = workload_summaries(label_index("train", short_type=None))["ns/train"].status
+    assert LABEL_SHORT_TYPE == "label" and (status["shortType"], status["longType"]) == ("label", f"label/{GANG}")
+
+
+def test_label_workload_claims_read_back_from_objects() -> None:
+    """After a restart, the claim of an existing object comes from its workloadRef: a label
+    workload keeps its hashed name even where the plain one is free now."""
+    held = Summary(SummaryMeta(name="web-0123456789", namespace="ns"),
+                   spec={"workloadRef": {"labelKey": GANG, "labelValue": "web"}})
+    claim = claim_of("workloadsummaries", held)
+    assert claim == label_claim("ns", GANG, "web") != workload_claim("ns", "", GANG, "web")
+    index = label_index("web")
+    index.delete_pod("ns/web-1")
+    index.delete_owner(("apps", "Deployment"), "ns/web")
+    naming = Naming(NameAllocator(), NameAllocator(), {}, {claim: {"web-0123456789"}})
+    assert "ns/web-0123456789" in workload_summaries(index, naming)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(label_values.filter(bool) | st.sampled_from(["A" * 63, "Gang_A.v2", "web"]), min_size=1,
+                max_size=12, unique=True))
+def test_any_label_value_gets_a_valid_name_unique_per_claim(values: list[str]) -> None:
+    """Upper case, dots, underscores, 63 characters: every pod label value apimachinery allows."""
+    out = workload_summaries(label_index(*values))
+    by_value = {d.body["spec"]["workloadRef"].get("labelValue"): d.name for d in out.values()}
+    assert set(values) <= by_value.keys()
+    names = list(by_value.values())
+    assert len(set(names)) == len(names)  # unique, the Deployment `web` included
+    for name in names:
+        assert SUBDOMAIN.fullmatch(name) and len(name) <= 253, name

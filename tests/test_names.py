@@ -8,7 +8,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reconciler.desired import node_claim, workload_claim
+from reconciler.desired import label_claim, node_claim, workload_claim
 from reconciler.names import Claim, NameAllocator, hashed_name, is_dns1123_subdomain
 
 # apimachinery's regexes, written out independently of the code under test.
@@ -25,7 +25,11 @@ kinds = st.sampled_from([("apps", "Deployment"), ("apps", "StatefulSet"), ("batc
 node_claims = st.builds(node_claim, dns_names, label_values)
 workload_claims = st.builds(lambda ns, gk, name: workload_claim(ns, gk[0], gk[1], name),
                             st.sampled_from(["default", "ml"]), kinds, dns_names)
-claim_lists = st.lists(node_claims, max_size=25, unique=True) | st.lists(workload_claims, max_size=25, unique=True)
+# Label workloads share the namespaces, and often the plain names, of owner workloads.
+label_claims = st.builds(label_claim, st.sampled_from(["default", "ml"]),
+                         st.sampled_from(["volcano.sh/job-name", "Deployment", "apps/x"]), label_values.filter(bool))
+claim_lists = st.lists(node_claims, max_size=25, unique=True) | \
+    st.lists(workload_claims | label_claims, max_size=25, unique=True)
 
 
 def check(names: dict[Claim, str]) -> None:
