@@ -71,8 +71,9 @@ class Settings(BaseSettings):
         2000, ge=0, description="Cap on node groups with series of their own, per NodeSummarizer; the rest are "
         "summed into group=\"other\" and counted in nws_nodegroup_series_dropped_total.")
     workload_pod_labels: Annotated[Labels, NoDecode] = Field(
-        [], description="Pod labels that name a workload where no ownerReference leads to a configured kind "
-        "(e.g. volcano.sh/job-name, pod-group.scheduling.kubenexus.io/name): a JSON list or a comma list; "
+        [], description="Deprecated: list the keys in a WorkloadSummarizer's spec.podLabelWorkloads instead. "
+        "Pod labels that name a workload where no ownerReference leads to a configured kind "
+        "(e.g. volcano.sh/job-name), in the metrics only (no WorkloadSummary): a JSON list or a comma list; "
         "the flag may also be repeated.")
     disruption_taints: Annotated[Taints, NoDecode] = Field(
         list(DISRUPTION_TAINTS), description="Node taints that make a node Disrupting (unless NotReady or Unknown): "
