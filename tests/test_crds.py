@@ -144,6 +144,63 @@ def test_duplicate_workload_type_rejected(cluster: LocalCluster) -> None:
     assert "spec.workloadTypes[1]" in out and "Duplicate" in out, out
 
 
+def _label_summarizer(name: str, entries: list[dict]) -> dict:
+    return {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+            "spec": {"podLabelWorkloads": entries}}
+
+
+def test_pod_label_workloads_alone_or_beside_workload_types(cluster: LocalCluster) -> None:
+    code, out = _create(cluster, _label_summarizer("gangs", [
+        {"labelKey": "pod-group.scheduling.kubenexus.io/name", "shortType": "pg"},
+        {"labelKey": "volcano.sh/job-name"}, {"labelKey": "Upper_case.ok"}]))
+    assert code == 0, out
+    both = _workloadsummarizer("both", [{"group": "apps", "kind": "Deployment"}])
+    both["spec"]["podLabelWorkloads"] = [{"labelKey": "volcano.sh/job-name"}]
+    code, out = _create(cluster, both)
+    assert code == 0, out
+    cluster.kubectl("delete", "workloadsummarizer", "gangs", "both")
+
+
+def test_a_summarizer_listing_nothing_is_rejected(cluster: LocalCluster) -> None:
+    code, out = _create(cluster, {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "nothing"},
+                                  "spec": {}})
+    assert code != 0
+    assert "must list workloadTypes, podLabelWorkloads or both" in out, out
+
+
+@pytest.mark.parametrize(("entries", "field", "says"), [
+    ([{"labelKey": "has space"}], "spec.podLabelWorkloads[0].labelKey", "must be a valid label key"),
+    ([{"labelKey": "UPPER.example.com/x"}], "spec.podLabelWorkloads[0].labelKey", "must be a valid label key"),
+    ([{"labelKey": "a" * 64}], "spec.podLabelWorkloads[0].labelKey", "must be a valid label key"),
+    ([{"shortType": "pg"}], "spec.podLabelWorkloads[0].labelKey", "Required"),
+    ([{"labelKey": "x", "shortType": "Not_OK"}], "spec.podLabelWorkloads[0].shortType", "lower-case"),
+    ([{"labelKey": "x"}, {"labelKey": "x", "shortType": "y"}], "spec.podLabelWorkloads[1]", "Duplicate"),
+    ([], "spec.podLabelWorkloads", "at least 1 items"),
+])
+def test_invalid_pod_label_workloads_rejected_naming_the_field(cluster: LocalCluster, entries: list[dict],
+                                                               field: str, says: str) -> None:
+    code, out = _create(cluster, _label_summarizer("bad-labels", entries))
+    assert code != 0
+    assert field in out and says in out, out
+
+
+@pytest.mark.parametrize(("ref", "valid"), [
+    ({"apiVersion": "apps/v1", "kind": "Deployment", "name": "web", "uid": "u"}, True),
+    ({"labelKey": "volcano.sh/job-name", "labelValue": "Gang_A.v2"}, True),
+    ({"labelKey": "volcano.sh/job-name"}, False),
+    ({"labelKey": "volcano.sh/job-name", "labelValue": "a", "kind": "Deployment"}, False),
+])
+def test_workload_ref_is_an_object_or_a_pod_label(cluster: LocalCluster, ref: dict, valid: bool) -> None:
+    cluster.kubectl("create", "namespace", "refs", check=False)
+    code, out = _create(cluster, {"apiVersion": API, "kind": "WorkloadSummary",
+                                  "metadata": {"name": "ref", "namespace": "refs"}, "spec": {"workloadRef": ref}})
+    assert (code == 0) == valid, out
+    if valid:
+        cluster.kubectl("delete", "workloadsummary", "ref", "-n", "refs")
+    else:
+        assert "spec.workloadRef" in out and "a pod label reference has labelKey and labelValue" in out, out
+
+
 def test_node_summary_selector_is_immutable(cluster: LocalCluster) -> None:
     summary = {
         "apiVersion": API, "kind": "NodeSummary", "metadata": {"name": "immutable-pool-a"},
