@@ -22,6 +22,10 @@ installed later is picked up). Not served is no error and no readiness problem (
 a live object while not watched) that discovery says is not served; only those are looked up
 again, every DISCOVERY_RETRY_SECONDS. A kind no longer configured nor referenced leaves the set.
 
+Pod label keys. The index keeps only each pod's values of the label keys configured when it took
+the pod (a whole label set would cost about 1 KB per pod), so a WorkloadSummarizer edit that adds a
+key makes the pods' reflector hand every pod to the index again (one LIST).
+
 Health. ``sync_problems`` lists what keeps this replica out of sync with the API server (see
 Reflector.problem): the core resources always count; an owner kind counts unless it is forbidden
 or not installed (its pods count as missing_owner and it is retried quietly), and, after the

@@ -110,8 +110,8 @@ async def serve(settings: Settings) -> None:
     connection = load_connection(settings.kubeconfig, settings.context)
     if settings.workload_pod_labels:
         log.warning("--workload-pod-labels is deprecated: list the keys in a WorkloadSummarizer's "
-                    "spec.podLabelWorkloads (live, and with WorkloadSummaries); %s name workloads in the "
-                    "metrics only", ", ".join(settings.workload_pod_labels))
+                    "spec.podLabelWorkloads (live, and with WorkloadSummaries); its keys (%s) name workloads "
+                    "in the metrics only", ", ".join(settings.workload_pod_labels))
     index = ClusterIndex(settings.workload_pod_labels, max_depth=settings.max_owner_depth,
                          disruption_taints=settings.disruption_taints, problem_conditions=settings.problem_conditions,
                          accelerator_resources=settings.accelerator_resources)
