@@ -381,3 +381,33 @@ def test_sync_problems_when_the_api_server_is_hung_or_unreachable(kube: LocalClu
     assert 1 < took_hung < 8 and all("no contact with the API server for" in p for p in hung), hung
     assert took_down < 5 and all("no contact with the API server for" in p for p in down), down
     assert status == 503 and any(line.startswith("pods: no contact with the API server") for line in lines), lines
+
+
+# -- a pod label key configured later -------------------------------------------------------------
+
+def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -> None:
+    """The index keeps only the values of label keys configured when it took a pod: a summarizer
+    that adds a key must make the pods be handed to it again, unchanged as they are."""
+    ns = "label-later"
+    kube.kubectl("create", "namespace", ns)
+    for i in range(3):
+        create_pod(kube, ns, f"g-{i}", "n-1", labels={"volcano.sh/job-name": "sim"})
+    obj = {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "later"},
+           "spec": {"podLabelWorkloads": [{"labelKey": "volcano.sh/job-name"}]}}
+
+    async def run() -> tuple[dict[str, int], int]:
+        async with running(kube) as (sources, _):
+            await asyncio.wait_for(sources.ready.wait(), 20)
+            pods = sources.reflectors["pods"]
+            lists = pods.lists
+            await asyncio.to_thread(create, kube, f"/apis/{API}/workloadsummarizers", obj)
+            key = f"label:volcano.sh/job-name:{ns}/sim"
+            await until(lambda: key in sources.index.workloads)
+            await until(lambda: sum(sources.index.workloads[key].pods.values()) == 3)
+            return sources.index.workloads[key].pods, pods.lists - lists
+
+    try:
+        pods, lists = asyncio.run(run())
+    finally:
+        delete(kube, f"/apis/{API}/workloadsummarizers/later")
+    assert pods == {"Running": 3} and lists == 1
