@@ -143,8 +143,9 @@ def test_flavors_leave_node_groups_and_workloads_alone(seed: int) -> None:
         plain.index.upsert_node(node)
     for s, key in with_kueue.world.node_summarizers.items():
         plain.index.set_node_summarizer(s, key)
-    for name, types in with_kueue.index.workload_summarizers.items():
-        plain.index.set_workload_summarizer(name, types)
+    for name in with_kueue.index.workload_summarizers.keys() | with_kueue.index.label_summarizers.keys():
+        plain.index.set_workload_summarizer(name, with_kueue.index.workload_summarizers.get(name, []),
+                                            with_kueue.index.label_summarizers.get(name, []))
     for owner in with_kueue.world.owners.values():
         add_owner(plain.index, owner)
     for pod in with_kueue.world.pods.values():
