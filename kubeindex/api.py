@@ -138,6 +138,9 @@ class ApiClient:
         self._session: aiohttp.ClientSession | None = None
         self._limit = max_connections
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
+        # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
+        # WatchList feature gate off: remembered for this server, so every reflector lists instead.
+        self.watch_list_refused = ""
 
     async def __aenter__(self) -> ApiClient:
         return self

@@ -1,9 +1,28 @@
 """One list+watch loop per resource, with client-go reflector semantics.
 
-    paged LIST -> diff against the store (deletes for what vanished) -> WATCH from the list's
-    resourceVersion with bookmarks and a randomized timeout -> on 410 Gone: relist and diff (never
-    "watch from now") -> on a network error or a silent connection: jittered backoff, then watch
-    again from the last resourceVersion.
+    initial list (a WatchList stream, or a paged LIST) -> diff against the store (deletes for what
+    vanished) -> WATCH from the list's resourceVersion with bookmarks and a randomized timeout ->
+    on 410 Gone: relist and diff (never "watch from now") -> on a network error or a silent
+    connection: jittered backoff, then watch again from the last resourceVersion.
+
+The initial list, and every relist, is made one of these ways (``WatchSettings.initial_list``):
+
+- ``watchlist``: a WatchList, ``watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan``
+  without a resourceVersion (a consistent read): the state as ADDED events, then a BOOKMARK
+  annotated ``k8s.io/initial-events-end: "true"`` carrying the snapshot's resourceVersion, then
+  the same stream goes on as an ordinary watch. The initial events are applied like LIST pages
+  and diffed against the store at that bookmark, which alone completes the sync (``synced``); a
+  stream that breaks before it is started again from scratch. The server streams object by object
+  from its watch cache: neither side ever holds the whole collection in one response.
+- ``list``: paged LIST (``limit``/``continue``) without a resourceVersion, a consistent read
+  (served from the watch cache by servers with ConsistentListFromCache and ListFromCacheSnapshot,
+  1.34+; from etcd before).
+- ``cache``: client-go's way without WatchList: the first LIST at ``resourceVersion=0`` (any age,
+  from the watch cache; the server ignores ``limit``: one response with everything), each relist
+  at ``resourceVersionMatch=NotOlderThan`` the last resourceVersion seen, so a relist never goes
+  back in time from what the store holds. Not a consistent read: kept for comparison.
+- ``auto``: ``watchlist``; when the server refuses it (422 with its WatchList feature gate off),
+  ``list``, remembered for that server (``ApiClient.watch_list_refused``) and logged once.
 
 The store keeps only key -> resourceVersion (resourceVersions are opaque strings, only compared
 for equality) of what the handler has accepted; the objects themselves live in the index. A
@@ -42,7 +61,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import aiohttp
 import msgspec
@@ -70,6 +89,14 @@ def _explain(err: Exception) -> str:
 
 class Gone(Exception):
     """410: the resourceVersion is too old (compacted); only a relist recovers."""
+
+
+class NotStreamed(Exception):
+    """The server refused a WatchList (auto mode): list instead, at once."""
+
+
+InitialList = Literal["auto", "watchlist", "list", "cache"]
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the bookmark annotation that ends a WatchList's state
 
 
 @dataclass
@@ -113,6 +140,7 @@ class WatchSettings:
     read_timeout: float = 180.0  # silence longer than this means a dead connection (idle watches
     # get a bookmark from the API server about every minute, the first after about two)
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
+    initial_list: InitialList = "auto"  # see the module docstring
 
 
 class Reflector(Generic[T]):
@@ -139,8 +167,11 @@ class Reflector(Generic[T]):
         self._logged_at = 0.0
         self.lists = 0  # LISTs completed
         self._listing = False
-        # Requests to hand every object to the handler again, and the last one a complete LIST served.
-        self._redeliver_requests = self._redelivered = 0
+        self._need_sync = True  # a LIST or WatchList is due
+        self._initial: dict[str, str] | None = None  # key -> version seen while a WatchList's state arrives
+        # Requests to hand every object to the handler again; those the pass under way serves; the
+        # last one a complete pass (LIST or WatchList) served.
+        self._redeliver_requests = self._pass_requests = self._redelivered = 0
         self._relist_requested = asyncio.Event()
         self._list_done = asyncio.Event()  # replaced after every completed LIST
         self._item = msgspec.json.Decoder(item_type)
@@ -215,13 +246,17 @@ class Reflector(Generic[T]):
         await self.relist()
 
     def _listed(self) -> None:
+        """A LIST or WatchList completed the store: in sync."""
+        self._need_sync = False
         self.lists += 1
         done, self._list_done = self._list_done, asyncio.Event()
         done.set()
+        self.synced.set()
+        self.stats.synced = True
 
-    async def _watch_unless_relist(self) -> bool:
+    async def _watch_unless_relist(self, stream: bool) -> bool:
         """Watch until the watch ends (True) or a relist is requested (False)."""
-        watch = asyncio.ensure_future(self._watch())
+        watch = asyncio.ensure_future(self._watch(stream))
         request = asyncio.ensure_future(self._relist_requested.wait())
         try:
             await asyncio.wait({watch, request}, return_when=asyncio.FIRST_COMPLETED)
@@ -233,29 +268,32 @@ class Reflector(Generic[T]):
                     await task  # re-raises the watch's own error, if it ended with one
         return not request.done() or request.cancelled()
 
+    def _streams(self) -> bool:
+        """The next sync is a WatchList (else a LIST)."""
+        mode = self.settings.initial_list
+        return mode == "watchlist" or (mode == "auto" and not self.api.watch_list_refused)
+
     async def run(self) -> None:
         attempt = 0
-        need_list = True
         while True:
+            stream = False
             try:
-                if need_list:
-                    self._relist_requested.clear()  # this LIST serves any request made before it
-                    self._listing = True
-                    try:
-                        await self._list_and_sync()
-                    finally:
-                        self._listing = False
-                    self._listed()
-                    need_list = False
-                    self.synced.set()
-                    self.stats.synced = True
+                if self._need_sync:
+                    self._relist_requested.clear()  # this sync serves any request made before it
+                    stream = self._streams()
+                    if not stream:
+                        await self._sync_by_list()
                 started = time.monotonic()
-                if not await self._watch_unless_relist():
-                    need_list = True
+                if not await self._watch_unless_relist(stream):
+                    self._need_sync = True
                     continue
-                if self.failed:
+                if self._need_sync:  # a WatchList that ended before its state was complete: again
+                    log.warning("%s: WatchList of %s ended before its initial-events-end bookmark; again",
+                                self.name, self.path)
+                    self.stats.restart("incomplete")
+                elif self.failed:
                     log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
-                    need_list = True
+                    self._need_sync = True
                 if time.monotonic() - started > 1:
                     attempt = 0  # a watch that ran its course: start the next one at once
                 else:  # closed at once: do not spin
@@ -265,7 +303,9 @@ class Reflector(Generic[T]):
             except Gone:
                 self.stats.restart("gone")
                 log.info("%s: resourceVersion %s expired (410), relisting", self.name, self.resource_version)
-                need_list = True
+                self._need_sync = True
+            except NotStreamed:
+                continue  # lists at once
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -273,9 +313,9 @@ class Reflector(Generic[T]):
                 reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
                 if isinstance(err, ApiError):
                     reason = f"http_{err.status}"
-                self._failure(err, reason, need_list)
+                self._failure(err, reason, self._need_sync and not stream)
                 if not isinstance(err, expected):
-                    need_list = True
+                    self._need_sync = True
                 cap = PERMANENT_BACKOFF_CAP if isinstance(err, ApiError) and err.status in PERMANENT else 10.0
                 await sleep_jittered(attempt, cap=cap)
                 attempt += 1
@@ -296,14 +336,29 @@ class Reflector(Generic[T]):
 
     # -- LIST ---------------------------------------------------------------------------------
 
+    async def _sync_by_list(self) -> None:
+        self._listing = True
+        try:
+            await self._list_and_sync()
+        finally:
+            self._listing = False
+        self._listed()
+
+    def _list_version(self) -> dict[str, str]:
+        """The resourceVersion parameters of a LIST (see the module docstring)."""
+        if self.settings.initial_list != "cache":
+            return {}  # a consistent read
+        if not self.resource_version:
+            return {"resourceVersion": "0"}  # never synced: any age will do
+        return {"resourceVersion": self.resource_version, "resourceVersionMatch": "NotOlderThan"}
+
     async def _list_and_sync(self) -> None:
         self.stats.relists += 1
-        requests = self._redeliver_requests  # served only by a pass that completes
-        upsert_all = requests > self._redelivered
+        self._pass_requests = self._redeliver_requests  # served only by a pass that completes
         seen: dict[str, str] = {}
         self.failed.clear()  # this pass retries them; what fails again is added back
         accept = PARTIAL_LIST if self.metadata_only else JSON
-        first = {"limit": str(self.settings.page_size), **self.selector}
+        first = {"limit": str(self.settings.page_size), **self._list_version(), **self.selector}
         params = first
         while True:
             try:
@@ -321,11 +376,17 @@ class Reflector(Generic[T]):
                 raise
             self._contact()
             page = self._list.decode(body)
-            await self._apply_page(page.items or [], seen, upsert_all)
+            await self._apply_page(page.items or [], seen)
             if not page.metadata.continue_:
                 self.resource_version = page.metadata.resourceVersion
                 break
             params = {**first, "continue": page.metadata.continue_}
+            if "resourceVersion" in first:  # the token holds it; the server refuses both
+                params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
+        self._replace(seen)
+
+    def _replace(self, seen: dict[str, str]) -> None:
+        """The store becomes what a complete LIST or WatchList saw: deletes for the rest."""
         for key in self.store.keys() - seen.keys():  # vanished while we were not watching
             if self._call(key, self.handler.delete, key):
                 self.stats.count("DELETED")
@@ -333,42 +394,76 @@ class Reflector(Generic[T]):
                 seen[key] = self.store[key]  # kept: the next relist's diff deletes it again
         self.store = seen
         self.stats.objects = len(seen)
-        self._redelivered = requests
+        self._redelivered = self._pass_requests
 
-    async def _apply_page(self, items: list[Any], seen: dict[str, str], upsert_all: bool = False) -> None:
+    async def _apply_page(self, items: list[Any], seen: dict[str, str]) -> None:
         for i, obj in enumerate(items):
-            meta: ObjectMeta = obj.metadata
-            key = object_key(meta)
-            version = meta.resourceVersion
-            if (self.store.get(key) == version and not upsert_all) or self._call(key, self.handler.upsert, obj):
-                seen[key] = version
-                # Recorded at once: if this LIST fails later, the retry's diff still deletes it.
-                self.store[key] = version
-            elif key in self.store:
-                seen[key] = self.store[key]  # the index keeps the version it has; retried next relist
+            self._apply_listed(obj, seen)
             if i % self.settings.yield_every == self.settings.yield_every - 1:
                 await asyncio.sleep(0)  # decoding is CPU-bound: let /metrics and other loops run
         self.stats.last_event = time.time()
 
+    def _apply_listed(self, obj: Any, seen: dict[str, str]) -> None:
+        """One object of a LIST page or of a WatchList's initial state."""
+        meta: ObjectMeta = obj.metadata
+        key = object_key(meta)
+        version = meta.resourceVersion
+        unchanged = self.store.get(key) == version and self._pass_requests <= self._redelivered
+        if unchanged or self._call(key, self.handler.upsert, obj):
+            seen[key] = version
+            # Recorded at once: if this LIST fails later, the retry's diff still deletes it.
+            self.store[key] = version
+        elif key in self.store:
+            seen[key] = self.store[key]  # the index keeps the version it has; retried next relist
+
     # -- WATCH --------------------------------------------------------------------------------
 
-    async def _watch(self) -> None:
+    async def _watch(self, stream: bool = False) -> None:
+        """A watch from the last resourceVersion or, with ``stream``, a WatchList (the state first)."""
         params = {
             "watch": "1",
             "allowWatchBookmarks": "true",
-            "resourceVersion": self.resource_version,
             "timeoutSeconds": str(random.randint(self.settings.timeout_min, self.settings.timeout_max)),
             **self.selector,
         }
+        if stream:
+            params |= {"sendInitialEvents": "true", "resourceVersionMatch": "NotOlderThan"}
+            self.stats.relists += 1
+            self.failed.clear()  # this pass retries them; what fails again is added back
+            self._pass_requests = self._redeliver_requests
+            self._initial = {}
+            self._listing = True
+        else:
+            params["resourceVersion"] = self.resource_version
         accept = PARTIAL if self.metadata_only else JSON
         try:
+            count = 0
             async for line in self.api.stream_lines(self.path, params, accept, self.settings.read_timeout,
                                                     on_open=self._contact):
                 self._handle(line)
+                count += 1
+                if self._initial is not None and count % self.settings.yield_every == 0:
+                    await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
         except ApiError as err:
             if err.status == 410:
                 raise Gone from err
+            if stream and err.status in (400, 422):
+                self._refused(err)
             raise
+        finally:
+            self._initial = None
+            self._listing = False
+
+    def _refused(self, err: ApiError) -> None:
+        """A WatchList refused (422 Invalid, "sendInitialEvents is forbidden for watch unless the
+        WatchList feature gate is enabled"): in auto mode, list from now on with this server."""
+        if self.settings.initial_list != "auto":
+            return
+        if not self.api.watch_list_refused:
+            self.api.watch_list_refused = err.message.strip()
+            log.warning("the API server refused a WatchList (%s %s); using paged LISTs with this server",
+                        err.status, self.api.watch_list_refused)
+        raise NotStreamed from err
 
     def _handle(self, line: bytes) -> None:
         event = self._event.decode(line)
@@ -378,17 +473,37 @@ class Reflector(Generic[T]):
             if status.code == 410:
                 raise Gone(status.message)
             raise ApiError(status.code, status.reason, status.message)
-        self.stats.count(kind)
         if kind == "BOOKMARK":
-            self.resource_version = self._bookmark.decode(event.object).metadata.resourceVersion
+            self.stats.count(kind)
+            bookmark = self._bookmark.decode(event.object).metadata
+            if self._initial is None:
+                self.resource_version = bookmark.resourceVersion
+            elif bookmark.annotations.get(INITIAL_EVENTS_END) == "true":
+                self._end_initial(bookmark.resourceVersion)
             return
         obj: Any = self._item.decode(event.object)
+        if self._initial is not None and kind != "DELETED":  # a WatchList's state: like a LIST page
+            self._apply_listed(obj, self._initial)
+            self.stats.last_event = time.time()
+            return
+        self.stats.count(kind)
         meta: ObjectMeta = obj.metadata
         key = object_key(meta)
         self.resource_version = meta.resourceVersion
         if kind == "DELETED":
             if self._call(key, self.handler.delete, key):  # idempotent downstream
                 self.store.pop(key, None)
+                if self._initial is not None:  # not sent before initial-events-end; but never resurrect
+                    self._initial.pop(key, None)
         elif self._call(key, self.handler.upsert, obj):
             self.store[key] = meta.resourceVersion
         self.stats.objects = len(self.store)
+
+    def _end_initial(self, version: str) -> None:
+        """A WatchList's initial-events-end bookmark: its state is complete, the watch goes on."""
+        assert self._initial is not None
+        seen, self._initial = self._initial, None
+        self._replace(seen)
+        self.resource_version = version
+        self._listing = False
+        self._listed()

@@ -116,7 +116,8 @@ async def serve(settings: Settings) -> None:
                          disruption_taints=settings.disruption_taints, problem_conditions=settings.problem_conditions,
                          accelerator_resources=settings.accelerator_resources)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
-                          timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout)
+                          timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
+                          initial_list=settings.initial_list)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

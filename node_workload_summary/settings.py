@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import TypeAliasType
 
 from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, PROBLEM_CONDITIONS
+from kubeindex.reflector import InitialList
 
 ENV_PREFIX = "NWS_"
 MIN_SECONDS = 1.0
@@ -87,6 +88,10 @@ class Settings(BaseSettings):
         "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
     max_owner_depth: Count = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
+    initial_list: InitialList = Field(
+        "auto", description="How the initial state (and every relist after 410 Gone) is read: watchlist (a "
+        "streaming WatchList, consistent), list (paged LISTs, consistent), cache (resourceVersion=0: any age, "
+        "unpaginated; for comparison only), auto (watchlist, or list with a server that refuses it).")
     watch_timeout_min: WholeSeconds = Field(300, ge=1, description="Lower bound of the randomized watch "
                                             "timeoutSeconds.")
     watch_timeout_max: WholeSeconds = Field(600, ge=1, description="Upper bound of the randomized watch "
