@@ -1,0 +1,279 @@
+"""What a start of the service costs the API server (kube-apiserver + etcd), for each way of the
+initial list (--initial-list), on one populated local control plane.
+
+For each start: kube-apiserver and etcd CPU seconds (utime + stime from /proc/<pid>/stat) and
+peak RSS increase (VmRSS sampled every 100 ms, peak minus the baseline just before the start),
+bytes the API server wrote (/proc/<pid>/io wchar: TLS on the wire to the service, gzip included
+where the server compressed; plus the API server's own uncompressed count of LIST responses and
+watch events), its LIST/WATCH requests, the watch cache's and etcd's answers, and the time from
+the process start to /readyz 200. The service runs with --no-reconciler (no summary writes, which
+only the first start would make). Modes alternate in order between repeats; the API server is left
+to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
+start_and_measure() takes any command line and the URL that answers 200 once it is ready.
+
+    python -m bench.apiserver_bill --nodes 1000 --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from kubeindex.api import ApiClient, load_connection
+from localkube.cluster import LocalCluster, Options, free_port, set_parent_death_signal
+from localkube.service import parse, value
+
+from .populate import populate
+from .sync import _status_kb
+
+RESULTS = Path(__file__).parent / "results"
+CRDS = Path(__file__).parent.parent / "crds"
+MODES = ("watchlist", "list", "cache")
+TICKS = 100  # clock ticks per second (USER_HZ)
+READY_TIMEOUT = 600.0
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+def written_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("wchar:"):
+            return int(line.split()[1])
+    return 0
+
+
+# API server metrics summed over their labels (a label filter each: only the watched resources).
+COUNTERS = {
+    "list_requests": ("apiserver_request_total", {"verb": "LIST"}),
+    "watch_requests": ("apiserver_request_total", {"verb": "WATCH"}),
+    "list_response_bytes": ("apiserver_response_sizes_sum", {"verb": "LIST"}),
+    "watch_event_bytes": ("apiserver_watch_events_sizes_sum", {}),
+    "cache_lists": ("apiserver_cache_list_total", {}),
+    "cache_list_objects": ("apiserver_cache_list_fetched_objects_total", {}),
+    "consistent_reads_from_cache": ("apiserver_watch_cache_consistent_read_total", {}),
+    "etcd_requests": ("etcd_requests_total", {}),
+    "etcd_list_objects": ("apiserver_storage_list_fetched_objects_total", {}),
+}
+
+
+def apiserver_counters(cluster: LocalCluster) -> dict[str, float]:
+    _, text = _get(f"{cluster.server}/metrics", cluster)
+    samples = parse(text)
+    out = {}
+    for key, (name, labels) in COUNTERS.items():
+        want = set(labels.items())
+        out[key] = sum(v for (n, lbl), v in samples.items() if n == name and want <= lbl)
+    return out
+
+
+def _get(url: str, cluster: LocalCluster | None = None) -> tuple[int, str]:
+    context = cluster._ssl if cluster is not None else None
+    try:
+        with urllib.request.urlopen(url, timeout=30, context=context) as resp:
+            return resp.status, resp.read().decode()
+    except OSError as err:
+        return 0, str(err)
+
+
+class Sampler(threading.Thread):
+    """Peak VmRSS of some processes, every 100 ms, until stopped."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = {name: 0 for name in pids}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], _status_kb(pid, "VmRSS"))
+            self._done.wait(0.1)
+
+    def stop(self) -> dict[str, int]:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+def settle(cluster: LocalCluster, pids: dict[str, int], least: float, idle: float = 0.05) -> None:
+    """Wait at least ``least`` seconds (the Go runtime collects at least every 2 minutes; a
+    shorter wait still lets the last run's garbage go), then until the control plane is idle:
+    under ``idle`` CPU seconds per second over 2 s."""
+    time.sleep(least)
+    for _ in range(60):
+        before = sum(cpu_seconds(p) for p in pids.values())
+        time.sleep(2)
+        if (sum(cpu_seconds(p) for p in pids.values()) - before) / 2 < idle:
+            return
+
+
+def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, after: float = 2.0) -> dict:
+    """Start ``argv``, wait until ``ready_url`` answers 200, keep measuring ``after`` seconds
+    more, stop it; the API server's and etcd's bill for that start."""
+    pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
+    assert all(pids.values())
+    base_rss = {name: _status_kb(pid, "VmRSS") for name, pid in pids.items()}  # type: ignore[arg-type]
+    base_cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}  # type: ignore[arg-type]
+    base_counters = apiserver_counters(cluster)
+    base_written = written_bytes(pids["apiserver"])  # type: ignore[arg-type]
+    sampler = Sampler(pids)  # type: ignore[arg-type]
+    sampler.start()
+    started = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: set_parent_death_signal(9))
+    try:
+        while _get(ready_url)[0] != 200:
+            if proc.poll() is not None or time.monotonic() - started > READY_TIMEOUT:
+                raise RuntimeError(f"{argv[0]} exited or was not ready in time ({proc.poll()})")
+            time.sleep(0.05)
+        ready = time.monotonic() - started
+        time.sleep(after)
+        extra = _extra_metrics(ready_url)
+    finally:
+        peak = sampler.stop()
+        cpu = {name: cpu_seconds(pid) - base_cpu[name] for name, pid in pids.items()}  # type: ignore[arg-type]
+        written = written_bytes(pids["apiserver"]) - base_written  # type: ignore[arg-type]
+        proc.terminate()
+        proc.wait(30)
+    counters = apiserver_counters(cluster)
+    return {
+        "ready_seconds": round(ready, 2),
+        "apiserver_cpu_seconds": round(cpu["apiserver"], 2),
+        "etcd_cpu_seconds": round(cpu["etcd"], 2),
+        "apiserver_peak_rss_increase_mb": round((peak["apiserver"] - base_rss["apiserver"]) / 1024, 1),
+        "etcd_peak_rss_increase_mb": round((peak["etcd"] - base_rss["etcd"]) / 1024, 1),
+        "apiserver_baseline_rss_mb": round(base_rss["apiserver"] / 1024, 1),
+        "apiserver_wrote_mb": round(written / 1e6, 1),
+        **{k: round(counters[k] - base_counters[k]) for k in COUNTERS},
+        **extra,
+    }
+
+
+def _extra_metrics(ready_url: str) -> dict:
+    """The service's own view of the sync, when it serves one."""
+    code, text = _get(ready_url.replace("/readyz", "/metrics"))
+    sync = value(parse(text), "nws_initial_sync_duration_seconds") if code == 200 else None
+    return {"service_sync_seconds": round(sync, 2)} if sync is not None else {}
+
+
+def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
+    return [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={cluster.kubeconfig}",
+            "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={mode}"]
+
+
+def _populate(cluster: LocalCluster, args: argparse.Namespace) -> float:
+    async def run() -> None:
+        async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
+            await populate(api, args.nodes, args.groups, args.nodes * args.pods_per_node, args.workloads, 64)
+
+    started = time.monotonic()
+    asyncio.run(run())
+    return time.monotonic() - started
+
+
+def run(args: argparse.Namespace) -> dict:
+    pods = args.nodes * args.pods_per_node
+    result: dict = {"nodes": args.nodes, "pods": pods, "modes": args.modes, "repeat": args.repeat, "runs": []}
+    with LocalCluster(Options(extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
+        cluster.install_crds(CRDS)
+        say(f"populating {args.nodes} nodes / {pods} pods")
+        result["populate_seconds"] = round(_populate(cluster, args), 1)
+        pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
+        for r in range(args.repeat):
+            order = args.modes if r % 2 == 0 else list(reversed(args.modes))
+            for mode in order:
+                settle(cluster, pids, args.settle)  # type: ignore[arg-type]
+                port = free_port()
+                run_ = {"mode": mode, "round": r} | start_and_measure(
+                    cluster, service_argv(cluster, mode, port), f"http://127.0.0.1:{port}/readyz")
+                say(json.dumps(run_))
+                result["runs"].append(run_)
+    result["median"] = summary(result["runs"], args.modes)
+    return result
+
+
+def summary(runs: list[dict], modes: list[str]) -> dict:
+    out = {}
+    for mode in modes:
+        mine = [r for r in runs if r["mode"] == mode]
+        out[mode] = {k: round(statistics.median(r[k] for r in mine), 2) for k in mine[0]
+                     if k not in ("mode", "round") and all(k in r for r in mine)}
+    return out
+
+
+ROWS = [
+    ("kube-apiserver CPU s", "apiserver_cpu_seconds"),
+    ("etcd CPU s", "etcd_cpu_seconds"),
+    ("kube-apiserver peak RSS increase MB", "apiserver_peak_rss_increase_mb"),
+    ("etcd peak RSS increase MB", "etcd_peak_rss_increase_mb"),
+    ("kube-apiserver wrote MB (wchar: TLS, gzip)", "apiserver_wrote_mb"),
+    ("LIST response bytes (server's count)", "list_response_bytes"),
+    ("watch event bytes (server's count)", "watch_event_bytes"),
+    ("LIST / WATCH requests", ("list_requests", "watch_requests")),
+    ("LISTs from the watch cache / objects", ("cache_lists", "cache_list_objects")),
+    ("consistent reads from cache", "consistent_reads_from_cache"),
+    ("etcd requests / objects listed from etcd", ("etcd_requests", "etcd_list_objects")),
+    ("start -> /readyz s", "ready_seconds"),
+    ("service's initial sync s", "service_sync_seconds"),
+]
+
+
+def _cell(run: dict, key: str | tuple[str, str]) -> str:
+    if isinstance(key, tuple):
+        return " / ".join(_cell(run, k) for k in key)
+    val = run.get(key)
+    if val is None:
+        return "-"
+    return f"{val:,.0f}" if abs(val) >= 1000 else f"{val:g}"
+
+
+def markdown(result: dict) -> str:
+    modes = result["modes"]
+    lines = [f"{result['nodes']:,} nodes / {result['pods']:,} pods, {result['repeat']} starts per mode, "
+             "medians (every run in the JSON):", "",
+             "| per start | " + " | ".join(f"`{m}`" for m in modes) + " |",
+             "|---|" + "---|" * len(modes)]
+    for label, key in ROWS:
+        lines.append(f"| {label} | " + " | ".join(_cell(result["median"][m], key) for m in modes) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.apiserver_bill", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--pods-per-node", type=int, default=30)
+    parser.add_argument("--groups", type=int, default=20)
+    parser.add_argument("--workloads", type=int, default=300)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
+    parser.add_argument("--out", default="apiserver-bill")
+    args = parser.parse_args(argv)
+    result = run(args)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    text = markdown(result)
+    (RESULTS / f"{args.out}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
