@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import random
 import ssl
@@ -18,6 +19,8 @@ from typing import Any
 import aiohttp
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+log = logging.getLogger(__name__)
 
 JSON = "application/json"
 # Metadata-only responses (owner kinds): the server strips everything but metadata.
@@ -132,6 +135,16 @@ class ApiResource:
         return f"{self.plural}.{self.group}" if self.group else self.plural
 
 
+def predates_watch_list(version: dict[str, Any]) -> str:
+    """Why a server of this /version cannot stream lists, or "". Servers before 1.27 ignore
+    sendInitialEvents and never send the bookmark that ends the initial state: a WatchList there
+    would wait for ever. (1.27 to 1.33 refuse it while its feature gate is off: see the reflector.)"""
+    minor = int("".join(c for c in str(version.get("minor", "")) if c.isdigit()) or 0)
+    if str(version.get("major")) == "1" and minor < 27:
+        return f"the API server is {version.get('gitVersion') or f'1.{minor}'}, older than 1.27"
+    return ""
+
+
 class ApiClient:
     def __init__(self, connection: Connection, max_connections: int = 64) -> None:
         self.connection = connection
@@ -141,6 +154,17 @@ class ApiClient:
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
         self.watch_list_refused = ""
+        self._version_checked = False
+
+    async def may_stream_lists(self) -> bool:
+        """Whether a WatchList is worth trying with this server: not refused yet, and not older
+        than WatchList (asked once, by GET /version)."""
+        if not self._version_checked and not self.watch_list_refused:
+            self.watch_list_refused = predates_watch_list(json.loads(await self.get("/version", timeout=15)))
+            self._version_checked = True
+            if self.watch_list_refused:
+                log.warning("WatchList not used (%s); using paged LISTs with this server", self.watch_list_refused)
+        return not self.watch_list_refused
 
     async def __aenter__(self) -> ApiClient:
         return self

@@ -268,10 +268,10 @@ class Reflector(Generic[T]):
                     await task  # re-raises the watch's own error, if it ended with one
         return not request.done() or request.cancelled()
 
-    def _streams(self) -> bool:
+    async def _streams(self) -> bool:
         """The next sync is a WatchList (else a LIST)."""
         mode = self.settings.initial_list
-        return mode == "watchlist" or (mode == "auto" and not self.api.watch_list_refused)
+        return mode == "watchlist" or (mode == "auto" and await self.api.may_stream_lists())
 
     async def run(self) -> None:
         attempt = 0
@@ -280,7 +280,7 @@ class Reflector(Generic[T]):
             try:
                 if self._need_sync:
                     self._relist_requested.clear()  # this sync serves any request made before it
-                    stream = self._streams()
+                    stream = await self._streams()
                     if not stream:
                         await self._sync_by_list()
                 started = time.monotonic()

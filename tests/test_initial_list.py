@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import ApiClient, load_connection, predates_watch_list
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import Handler, InitialList, Reflector, WatchSettings
@@ -66,7 +66,8 @@ class RecordingApi(ApiClient):
         self.break_after = break_after
 
     async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
-        self.lists.append(dict(params or {}))
+        if path != "/version":  # asked once, before the first WatchList
+            self.lists.append(dict(params or {}))
         return await super().get(path, params, **kw)
 
     async def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
@@ -370,3 +371,15 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
                 await stopped(task)
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(("version", "why"), [
+    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, ""),
+    ({"major": "1", "minor": "27", "gitVersion": "v1.27.0"}, ""),
+    ({"major": "1", "minor": "26+", "gitVersion": "v1.26.15"}, "the API server is v1.26.15, older than 1.27"),
+    ({"major": "1", "minor": "25"}, "the API server is 1.25, older than 1.27"),
+    ({"major": "2", "minor": "0"}, ""),
+])
+def test_servers_before_watch_list_are_not_asked_for_one(version: dict[str, str], why: str) -> None:
+    """A server before 1.27 ignores sendInitialEvents and would never end the initial state."""
+    assert predates_watch_list(version) == why
