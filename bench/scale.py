@@ -96,7 +96,8 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
     ms = {name: [round(percentile(v, q) * 1000) for q in (0.5, 0.99)]
           for name, v in (("metric", to_metric), ("summary", to_summary))}
     return {"metric_p50_ms": ms["metric"][0], "metric_p99_ms": ms["metric"][1],
-            "summary_p50_ms": ms["summary"][0], "summary_p99_ms": ms["summary"][1]}
+            "summary_p50_ms": ms["summary"][0], "summary_p99_ms": ms["summary"][1],
+            "metric_ms": [round(t * 1000) for t in to_metric]}
 
 
 def _on_node(cluster: LocalCluster, node: str) -> Counter[str]:
