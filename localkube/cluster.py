@@ -403,8 +403,16 @@ class LocalCluster:
     def install_crds(self, path: Path, timeout: float = 60) -> None:
         """Apply the CRDs in ``path`` (file or directory) and wait until they are Established."""
         out = self.kubectl("apply", "--server-side", "-f", str(path), "-o", "name").stdout.split()
-        if out:
-            self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *out)
+        deadline = time.monotonic() + timeout
+        while out:
+            proc = self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *out, check=False)
+            if proc.returncode == 0:
+                return
+            # A CRD whose status has no conditions yet (a loaded API server) makes kubectl wait
+            # fail at once with ".status.conditions accessor error" instead of waiting: ask again.
+            if "accessor error" not in proc.stderr or time.monotonic() > deadline:
+                raise ClusterError(f"kubectl wait for the CRDs in {path} failed ({proc.returncode}):\n{proc.stderr}")
+            time.sleep(0.2)
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
