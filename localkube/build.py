@@ -150,6 +150,31 @@ KUEUE = _crds("kueue", "sigs.k8s.io/kueue", "kueue-crds.yaml",
                     for plural in ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")))
 
 
+# Not in COMPONENTS: the JobSet and LeaderWorkerSet controller managers (the wrapper modules' `tool`
+# lines), built on first use by the tests and the demo that run them (localkube.controllers), with
+# the projects' webhook configurations and their kustomize patches (the objectSelectors that scope
+# the pod webhooks to the project's own pods). Same wrapper modules, so same cache dirs, as the CRDs.
+JOBSET_CONTROLLER = Component(
+    "jobset", "sigs.k8s.io/jobset",
+    (Binary("jobset-controller", "sigs.k8s.io/jobset"),),
+    version_vars=("sigs.k8s.io/jobset/pkg/version.GitVersion",),
+    bundles=(
+        ("jobset-webhooks.yaml", ("config/components/webhook/manifests.yaml",)),
+        ("jobset-webhook-patches.yaml", tuple(f"config/components/webhook/patches/{kind}-patch.yaml"
+                                              for kind in ("mutating", "validating"))),
+    ),
+)
+LWS_CONTROLLER = Component(
+    "lws", "sigs.k8s.io/lws",
+    (Binary("lws-controller", "sigs.k8s.io/lws/cmd"),),
+    version_vars=("sigs.k8s.io/lws/pkg/version.GitVersion",),
+    bundles=(
+        ("lws-webhooks.yaml", ("config/webhook/manifests.yaml",)),
+        ("lws-webhook-patches.yaml", tuple(f"config/webhook/{kind}-patch.yaml" for kind in ("mutating", "validating"))),
+    ),
+)
+
+
 def cache_root() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "node-workload-summary"
     return Path(os.environ.get("NWS_CACHE_DIR", default))

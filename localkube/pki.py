@@ -127,3 +127,21 @@ def generate(directory: Path) -> Pki:
     for key in (files.ca_key, files.serving_key, files.admin_key, files.sa_key):
         key.chmod(0o600)
     return files
+
+
+def webhook_serving(directory: Path, name: str) -> Path:
+    """A CA of its own and a serving certificate for 127.0.0.1 signed by it, written as
+    controller-runtime's webhook server reads them (``tls.crt`` and ``tls.key`` in ``directory``);
+    returns the CA certificate's path (the webhook configurations' caBundle)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name(f"{name}-webhook-ca")
+    ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(_name(f"{name}-webhook"), key, ca_name, ca_key, usage=[ExtendedKeyUsageOID.SERVER_AUTH],
+                  sans=[x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    (directory / "ca.crt").write_bytes(_cert_pem(ca))
+    (directory / "tls.crt").write_bytes(_cert_pem(cert))
+    (directory / "tls.key").write_bytes(_key_pem(key))
+    (directory / "tls.key").chmod(0o600)
+    return directory / "ca.crt"
