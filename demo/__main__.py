@@ -1,5 +1,6 @@
-"""The complete local demo: a control plane with KWOK node pools (cpu, gpu, tpu), example
-workloads, node-workload-summary (exporter + reconciler) and Prometheus with the alert rules.
+"""The complete local demo: a control plane with KWOK node pools (cpu, gpu, tpu), the real JobSet
+and LeaderWorkerSet controllers, example workloads, node-workload-summary (exporter + reconciler)
+and Prometheus with the alert rules.
 
     python -m demo            # until Ctrl-C
     python -m demo --duration 60 --nodes-per-pool 2
@@ -17,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from alerts.rules import Thresholds, rules_file
-from localkube.build import BuildError, ensure_binaries
+from localkube.build import JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
+from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 
@@ -65,12 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True))
     service = prometheus = None
     try:
-        say("building or reusing the control plane binaries ...")
+        say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
+        ensure_binaries((JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER))
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")
         cluster.start()
         cluster.install_crds(ROOT / "crds")
-        cluster.install_crds(ROOT / "examples" / "stand-ins" / "workload-crds.yaml")
+        say("starting the JobSet and LeaderWorkerSet controllers (their CRDs and webhooks) ...")
+        for project in (JOBSET_PROJECT, LWS_PROJECT):
+            Controller(cluster, project).start()  # stopped with the cluster
         cluster.kubectl("apply", "-f", str(ROOT / "examples"))
         say(f"creating {3 * args.nodes_per_pool} KWOK nodes in pools cpu, gpu, tpu and the example workloads ...")
         populate(cluster, args.nodes_per_pool)

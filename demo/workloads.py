@@ -1,10 +1,10 @@
-"""Build node pools and workload shapes on a local control plane through its API: shared by the
-demo and the tests. Real controllers do the rest (Deployment -> ReplicaSet -> Pods, Job -> Pods,
-StatefulSet -> Pods); KWOK plays the kubelets of nodes annotated kwok.x-k8s.io/node=fake."""
+"""Build node pools and workloads on a local control plane through its API: shared by the demo and
+the tests. Real controllers do the rest (Deployment -> ReplicaSet -> Pods, Job -> Pods,
+StatefulSet -> Pods, and with localkube.controllers running JobSet -> Jobs and LeaderWorkerSet ->
+StatefulSets); KWOK plays the kubelets of nodes annotated kwok.x-k8s.io/node=fake."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from localkube.cluster import ClusterError, LocalCluster
@@ -84,38 +84,27 @@ def statefulset(cluster: LocalCluster, namespace: str, name: str, owner: dict | 
 
 def jobset_chain(cluster: LocalCluster, namespace: str, name: str, jobs: int, parallelism: int,
                  labels: dict[str, str] | None = None, node_selector: dict[str, str] | None = None) -> dict:
-    """A JobSet-shaped chain: JobSet (custom resource) -> Jobs -> Pods."""
-    js = create(cluster, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets",
-                {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name}, "spec": {}})
-    for j in range(jobs):
-        pod_spec: dict = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "example.com/train:v1"}]}
-        if node_selector:
-            pod_spec["nodeSelector"] = node_selector
-        create(cluster, f"/apis/batch/v1/namespaces/{namespace}/jobs", {
-            "apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": f"{name}-workers-{j}", "ownerReferences": [owner_ref(js)]},
-            "spec": {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
-                     "template": {"metadata": {"labels": labels or {}}, "spec": pod_spec}}})
-    return js
+    """A real JobSet (jobset.x-k8s.io/v1alpha2) with one replicatedJob ``workers`` of ``jobs`` Jobs
+    of ``parallelism`` pods: the JobSet controller (localkube.controllers) creates the Jobs
+    ``<name>-workers-<i>``, kube-controller-manager's job controller their Pods."""
+    pod_spec: dict = {"restartPolicy": "Never", "containers": [{"name": "main", "image": "example.com/train:v1"}]}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    job = {"parallelism": parallelism, "completions": parallelism, "backoffLimit": 0,
+           "template": {"metadata": {"labels": labels or {}}, "spec": pod_spec}}
+    return create(cluster, f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{namespace}/jobsets", {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": name},
+        "spec": {"replicatedJobs": [{"name": "workers", "replicas": jobs, "template": {"spec": job}}]}})
 
 
 def leaderworkerset_chain(cluster: LocalCluster, namespace: str, name: str, workers: int,
-                          labels: dict[str, str] | None = None) -> dict:
-    """The LeaderWorkerSet shape: LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet ->
-    worker Pods (the worker StatefulSet is created once the leader pod exists)."""
-    lws = create(cluster, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets",
-                 {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-                  "metadata": {"name": name}, "spec": {}})
-    statefulset(cluster, namespace, name, lws, 1, labels)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        code, leader = cluster.request(f"/api/v1/namespaces/{namespace}/pods/{name}-0")
-        if code == 200:
-            break
-        time.sleep(0.2)
-    else:
-        raise ClusterError(f"the leader pod {name}-0 did not appear")
-    leader.setdefault("apiVersion", "v1")  # type: ignore[union-attr]
-    leader.setdefault("kind", "Pod")  # type: ignore[union-attr]
-    statefulset(cluster, namespace, f"{name}-0", leader, workers, labels)  # type: ignore[arg-type]
-    return lws
+                          labels: dict[str, str] | None = None, replicas: int = 1) -> dict:
+    """A real LeaderWorkerSet (leaderworkerset.x-k8s.io/v1): ``replicas`` groups of one leader and
+    ``workers`` workers. The LWS controller (localkube.controllers) makes the shape LWS -> leader
+    StatefulSet ``<name>`` -> leader Pod ``<name>-<group>`` -> worker StatefulSet ``<name>-<group>``
+    -> worker Pods ``<name>-<group>-<n>``; kube-controller-manager's StatefulSet controller the Pods."""
+    template = {"metadata": {"labels": labels or {}},
+                "spec": {"containers": [{"name": "main", "image": "example.com/server:v1"}]}}
+    return create(cluster, f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets", {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "leaderWorkerTemplate": {"size": workers + 1, "workerTemplate": template}}})

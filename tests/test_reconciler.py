@@ -1,4 +1,5 @@
-"""The reconciler on a full local control plane (controller-manager, scheduler, KWOK nodes)."""
+"""The reconciler on a full local control plane (controller-manager, scheduler, KWOK nodes, the JobSet
+and LeaderWorkerSet controllers)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from demo.workloads import (
     workload_summarizer,
 )
 from localkube.cluster import LocalCluster, Options
+from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
 from tests.conftest import CRDS, EXAMPLES
 from tests.kube import delete, set_node_labels
@@ -37,7 +39,8 @@ def zone_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     with LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True), binaries) as c:
         c.install_crds(CRDS)
-        c.install_crds(EXAMPLES / "stand-ins" / "workload-crds.yaml")
+        for project in (JOBSET_PROJECT, LWS_PROJECT):
+            Controller(c, project).start()  # the real CRDs, webhooks and controllers; stopped with c
         cpu = {"cpu": "16", "memory": "64Gi", "pods": "110"}
         for i in range(3):
             zone_node(c, f"cpu-{i}", "cpu", cpu)
@@ -116,8 +119,9 @@ def _expected_refs(kube: LocalCluster, selector: str) -> dict[str, int]:
 
 
 def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service) -> None:
-    """Real controllers make the pods: JobSet -> Job -> Pods, and the LeaderWorkerSet shape
-    LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet -> worker Pods."""
+    """Real controllers make the pods: JobSet -> Jobs -> Pods (the JobSet and job controllers), and
+    LWS -> leader StatefulSet -> leader Pod -> worker StatefulSet -> worker Pods (the LWS and
+    StatefulSet controllers)."""
     jobset_chain(kube, NS, "train", jobs=1, parallelism=4, labels={"chain": "train"})
     leaderworkerset_chain(kube, NS, "llm", workers=2, labels={"chain": "llm"})
 
