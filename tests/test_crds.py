@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from localkube.build import KUEUE, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
 from tests.conftest import CRDS, EXAMPLES
@@ -271,7 +272,7 @@ def test_kubectl_get_workloads_where_kueue_is_installed(binaries: dict[str, Path
                                 "metadata": {"name": "ours", "namespace": "team-a"}})
         assert code == 0, out
         assert "ours" in c.kubectl("get", "workloads", "-n", "team-a").stdout  # no Kueue: our shortName
-        c.install_crds(EXAMPLES / "stand-ins" / "kueue-workload-crd.yaml")
+        c.install_crds(ensure_binaries((KUEUE,))["kueue-crds.yaml"])  # Kueue's real CRDs
         wait_for(lambda: "ours" not in c.kubectl("get", "workloads", "-n", "team-a", check=False).stdout, timeout=30)
         proc = c.kubectl("get", "workloads", "-n", "team-a", check=False)
         assert "No resources found" in proc.stderr  # Kueue's (empty) Workloads, silently
