@@ -273,6 +273,9 @@ def test_kubectl_get_workloads_where_kueue_is_installed(binaries: dict[str, Path
         assert code == 0, out
         assert "ours" in c.kubectl("get", "workloads", "-n", "team-a").stdout  # no Kueue: our shortName
         c.install_crds(ensure_binaries((KUEUE,))["kueue-crds.yaml"])  # Kueue's real CRDs
+        # kubectl resolves `workloads` from its discovery cache, written before Kueue came, and
+        # nothing invalidates it while the name resolves; `kubectl api-resources` refreshes it.
+        assert "workloads.kueue.x-k8s.io" in c.kubectl("api-resources", "-o", "name").stdout
         wait_for(lambda: "ours" not in c.kubectl("get", "workloads", "-n", "team-a", check=False).stdout, timeout=30)
         proc = c.kubectl("get", "workloads", "-n", "team-a", check=False)
         assert "No resources found" in proc.stderr  # Kueue's (empty) Workloads, silently
