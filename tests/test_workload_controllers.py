@@ -173,3 +173,38 @@ def test_controllers_scale_and_delete_under_two_replicas(kube: LocalCluster, ser
         assert set(summaries(kube)) == {"llm"}
     finally:
         standby.stop()
+
+
+def test_controller_webhooks_on_loopback_installed_and_removed(cluster: LocalCluster) -> None:
+    """The API server calls the JobSet manager's own webhooks at 127.0.0.1 (defaulting, validation,
+    the pod webhooks scoped by the kustomize patch); stop() takes the configurations and the
+    process away."""
+    ctl = Controller(cluster, JOBSET_PROJECT).start()
+    names = ("MutatingWebhookConfiguration/jobset-mutating-webhook-configuration",
+             "ValidatingWebhookConfiguration/jobset-validating-webhook-configuration")
+    try:
+        for name in names:
+            config = json.loads(cluster.kubectl("get", name, "-o", "json").stdout)
+            urls = {w["name"]: w["clientConfig"]["url"] for w in config["webhooks"]}
+            assert all(u.startswith(f"https://127.0.0.1:{ctl.webhook_port}/") for u in urls.values()), urls
+            [pod_hook] = [w for w in config["webhooks"] if w["name"] in ("mpod.kb.io", "vpod.kb.io")]
+            assert pod_hook["objectSelector"] == {"matchExpressions": [{"key": f"{JS}/jobset-name",
+                                                                        "operator": "Exists"}]}
+        cluster.kubectl("create", "namespace", "webhooks")
+        job = {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}
+        js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "d"},
+              "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]}}
+        path = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/webhooks/jobsets"
+        created = ok(cluster.request(path, "POST", js))
+        assert created["spec"]["successPolicy"] == {"operator": "All"}  # the defaulting webhook
+        assert created["spec"]["replicatedJobs"][0]["template"]["spec"]["completionMode"] == "Indexed"
+        js["metadata"]["name"] = "v"
+        js["spec"]["network"] = {"subdomain": "Not_A_Subdomain"}
+        code, body = cluster.request(path, "POST", js)
+        assert code == 403 and "vjobset.kb.io" in body["message"], body  # type: ignore[index]
+    finally:
+        ctl.stop()
+    assert not ctl.running() and "jobset-controller" not in cluster.processes
+    for name in names:
+        assert cluster.kubectl("get", name, check=False).returncode != 0
+    cluster.kubectl("delete", "namespace", "webhooks", "--wait=false")
