@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 
 from alerts.rules import Thresholds, rules_file
-from localkube.build import JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, BuildError, ensure_binaries
+from localkube.build import BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
-from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
+from localkube.controllers import BUILD, JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
-        ensure_binaries((JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER))
+        ensure_binaries(BUILD)
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")
         cluster.start()
         cluster.install_crds(ROOT / "crds")

@@ -55,6 +55,8 @@ class Project:
 
 JOBSET_PROJECT = Project("jobset", JOBSET, JOBSET_CONTROLLER, "config.jobset.x-k8s.io/v1alpha1")
 LWS_PROJECT = Project("lws", LWS, LWS_CONTROLLER, "config.lws.x-k8s.io/v1alpha1")
+# Everything both need, to build ahead (ensure_binaries(BUILD)) where a start must not wait for it.
+BUILD = (JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER)
 
 
 def _patched(configuration: dict, patch: list[dict]) -> dict:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from localkube.build import ensure_binaries
+from localkube.controllers import BUILD
 from localkube.service import wait_for
 from tests.conftest import ROOT
 
@@ -30,6 +31,7 @@ def _processes_mentioning(text: str) -> list[str]:
 
 def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
     ensure_binaries()
+    ensure_binaries(BUILD)  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
     demo = subprocess.Popen([sys.executable, "-m", "demo", "--nodes-per-pool", "2", "--duration", "90"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
