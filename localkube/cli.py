@@ -12,6 +12,7 @@ from pathlib import Path
 from .build import BuildError
 from .build import main as build_main
 from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
+from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -33,6 +34,10 @@ def _up(args: argparse.Namespace) -> int:
         cluster.start()
         for path in args.crds:
             cluster.install_crds(Path(path))
+        for project in [p for p, on in ((JOBSET_PROJECT, args.jobset), (LWS_PROJECT, args.lws)) if on]:
+            print(f"[localkube] starting the {project.name} controller (built on first use) ...",
+                  file=sys.stderr, flush=True)
+            Controller(cluster, project).start()  # its CRDs and webhooks too; stopped with the cluster
         for path in args.apply:
             cluster.kubectl("apply", "-f", path)
     except (ClusterError, BuildError) as err:
@@ -83,6 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kwok", action="store_true",
                     help="also run KWOK: nodes annotated kwok.x-k8s.io/node=fake get fake kubelets")
     up.add_argument("--full", action="store_true", help="same as --controllers --scheduler --kwok")
+    up.add_argument("--jobset", action="store_true",
+                    help="also run the JobSet controller (its real CRDs and webhooks; needs --controllers for pods)")
+    up.add_argument("--lws", action="store_true",
+                    help="also run the LeaderWorkerSet controller (its real CRDs and webhooks; needs --controllers)")
     up.add_argument("--crds", action="append", default=[], metavar="PATH",
                     help="install the CRDs in PATH and wait until they are Established (repeatable)")
     up.add_argument("--apply", action="append", default=[], metavar="PATH",
