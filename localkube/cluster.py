@@ -416,7 +416,10 @@ class LocalCluster:
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True,
                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", *args]
+        # A discovery cache of this cluster's own: kubectl's default (~/.kube/cache, by host:port)
+        # would hand a later cluster on a reused port the resources of an earlier one.
+        cmd = [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.workdir / 'kube-cache'}",
+               *args]
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
