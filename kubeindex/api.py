@@ -183,6 +183,14 @@ class ApiClient:
         if self._session is not None:
             await self._session.close()
 
+    def renew_pool(self) -> aiohttp.ClientSession | None:
+        """Requests from now on open new connections; those under way keep theirs. For a view that
+        must be fresh: an idle pooled connection may be as dead as a silent watch (a load balancer
+        that dropped every flow without a reset) and would hold the next request until its
+        timeout. Returns the old session, for the caller to close once done with it."""
+        old, self._session = self._session, None
+        return old
+
     def _headers(self, accept: str) -> dict[str, str]:
         return {"Accept": accept, **self.connection.headers()}
 

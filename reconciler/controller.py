@@ -256,7 +256,12 @@ class Reconciler:
         while a watch connection is silently dead (a load balancer that drops flows without a
         reset goes unnoticed until the read timeout); a fresh LIST makes its view current."""
         started = time.monotonic()
-        await asyncio.gather(self.sources.relist(), *(r.relist() for r in self.reflectors))
+        retired = self.api.renew_pool()  # the pooled connections may be as dead as the watches
+        try:
+            await asyncio.gather(self.sources.relist(), *(r.relist() for r in self.reflectors))
+        finally:
+            if retired is not None:
+                await retired.close()  # what still ran on it was cancelled by the relists
         self._fresh, self._resync = True, True
         log.info("leading: every watch relisted in %.2fs; writing", time.monotonic() - started)
 
