@@ -50,14 +50,45 @@ def parse_or_zero(text: str | int | float) -> int:
         return 0
 
 
-def format_quantity(resource: str, nano: int) -> str:
-    """A compact quantity string for status fields: cpu in cores or millicores, memory-like
-    resources with binary suffixes when exact, everything else as a plain number."""
+_DECIMAL_SUFFIXES = {-9: "n", -6: "u", -3: "m", 0: "", 3: "k", 6: "M", 9: "G", 12: "T", 15: "P", 18: "E"}
+_BINARY_LIKE = ("memory", "hugepages-", "ephemeral-storage")  # resources people read in Ki / Mi / Gi
+
+
+def _decimal(nano: int) -> str:
+    """apimachinery's canonical DecimalSI form: the integer mantissa with the largest power of
+    1000 suffix (n, u, m, none, k, M, G, T, P, E) that keeps it exact: 2000 -> 2k, 1.5 -> 1500m."""
+    if nano == 0:
+        return "0"
+    mantissa, exponent = nano, -9
+    while mantissa % 10 == 0 and exponent < 18:
+        mantissa //= 10
+        exponent += 1
+    while exponent % 3:  # down to a multiple of 3, as apimachinery does
+        mantissa *= 10
+        exponent -= 1
+    return f"{mantissa}{_DECIMAL_SUFFIXES[exponent]}"
+
+
+def _binary(nano: int) -> str | None:
+    """apimachinery's canonical BinarySI form where it has a suffix (Ki .. Ei): a whole number of
+    at least 1 Ki, with the largest exact power of 1024. None otherwise (a bare number parses as
+    decimal, whose canonical form is _decimal's)."""
     if nano % NANO:
-        return f"{-(-nano // 10**6)}m"  # sub-unit values (cpu) in millis, rounded up
+        return None
     value = nano // NANO
-    if resource == "memory" or resource.startswith(("hugepages-", "ephemeral-storage")):
-        for suffix, factor in _BINARY:
-            if value and value % factor == 0:
-                return f"{value // factor}{suffix}"
-    return str(value)
+    for suffix, factor in _BINARY:
+        if abs(value) >= 1024 and value % factor == 0:
+            return f"{value // factor}{suffix}"
+    return None
+
+
+def format_quantity(resource: str, nano: int) -> str:
+    """An exact quantity string in apimachinery's canonical form (``resource.MustParse(s).String()
+    == s``): decimal suffixes (2k, 1500m, 250u), or for memory-like resources binary ones
+    (600Gi) unless the decimal form is shorter (96G rather than 93750000Ki). Never rounded."""
+    decimal = _decimal(nano)
+    if resource.startswith(_BINARY_LIKE):
+        binary = _binary(nano)
+        if binary is not None and len(binary) <= len(decimal):
+            return binary
+    return decimal

@@ -122,7 +122,7 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[GroupAgg], Any]] = {
     "allocatable": lambda a: _quantities(a.allocatable),
     "capacity": lambda a: _quantities(a.capacity),
     "requested": lambda a: _quantities(a.requested),
-    "nodesByState": lambda a: {s: a.states.get(s, 0) for s in NODE_STATES},
+    "nodesByState": lambda a: {s: a.states[s] for s in NODE_STATES if a.states.get(s)},  # a state left out: 0
     "unhealthyNodeCount": lambda a: sum(n for s, n in a.states.items() if s not in ("Ready", "Cordoned")),
     "unhealthyAccelerators": lambda a: _quantities(a.accelerators_unhealthy),
 }

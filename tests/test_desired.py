@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import PodLabelWorkload, WorkloadType
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType
+from kubeindex.quantity import NANO, format_quantity, parse_nano
 from reconciler.controller import Summary, SummaryMeta, claim_of
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
@@ -119,8 +122,7 @@ def test_desired_state_from_index() -> None:
     assert ns.status["conditions"] == [{"type": "Ready", "count": 1}, {"type": "NotReady", "count": 1}]
     assert ns.status["allocatable"] == {"cpu": "8", "memory": "32Gi", "pods": "220"}
     assert ns.status["requested"] == {"cpu": "300m", "memory": "192Mi"}
-    assert ns.status["nodesByState"] == {"Ready": 1, "NotReady": 0, "Unknown": 1, "Disrupting": 0, "Cordoned": 0,
-                                         "Degraded": 0}
+    assert ns.status["nodesByState"] == {"Ready": 1, "Unknown": 1}  # states with no node left out
     assert ns.status["unhealthyNodeCount"] == 1 and "unhealthyAccelerators" not in ns.status
     ws = out["ns/web"]
     assert ws.status == {"podCount": 3, "shortType": "deploy", "longType": "deployment.apps/v1",
@@ -211,3 +213,142 @@ def test_any_label_value_gets_a_valid_name_unique_per_claim(values: list[str]) -
     assert len(set(names)) == len(names)  # unique, the Deployment `web` included
     for name in names:
         assert SUBDOMAIN.fullmatch(name) and len(name) <= 253, name
+
+
+# -- the NodeSummary's size, and that its shape since v1alpha1's first loses nothing --------------
+
+# apimachinery v0.36.3's canonical strings (resource.NewDecimalQuantity(value, format).String() and
+# resource.MustParse(s).String(), a small Go program run on these values): (nano-units, DecimalSI
+# form, the BinarySI form where it has a suffix).
+CANONICAL = [
+    (0, "0", None), (1, "1n", None), (1500, "1500n", None), (10**6, "1m", None), (25 * 10**4, "250u", None),
+    (1000000500, "1000000500n", None), (3_500_000_000, "3500m", None), (NANO, "1", None),
+    (2 * NANO, "2", None), (1000 * NANO, "1k", None), (1023 * NANO, "1023", None), (1024 * NANO, "1024", "1Ki"),
+    (1536 * NANO, "1536", "1536"), (2000 * NANO, "2k", None), (550_000 * NANO, "550k", None),
+    (159_250 * 10**6, "159250m", None), (7_962_500 * 10**6, "7962500m", None), (96 * 10**9 * NANO, "96G", "93750000Ki"),
+    (644_245_094_400 * NANO, "644245094400", "600Gi"), (32880576 * 1024 * NANO, "33669709824", "32880576Ki"),
+    (94_580_335_255 * NANO, "94580335255", None), (2**40 * NANO, "1099511627776", "1Ti"),
+    (10**15 * NANO, "1P", "976562500000Ki"), (10**18 * NANO, "1E", "976562500000000Ki"),
+    (5 * 10**18 * NANO, "5E", "4882812500000000Ki"), (123_456_789 * NANO, "123456789", None),
+]
+
+
+def test_quantities_are_apimachinerys_canonical_strings() -> None:
+    """Every status quantity is a fixed point of apimachinery's parse-and-format: decimal
+    suffixes where they are exact (2k, 550k, 250u: never rounded to millis), binary ones for
+    memory-like resources where shorter (600Gi, but 96G rather than 93750000Ki)."""
+    for nano, decimal, binary in CANONICAL:
+        assert format_quantity("cpu", nano) == decimal, nano
+        shortest = binary if binary is not None and binary[-1] == "i" and len(binary) <= len(decimal) else decimal
+        for resource in ("memory", "ephemeral-storage", "hugepages-2Mi"):
+            assert format_quantity(resource, nano) == shortest, (resource, nano)
+        assert parse_nano(format_quantity("cpu", nano)) == nano == parse_nano(format_quantity("memory", nano))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0, max_value=2**63 * 10**3), st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"]))
+def test_quantities_are_exact(nano: int, resource: str) -> None:
+    text = format_quantity(resource, nano)
+    assert parse_nano(text) == nano, text
+
+
+def _old_quantity(resource: str, nano: int) -> str:
+    """The quantity strings of the first v1alpha1 shape (millis rounded up, no decimal suffixes)."""
+    if nano % NANO:
+        return f"{-(-nano // 10**6)}m"
+    value = nano // NANO
+    if resource == "memory" or resource.startswith(("hugepages-", "ephemeral-storage")):
+        for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
+                               ("Ki", 2**10)):
+            if value and value % factor == 0:
+                return f"{value // factor}{suffix}"
+    return str(value)
+
+
+def old_shape(agg: GroupAgg) -> dict[str, Any]:
+    """A NodeSummary status in the first v1alpha1 shape, computed from the aggregate as it was."""
+    not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
+    status = {
+        "nodeCount": agg.nodes, "nodeNamesPrefix": names_prefix(agg.node_names),
+        "conditions": [{"type": "Ready", "count": agg.conditions.get("Ready", 0)},
+                       {"type": "NotReady", "count": not_ready}],
+        "unschedulableCount": agg.unschedulable, "podCount": sum(agg.pods.values()),
+        "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
+        **{field: {r: _old_quantity(r, v) for r, v in sorted(getattr(agg, name).items())}
+           for field, name in (("allocatable", "allocatable"), ("capacity", "capacity"), ("requested", "requested"),
+                               ("unhealthyAccelerators", "accelerators_unhealthy"))},
+        "nodesByState": {s: agg.states.get(s, 0) for s in NODE_STATES},
+        "unhealthyNodeCount": sum(n for s, n in agg.states.items() if s not in ("Ready", "Cordoned")),
+    }
+    return {k: v for k, v in status.items() if v not in ({}, [], "", None)}
+
+
+def old_from_new(status: dict[str, Any]) -> dict[str, Any]:
+    """The first v1alpha1 shape computed from the current one alone: nothing was lost."""
+    old = dict(status)
+    old["nodesByState"] = {s: status.get("nodesByState", {}).get(s, 0) for s in NODE_STATES}
+    for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):
+        if field in status:
+            old[field] = {r: _old_quantity(r, parse_nano(q)) for r, q in status[field].items()}
+    return old
+
+
+node_specs = st.fixed_dictionaries({
+    "ready": st.sampled_from(["True", "True", "False", "Unknown", None]),
+    "unschedulable": st.booleans(),
+    "disrupted": st.booleans(),
+    "problem": st.booleans(),
+    "cpu": st.sampled_from(["4", "31850m", "0.5", "2000", "1k", "250u"]),
+    "memory": st.sampled_from(["16Gi", "32880576Ki", "96G", "1500", "120Gi", "1Ki"]),
+    "storage": st.sampled_from(["95Gi", "94580335255", "100G"]),
+    "gpus": st.sampled_from([None, ("8", "8"), ("8", "6")]),
+    "pods": st.lists(st.tuples(st.sampled_from(["Running", "Pending", "Succeeded", "Failed"]),
+                               st.sampled_from(["100m", "500m", "1", "1u", "0.0005", "2k"])), max_size=4),
+})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(node_specs, min_size=1, max_size=8))
+def test_every_field_of_the_old_shape_is_computed_from_the_new(specs: list[dict[str, Any]]) -> None:
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    for i, spec in enumerate(specs):
+        alloc = {"cpu": spec["cpu"], "memory": spec["memory"], "pods": "110", "ephemeral-storage": spec["storage"]}
+        capacity = dict(alloc)
+        if spec["gpus"]:
+            capacity["nvidia.com/gpu"], alloc["nvidia.com/gpu"] = spec["gpus"]
+        index.upsert_node(make_node(f"n-{i}", {"pool": "a"}, ready=spec["ready"], unschedulable=spec["unschedulable"],
+                                    allocatable=alloc, capacity=capacity,
+                                    taints=[Taint("karpenter.sh/disrupted", "NoSchedule")] if spec["disrupted"] else [],
+                                    conditions={"KernelDeadlock": "True"} if spec["problem"] else None))
+        for j, (phase, cpu) in enumerate(spec["pods"]):
+            index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"n-{i}", phase=phase, cpu=cpu))
+    (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
+    agg = index.groups[("pool", "a")]
+    assert old_from_new(summary.status) == old_shape(agg)
+    for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):  # and exactly, where the
+        for resource, text in summary.status.get(field, {}).items():  # old one rounded
+            assert parse_nano(text) == getattr(agg, ATTR.get(field, field))[resource]
+    assert sum(summary.status["nodesByState"].values()) == summary.status["nodeCount"]
+    assert 0 not in summary.status["nodesByState"].values()
+
+
+ATTR = {"unhealthyAccelerators": "accelerators_unhealthy"}
+
+# Bytes of a NodeSummary's status as the API server encodes it (compact JSON): a 3-resource group
+# (cpu, memory, pods) of 3 Ready nodes with 90 pods: 391 bytes; the first v1alpha1 shape took 457.
+STATUS_BUDGET = 400
+
+
+def test_a_node_summary_status_fits_its_budget() -> None:
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "cloud.google.com/gke-nodepool")
+    for i in range(3):
+        index.upsert_node(make_node(f"gke-pool-a-{i}", {"cloud.google.com/gke-nodepool": "pool-a"},
+                                    allocatable={"cpu": "31850m", "memory": "120Gi", "pods": "110"}))
+        for j in range(30):
+            index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"gke-pool-a-{i}", cpu="500m"))
+    (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
+    size = len(json.dumps(summary.status, separators=(",", ":")))
+    old = len(json.dumps(old_shape(index.groups[("pool", "pool-a")]), separators=(",", ":")))
+    assert size <= STATUS_BUDGET < old, (size, old)
