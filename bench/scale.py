@@ -24,11 +24,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import http.client
 import json
 import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -65,39 +67,105 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
+class PlainWatch:
+    """The latency floor: a bare watch on nodes (one HTTP stream, JSON lines, no index, no
+    exporter), started before the flips, in a thread of its own. Records when each event of one
+    node arrived (time.monotonic(), which is system-wide on Linux: comparable with the service's)
+    and the node's Ready status in it."""
+
+    def __init__(self, cluster: LocalCluster, node: str) -> None:
+        self.cluster, self.node = cluster, node
+        self.seen: list[tuple[float, str]] = []  # (arrival, Ready status)
+        self._lock = threading.Lock()
+        _, listed = cluster.request("/api/v1/nodes?limit=1")
+        assert isinstance(listed, dict)
+        host, port = cluster.server.removeprefix("https://").split(":")
+        self._conn = http.client.HTTPSConnection(host, int(port), context=cluster._ssl, timeout=3600)
+        self._conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={listed['metadata']['resourceVersion']}")
+        self._resp = self._conn.getresponse()
+        assert self._resp.status == 200, self._resp.status
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for line in self._resp:
+                arrived = time.monotonic()
+                event = json.loads(line)
+                obj = event.get("object", {})
+                if obj.get("metadata", {}).get("name") != self.node:
+                    continue
+                ready = next((c.get("status", "") for c in obj.get("status", {}).get("conditions", [])
+                              if c.get("type") == "Ready"), "")
+                with self._lock:
+                    self.seen.append((arrived, ready))
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # closed
+
+    def arrival(self, since: float, ready: str, timeout: float = 30) -> float | None:
+        """When the first event after ``since`` showing Ready=``ready`` arrived (None: never)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                hit = next((t for t, r in self.seen if t >= since and r == ready), None)
+            if hit is not None:
+                return hit
+            time.sleep(0.01)
+        return None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.sock.shutdown(2) if self._conn.sock else None
+        self._conn.close()
+
+
+def _ms(values: list[float]) -> list[int]:
+    return [round(percentile(values, q) * 1000) for q in (0.5, 0.99)]
+
+
 def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str, rounds: int) -> dict:
-    """API change (a node's Ready condition flips) -> /metrics, and -> the NodeSummary status."""
-    to_metric, to_summary = [], []
+    """API change (a node's Ready condition flips) -> /metrics, and -> the NodeSummary status; and
+    the floor: when a plain watch on nodes (PlainWatch) saw the same change."""
+    to_metric, to_summary, to_floor, marks = [], [], [], []
     series = f'nws_nodegroup_nodes_by_condition{{summarizer="pool",group="{group}",condition="NotReady"}} '
-    for i in range(rounds):
-        status = "False" if i % 2 == 0 else "True"
-        before = value(parse(svc.get("/metrics")[1]), "nws_nodegroup_nodes_by_condition", summarizer="pool",
-                       group=group, condition="NotReady") or 0
-        want = before + (1 if status == "False" else -1)
-        started = time.monotonic()
-        cluster.request(f"/api/v1/nodes/{node}/status", "PATCH",
-                        {"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Bench"}]}},
-                        content_type="application/strategic-merge-patch+json")
+    floor = PlainWatch(cluster, node)
+    try:
+        for i in range(rounds):
+            status = "False" if i % 2 == 0 else "True"
+            before = value(parse(svc.get("/metrics")[1]), "nws_nodegroup_nodes_by_condition", summarizer="pool",
+                           group=group, condition="NotReady") or 0
+            want = before + (1 if status == "False" else -1)
+            started = time.monotonic()
+            cluster.request(f"/api/v1/nodes/{node}/status", "PATCH",
+                            {"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Bench"}]}},
+                            content_type="application/strategic-merge-patch+json")
 
-        def metric_shows(want: float = want) -> bool:  # a substring test: parsing would dominate the timing
-            return f"{series}{want:g}\n" in svc.get("/metrics")[1]
+            def metric_shows(want: float = want) -> bool:  # a substring test: parsing would dominate the timing
+                return f"{series}{want:g}\n" in svc.get("/metrics")[1]
 
-        def summary_shows(want: float = want) -> bool:
-            code, body = cluster.request(f"/apis/ux.sean.example.com/v1alpha1/nodesummaries/pool-{group}")
-            conds = {c["type"]: c["count"] for c in body.get("status", {}).get("conditions", [])} if code == 200 else {}
-            return conds.get("NotReady") == want
+            def summary_shows(want: float = want) -> bool:
+                code, body = cluster.request(f"/apis/ux.sean.example.com/v1alpha1/nodesummaries/pool-{group}")
+                conds = ({c["type"]: c["count"] for c in body.get("status", {}).get("conditions", [])}
+                         if code == 200 else {})
+                return conds.get("NotReady") == want
 
-        wait_for(metric_shows, timeout=30, interval=0.005)
-        to_metric.append(time.monotonic() - started)
+            wait_for(metric_shows, timeout=30, interval=0.005)
+            to_metric.append(time.monotonic() - started)
+            seen = floor.arrival(started, status)
+            to_floor.append(seen - started if seen is not None else to_metric[-1])
+            marks.append({"patched": started, "watch_saw": seen, "metrics_showed": started + to_metric[-1]})
 
-        wait_for(summary_shows, timeout=30, interval=0.01)
-        to_summary.append(time.monotonic() - started)
-        time.sleep(1.1)  # past the per-object write debounce, so each round measures a first change
-    ms = {name: [round(percentile(v, q) * 1000) for q in (0.5, 0.99)]
-          for name, v in (("metric", to_metric), ("summary", to_summary))}
-    return {"metric_p50_ms": ms["metric"][0], "metric_p99_ms": ms["metric"][1],
-            "summary_p50_ms": ms["summary"][0], "summary_p99_ms": ms["summary"][1],
-            "metric_ms": [round(t * 1000) for t in to_metric]}
+            wait_for(summary_shows, timeout=30, interval=0.01)
+            to_summary.append(time.monotonic() - started)
+            time.sleep(1.1)  # past the per-object write debounce, so each round measures a first change
+    finally:
+        floor.close()
+    over = [m - f for m, f in zip(to_metric, to_floor, strict=True)]
+    (m50, m99), (s50, s99), (f50, f99), (o50, o99) = (_ms(v) for v in (to_metric, to_summary, to_floor, over))
+    return {"metric_p50_ms": m50, "metric_p99_ms": m99, "summary_p50_ms": s50, "summary_p99_ms": s99,
+            "floor_p50_ms": f50, "floor_p99_ms": f99, "over_floor_p50_ms": o50, "over_floor_p99_ms": o99,
+            "metric_ms": [round(t * 1000) for t in to_metric], "floor_ms": [round(t * 1000) for t in to_floor],
+            "marks": marks}
 
 
 def _on_node(cluster: LocalCluster, node: str) -> Counter[str]:
@@ -340,13 +408,16 @@ def report(results: list[dict]) -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
     rows = ["| nodes | pods | nodes JSON / nodesummaries JSON | pods JSON / workloads JSON | sync / LIST floor | "
-            "peak RSS (MB, KB/pod) | NotReady -> metric p50/p99 | -> NodeSummary p50/p99 | "
+            "peak RSS (MB, KB/pod) | NotReady -> metric p50/p99 | floor p50/p99, ours minus floor | "
+            "-> NodeSummary p50/p99 | "
             "Disrupting flip (30 pods) -> metric p50/p99 | idle writes | churn: API updates/s, writes/min | scrape |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         rd, lat, ch, sc = r["read"], r["latency"], r["churn"], r["scrape"]
         flip = r.get("flip_latency")
         flip_text = f"{flip['metric_p50_ms']} / {flip['metric_p99_ms']} ms" if flip else "-"
+        floor_text = (f"{lat['floor_p50_ms']} / {lat['floor_p99_ms']} ms, {lat['over_floor_p50_ms']} / "
+                      f"{lat['over_floor_p99_ms']} ms" if "floor_p50_ms" in lat else "-")
         summaries, wls = rd["nodesummaries"], rd["workloads"]
         nodes_text = pods_text = "- / "
         if "nodes" in rd:  # not with --only service (and nothing to carry over)
@@ -360,7 +431,8 @@ def report(results: list[dict]) -> None:
             f"| {pods_text}{wls['seconds']} s "
             f"| {r['initial_sync_seconds']} s / {r['list_floor_seconds']} s ({r['sync_vs_floor']}x) "
             f"| {r['peak_rss_mb']} ({r['rss_kb_per_pod']}) | {lat['metric_p50_ms']} / {lat['metric_p99_ms']} ms "
-            f"| {lat['summary_p50_ms']} / {lat['summary_p99_ms']} ms | {flip_text} | {r['idle_writes']:.0f} "
+            f"| {floor_text} | {lat['summary_p50_ms']} / {lat['summary_p99_ms']} ms | {flip_text} "
+            f"| {r['idle_writes']:.0f} "
             f"| {ch['api_updates_per_second']}, {ch['writes_per_minute']} "
             f"| {sc['series']} series, {sc['bytes'] / 1e3:.0f} KB, {sc['seconds'] * 1000:.1f} ms |")
     (RESULTS / "scale.md").write_text("\n".join(rows) + "\n")

@@ -1,0 +1,215 @@
+"""NotReady -> /metrics against its floor, and where the rest goes.
+
+One control plane populated as `bench.scale` does; the service started from each checkout in turn
+(summaries deleted in between) with `bench/trace/sitecustomize.py` loaded (it stamps, inside the
+service, each node event handled, each /metrics render, each reconciler pass, each garbage
+collection and each event-loop stall); then `bench.scale.not_ready_latency` (with its plain watch
+on nodes, the floor). Per round:
+
+    patched -> the plain watch saw it (floor) -> the service handled the event (decode + index)
+    -> the next /metrics render began (the bench's poll) -> it ended -> the bench had the text
+
+    python -m bench.latency_floor --nodes 2000 --code /tmp/before . --out bench/results/latency-floor.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from kubeindex.api import ApiClient, load_connection
+from localkube.cluster import LocalCluster, Options
+from localkube.service import Service, parse, select
+
+from .populate import populate
+from .scale import _ms, clean, not_ready_latency, percentile, revision, running_from
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACE = Path(__file__).resolve().parent / "trace"
+
+
+def say(msg: str) -> None:
+    print(f"[floor] {msg}", file=sys.stderr, flush=True)
+
+
+def writes(svc: Service) -> float:
+    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
+
+
+def settle(svc: Service, quiet: float = 5, timeout: float = 900) -> float:
+    """Wait until the reconciler has written nothing for ``quiet`` seconds (initial writes done)."""
+    started = time.monotonic()
+    last, since = writes(svc), time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(1)
+        now = writes(svc)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            break
+    return time.monotonic() - started
+
+
+def breakdown(marks: list[dict], trace: list[dict], node: str) -> dict:
+    """Per round, the stages between the PATCH and the bench reading /metrics, from the trace."""
+    nodes = [r for r in trace if r["k"] == "node" and r["name"] == node]
+    renders = sorted((r for r in trace if r["k"] == "render"), key=lambda r: r["t"])
+    rounds = []
+    for i, m in enumerate(marks):
+        ready = "False" if i % 2 == 0 else "True"
+        patched, shown = m["patched"], m["metrics_showed"]
+        event = next((r for r in nodes if r["t"] >= patched and r["ready"] == ready), None)
+        if event is None:
+            continue
+        handled = event["t"] + event["d"]
+        render = next((r for r in renders if r["t"] >= handled), None)
+        inside = [r for r in trace if r["k"] in ("gc", "lag", "refresh") and patched <= r["t"] <= shown]
+        rounds.append({
+            "total": shown - patched,
+            "floor": (m["watch_saw"] or shown) - patched,
+            "to_service": event["t"] - patched,  # the line read and its turn on the loop
+            "service_minus_floor": event["t"] - (m["watch_saw"] or event["t"]),
+            "handle": event["d"],  # decode + index update
+            "to_render": (render["t"] - handled) if render else None,  # waiting for the bench's next poll
+            "render": render["d"] if render else None,
+            "delivered": (shown - render["t"] - render["d"]) if render else None,  # transfer + the bench's search
+            "stalls": sum(r["d"] for r in inside if r["k"] == "lag"),
+            "gc": [(r["gen"], round(r["d"] * 1000, 1)) for r in inside if r["k"] == "gc" and r["d"] > 0.005],
+            "refresh": sum(r["d"] for r in inside if r["k"] == "refresh"),
+        })
+    stages = ("total", "floor", "to_service", "service_minus_floor", "handle", "to_render", "render", "delivered",
+              "stalls", "refresh")
+    out: dict = {"rounds": len(rounds)}
+    for stage in stages:
+        values = [r[stage] for r in rounds if r[stage] is not None]
+        if values:
+            p50, p99 = _ms(values)
+            out[f"{stage}_ms"] = {"p50": p50, "p99": p99, "max": round(max(values) * 1000, 1)}
+    out["per_round_ms"] = [{k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in r.items()}
+                           for r in rounds]
+    return out
+
+
+def whole_run(trace: list[dict], since: float) -> dict:
+    """Over the latency phase: garbage collections, stalls, renders, reconciler passes."""
+    phase = [r for r in trace if r["t"] >= since]
+    gcs = [r for r in phase if r["k"] == "gc"]
+    by_gen = {}
+    for gen in (0, 1, 2):
+        ds = [r["d"] for r in gcs if r["gen"] == gen]
+        if ds:
+            by_gen[str(gen)] = {"count": len(ds), "max_ms": round(max(ds) * 1000, 1),
+                                "p99_ms": round(percentile(ds, 0.99) * 1000, 1),
+                                "total_ms": round(sum(ds) * 1000)}
+    lags = [r["d"] for r in phase if r["k"] == "lag"]
+    # What each stall overlapped: a stall is the loop late for its 5 ms sleep, so anything that ran
+    # on the loop between the sleep's start and its end is a suspect.
+    suspects = [r for r in phase if r["k"] in ("gc", "render", "refresh", "node")]
+    causes: dict[str, float] = {}
+    for lag in (r for r in phase if r["k"] == "lag"):
+        end = lag["t"] + 0.005 + lag["d"]
+        found = {r["k"] + (str(r["gen"]) if r["k"] == "gc" else "") for r in suspects
+                 if r["t"] < end and r["t"] + r.get("d", 0) > lag["t"] and r.get("d", 0) > 0.002}
+        key = "+".join(sorted(found)) or "other (writes, watch reads, HTTP)"
+        causes[key] = causes.get(key, 0) + lag["d"]
+    renders = [r for r in phase if r["k"] == "render"]
+    refresh = [r["d"] for r in phase if r["k"] == "refresh"]
+    seconds = (max(r["t"] for r in phase) - since) if phase else 0
+    return {
+        "seconds": round(seconds, 1),
+        "gc": by_gen,
+        "stalls_over_10ms": len(lags), "stall_max_ms": round(max(lags, default=0) * 1000, 1),
+        "stall_ms_by_overlap": {k: round(v * 1000) for k, v in sorted(causes.items(), key=lambda kv: -kv[1])},
+        "stall_p99_ms": round(percentile(lags, 0.99) * 1000, 1) if lags else 0,
+        "renders": len(renders),
+        "render_ms": {"p50": _ms([r["d"] for r in renders])[0], "p99": _ms([r["d"] for r in renders])[1]}
+        if renders else {},
+        "render_bytes": renders[-1]["bytes"] if renders else 0,
+        "refresh_passes_over_1ms": len(refresh),
+        "refresh_ms": {"p50": _ms(refresh)[0], "p99": _ms(refresh)[1], "max": round(max(refresh) * 1000, 1)}
+        if refresh else {},
+    }
+
+
+def measure(cluster: LocalCluster, code: Path, args: argparse.Namespace, node: str, group: str) -> dict:
+    trace = Path(cluster.workdir) / f"trace-{len(os.listdir(cluster.workdir))}.jsonl"
+    say(f"starting the service from {code} ({revision(code)}) ...")
+    svc = Service(cluster, tuple(args.service_args))
+    with running_from(code):
+        os.environ["PYTHONPATH"] = f"{TRACE}:{code}"
+        os.environ["NWS_TRACE"] = str(trace)
+        try:
+            svc.start()
+        finally:
+            del os.environ["NWS_TRACE"]
+    try:
+        say(f"settled after {settle(svc):.0f} s; NotReady latency, {args.rounds} rounds ...")
+        since = time.monotonic()
+        latency = not_ready_latency(cluster, svc, node, group, args.rounds)
+        time.sleep(1)  # the trace is flushed every 0.5 s
+    finally:
+        svc.stop()
+    records = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+    if args.keep_trace:
+        args.keep_trace.mkdir(parents=True, exist_ok=True)
+        (args.keep_trace / f"{revision(code)}-{trace.name}").write_text(trace.read_text())
+    marks = latency.pop("marks")
+    with open("/proc/loadavg") as f:
+        load = f.read().split()[:3]
+    return {"checkout": str(code), "code": revision(code), "nodes": args.nodes, "pods": args.nodes * args.pods_per_node,
+            "service_args": args.service_args, "load_average": load, "latency": latency,
+            "breakdown": breakdown(marks, records, node), "phase": whole_run(records, since)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_floor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=500)
+    parser.add_argument("--pods-per-node", type=int, default=30)
+    parser.add_argument("--groups", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds over --code")
+    parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run, in turn")
+    parser.add_argument("--service-args", nargs="*", default=[], help="more flags for the service")
+    parser.add_argument("--out", type=Path, help="write every run here (JSON)")
+    parser.add_argument("--keep-trace", type=Path, help="copy each run's trace (JSON lines) into this directory")
+    args = parser.parse_args(argv)
+    pods = args.nodes * args.pods_per_node
+    runs: list[dict] = []
+    with LocalCluster(Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])) \
+            as cluster:
+        cluster.install_crds(ROOT / "crds")
+
+        async def setup() -> None:
+            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
+                await populate(api, args.nodes, args.groups, pods, max(1, pods // 50))
+
+        say(f"{args.nodes} nodes / {pods} pods: populating ...")
+        asyncio.run(setup())
+        for _ in range(args.repeat):
+            for code in args.code:
+                if runs:
+                    say("deleting the summaries ...")
+                    clean(cluster)
+                runs.append(measure(cluster, code.resolve(), args, "node-00001", "pool-1"))
+                r = runs[-1]
+                say(json.dumps({k: r[k] for k in ("code", "load_average", "phase")}))
+                say(json.dumps({k: v for k, v in r["breakdown"].items() if k != "per_round_ms"}))
+                if args.out:
+                    args.out.write_text(json.dumps(runs, indent=2) + "\n")
+    for r in runs:
+        lat, b = r["latency"], r["breakdown"]
+        print(f"{r['code']} ({r['checkout']}), load {' '.join(r['load_average'])}: NotReady -> /metrics "
+              f"p50/p99 {lat['metric_p50_ms']}/{lat['metric_p99_ms']} ms; floor {lat['floor_p50_ms']}/"
+              f"{lat['floor_p99_ms']} ms; ours minus floor {lat['over_floor_p50_ms']}/{lat['over_floor_p99_ms']} ms; "
+              + "; ".join(f"{k[:-3]} {v['p50']}/{v['p99']}" for k, v in b.items() if isinstance(v, dict)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Where a node event's time goes inside the service: loaded into the service process by
+`bench.latency_floor` (this directory first on PYTHONPATH, NWS_TRACE=<file>), never by the service
+itself. Appends JSON lines with time.monotonic() stamps (system-wide on Linux, so comparable with
+the bench's):
+
+- ``node``: a watch event of a node handled (decode + index update), with the node's name and
+  Ready status;
+- ``render``: a /metrics render; ``refresh``: a reconciler pass over the aggregates (when > 1 ms);
+- ``gc``: a garbage collection (generation, duration, objects collected);
+- ``lag``: the event loop late by more than 10 ms for a 5 ms sleep (something held it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import re
+import time
+
+PATH = os.environ.get("NWS_TRACE")
+LAG = 0.010
+TICK = 0.005
+_NAME = re.compile(rb'"name":"([^"]+)"')
+_READY = re.compile(rb'"type":"Ready","status":"(\w+)"')
+
+
+def _install(path: str) -> None:
+    out = open(path, "a", buffering=1 << 16)  # noqa: SIM115 - open for the life of the process
+    now = time.monotonic
+
+    def rec(kind: str, **fields: object) -> None:
+        out.write(json.dumps({"k": kind, **fields}) + "\n")
+
+    started: list[float] = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = now()
+        else:
+            rec("gc", t=started[0], d=now() - started[0], gen=info["generation"], collected=info["collected"])
+
+    gc.callbacks.append(on_gc)
+
+    async def monitor() -> None:
+        last_flush = now()
+        while True:
+            t = now()
+            await asyncio.sleep(TICK)
+            late = now() - t - TICK
+            if late > LAG:
+                rec("lag", t=t, d=late)
+            if now() - last_flush > 0.5:
+                out.flush()
+                last_flush = now()
+
+    running: list[asyncio.Task] = []
+
+    import kubeindex.reflector as reflector
+
+    handle = reflector.Reflector._handle
+
+    def traced_handle(self: reflector.Reflector, line: bytes) -> None:
+        t = now()
+        handle(self, line)
+        if self.name == "nodes":
+            name, ready = _NAME.search(line), _READY.search(line)
+            rec("node", t=t, d=now() - t, name=name.group(1).decode() if name else "",
+                ready=ready.group(1).decode() if ready else "", bytes=len(line))
+        if not running:
+            running.append(asyncio.get_running_loop().create_task(monitor()))
+
+    reflector.Reflector._handle = traced_handle  # type: ignore[method-assign]
+
+    import exporter.metrics as metrics
+
+    render = metrics.Renderer.render
+
+    def traced_render(self: metrics.Renderer, openmetrics_format: bool = False) -> bytes:
+        t = now()
+        body = render(self, openmetrics_format)
+        rec("render", t=t, d=now() - t, bytes=len(body))
+        return body
+
+    metrics.Renderer.render = traced_render  # type: ignore[method-assign]
+
+    import reconciler.controller as controller
+
+    refresh = controller.Reconciler.refresh
+
+    def traced_refresh(self: controller.Reconciler) -> None:
+        t = now()
+        refresh(self)
+        if now() - t > 0.001:
+            rec("refresh", t=t, d=now() - t)
+
+    controller.Reconciler.refresh = traced_refresh  # type: ignore[method-assign]
+
+
+if PATH:
+    _install(PATH)
