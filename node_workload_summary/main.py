@@ -32,6 +32,7 @@ from reconciler.desired import identity
 from reconciler.leader import LeaderElector, LeaseSettings
 from reconciler.metrics import ReconcilerCollector
 
+from .gcfreeze import Freezer
 from .settings import InvalidSettings, Settings, load
 
 log = logging.getLogger("node-workload-summary")
@@ -177,6 +178,8 @@ async def serve(settings: Settings) -> None:
             tasks.append(asyncio.create_task(elector.run(), name="leader election"))
         if reconciler is not None:
             tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
+        # Once synced, the index's objects leave the garbage collector's full walks (gcfreeze.py).
+        tasks.append(asyncio.create_task(Freezer().run(sources.ready), name="garbage collection"))
         for task in tasks:
             task.add_done_callback(crashed)
         await sources.start()
