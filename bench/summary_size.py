@@ -61,7 +61,18 @@ def without_managed_fields(obj: dict) -> dict:
     return {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "managedFields"}}
 
 
-def measure(cluster: LocalCluster, code: Path, groups: int) -> dict:
+def workload_bytes(cluster: LocalCluster) -> dict:
+    """The WorkloadSummaries of namespace bench as the API server returns them."""
+    listed = json.loads(raw(cluster, f"{API}/namespaces/bench/workloadsummaries"))
+    items = listed["items"]
+    sizes = sorted(compact(i) for i in items)
+    bare = sorted(compact(without_managed_fields(i)) for i in items)
+    return {"objects": len(items), "object_bytes_median": sizes[len(sizes) // 2] if sizes else 0,
+            "object_bytes_without_managed_fields_median": bare[len(bare) // 2] if bare else 0,
+            "sample": items[0] if items else None}
+
+
+def measure(cluster: LocalCluster, code: Path, groups: int, workloads: int) -> dict:
     say(f"starting the service from {code} ({revision(code)}) ...")
     svc = Service(cluster)
     with running_from(code):
@@ -72,6 +83,7 @@ def measure(cluster: LocalCluster, code: Path, groups: int) -> dict:
             return len(items) == groups and all(i.get("status", {}).get("nodeCount") for i in items)
 
         wait_for(written, timeout=120, interval=0.5)
+        wait_for(lambda: workload_bytes(cluster)["objects"] == workloads, timeout=300, interval=1)
         time.sleep(3)  # past the write debounce: the status settled
         listed = raw(cluster, f"{API}/nodesummaries")
         items = json.loads(listed)["items"]
@@ -94,6 +106,7 @@ def measure(cluster: LocalCluster, code: Path, groups: int) -> dict:
             "object_bytes_median": statistics.median(singles),
             "object_bytes_without_managed_fields_median": statistics.median(singles_bare),
             "managed_fields": managers,
+            "workloadsummaries": workload_bytes(cluster),
             "sample": without_managed_fields(sample),
             "printer_columns": cluster.kubectl("get", "nodesummaries", "-o", "wide").stdout.splitlines()[:3],
         }
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 clean(cluster)
             # Each checkout installs its own CRDs (a schema change is part of the checkout).
             cluster.install_crds(code.resolve() / "crds")
-            runs.append(measure(cluster, code.resolve(), args.groups))
+            runs.append(measure(cluster, code.resolve(), args.groups, max(1, pods // 50)))
             summary = {k: v for k, v in runs[-1].items() if k not in ("sample", "managed_fields")}
             say(json.dumps(summary))
     if args.out:
@@ -137,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({r['object_bytes_without_managed_fields_median']:.0f} B without managedFields); list "
               f"{r['list_bytes']} B ({r['list_bytes_without_managed_fields']} B); kubectl -o json "
               f"{r['kubectl_json_bytes']} B ({r['kubectl_json_managed_fields_bytes']} B with managedFields); "
-              f"kubectl get (Table) {r['table_bytes']} B")
+              f"kubectl get (Table) {r['table_bytes']} B; WorkloadSummary "
+              f"{r['workloadsummaries']['object_bytes_median']} B "
+              f"({r['workloadsummaries']['object_bytes_without_managed_fields_median']} B without managedFields)")
     return 0
 
 
