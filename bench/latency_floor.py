@@ -41,8 +41,9 @@ def writes(svc: Service) -> float:
     return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
 
 
-def settle(svc: Service, quiet: float = 5, timeout: float = 900) -> float:
-    """Wait until the reconciler has written nothing for ``quiet`` seconds (initial writes done)."""
+def settle(svc: Service, summaries: int, quiet: float = 5, timeout: float = 900) -> float:
+    """Wait until the reconciler has written every summary (an apply and a status apply each) and
+    then nothing for ``quiet`` seconds: the rounds must not queue behind the initial writes."""
     started = time.monotonic()
     last, since = writes(svc), time.monotonic()
     while time.monotonic() - started < timeout:
@@ -50,7 +51,7 @@ def settle(svc: Service, quiet: float = 5, timeout: float = 900) -> float:
         now = writes(svc)
         if now != last:
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= quiet:
+        elif now >= 2 * summaries and time.monotonic() - since >= quiet:
             break
     return time.monotonic() - started
 
@@ -120,6 +121,14 @@ def whole_run(trace: list[dict], since: float) -> dict:
     renders = [r for r in phase if r["k"] == "render"]
     refresh = [r["d"] for r in phase if r["k"] == "refresh"]
     seconds = (max(r["t"] for r in phase) - since) if phase else 0
+    cpu = {}  # traces since the cpu field: the thread's own CPU, against the wall time above
+    for kind in ("render", "refresh", "lag"):
+        own = [r["cpu"] for r in phase if r["k"] == kind and "cpu" in r]
+        if own:
+            cpu[f"{kind}_cpu_ms"] = {"p50": _ms(own)[0], "p99": _ms(own)[1], "max": round(max(own) * 1000, 1)}
+    waiting = [r for r in phase if r["k"] == "lag" and "cpu" in r and r["cpu"] < r["d"] / 2]
+    if waiting:
+        cpu["stalls_mostly_waiting_for_a_core"] = len(waiting)
     return {
         "seconds": round(seconds, 1),
         "gc": by_gen,
@@ -133,6 +142,7 @@ def whole_run(trace: list[dict], since: float) -> dict:
         "refresh_passes_over_1ms": len(refresh),
         "refresh_ms": {"p50": _ms(refresh)[0], "p99": _ms(refresh)[1], "max": round(max(refresh) * 1000, 1)}
         if refresh else {},
+        **cpu,
     }
 
 
@@ -148,7 +158,8 @@ def measure(cluster: LocalCluster, code: Path, args: argparse.Namespace, node: s
         finally:
             del os.environ["NWS_TRACE"]
     try:
-        say(f"settled after {settle(svc):.0f} s; NotReady latency, {args.rounds} rounds ...")
+        summaries = args.groups + max(1, args.nodes * args.pods_per_node // 50)
+        say(f"settled after {settle(svc, summaries):.0f} s; NotReady latency, {args.rounds} rounds ...")
         since = time.monotonic()
         latency = not_ready_latency(cluster, svc, node, group, args.rounds)
         time.sleep(1)  # the trace is flushed every 0.5 s

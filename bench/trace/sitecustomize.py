@@ -8,6 +8,9 @@ the bench's):
 - ``render``: a /metrics render; ``refresh``: a reconciler pass over the aggregates (when > 1 ms);
 - ``gc``: a garbage collection (generation, duration, objects collected);
 - ``lag``: the event loop late by more than 10 ms for a 5 ms sleep (something held it).
+
+``d`` is wall time; ``cpu`` the thread's CPU time over the same span (time.thread_time()): on a
+shared machine a ``d`` far above ``cpu`` is the process waiting for a core, not work of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ _READY = re.compile(rb'"type":"Ready","status":"(\w+)"')
 def _install(path: str) -> None:
     out = open(path, "a", buffering=1 << 16)  # noqa: SIM115 - open for the life of the process
     now = time.monotonic
+    cpu = time.thread_time
 
     def rec(kind: str, **fields: object) -> None:
         out.write(json.dumps({"k": kind, **fields}) + "\n")
@@ -46,11 +50,11 @@ def _install(path: str) -> None:
     async def monitor() -> None:
         last_flush = now()
         while True:
-            t = now()
+            t, c = now(), cpu()
             await asyncio.sleep(TICK)
             late = now() - t - TICK
             if late > LAG:
-                rec("lag", t=t, d=late)
+                rec("lag", t=t, d=late, cpu=cpu() - c)
             if now() - last_flush > 0.5:
                 out.flush()
                 last_flush = now()
@@ -62,11 +66,11 @@ def _install(path: str) -> None:
     handle = reflector.Reflector._handle
 
     def traced_handle(self: reflector.Reflector, line: bytes) -> None:
-        t = now()
+        t, c = now(), cpu()
         handle(self, line)
         if self.name == "nodes":
             name, ready = _NAME.search(line), _READY.search(line)
-            rec("node", t=t, d=now() - t, name=name.group(1).decode() if name else "",
+            rec("node", t=t, d=now() - t, cpu=cpu() - c, name=name.group(1).decode() if name else "",
                 ready=ready.group(1).decode() if ready else "", bytes=len(line))
         if not running:
             running.append(asyncio.get_running_loop().create_task(monitor()))
@@ -78,9 +82,9 @@ def _install(path: str) -> None:
     render = metrics.Renderer.render
 
     def traced_render(self: metrics.Renderer, openmetrics_format: bool = False) -> bytes:
-        t = now()
+        t, c = now(), cpu()
         body = render(self, openmetrics_format)
-        rec("render", t=t, d=now() - t, bytes=len(body))
+        rec("render", t=t, d=now() - t, cpu=cpu() - c, bytes=len(body))
         return body
 
     metrics.Renderer.render = traced_render  # type: ignore[method-assign]
@@ -90,10 +94,10 @@ def _install(path: str) -> None:
     refresh = controller.Reconciler.refresh
 
     def traced_refresh(self: controller.Reconciler) -> None:
-        t = now()
+        t, c = now(), cpu()
         refresh(self)
         if now() - t > 0.001:
-            rec("refresh", t=t, d=now() - t)
+            rec("refresh", t=t, d=now() - t, cpu=cpu() - c)
 
     controller.Reconciler.refresh = traced_refresh  # type: ignore[method-assign]
 
