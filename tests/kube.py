@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,7 @@ import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
+from localkube.service import Service, select, value, wait_for
 from tests.conftest import CRDS
 
 
@@ -98,3 +100,27 @@ def token_kubeconfig(kube: LocalCluster, account: str, namespace: str, name: str
     path = kube.workdir / f"{name or account}.kubeconfig"
     path.write_text(json.dumps(config))
     return path
+
+
+# -- a replica's writes and leadership, from its /metrics ----------------------------------------
+
+def writes(svc: Service) -> float:
+    return sum(select(svc.scrape(), "nws_reconciler_writes_total").values())
+
+
+def settled(svc: Service, quiet: float = 1.5) -> float:
+    """Wait until the replica has written nothing for ``quiet`` seconds; its write count."""
+    last = [writes(svc), time.monotonic()]
+
+    def still() -> bool:
+        now = writes(svc)
+        if now != last[0]:
+            last[:] = [now, time.monotonic()]
+        return time.monotonic() - last[1] >= quiet
+
+    wait_for(still, timeout=30, interval=0.2)
+    return last[0]
+
+
+def is_leader(svc: Service) -> bool:
+    return value(svc.scrape(), "nws_reconciler_leader") == 1

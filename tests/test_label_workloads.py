@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from localkube.cluster import LocalCluster
-from localkube.service import Service, select, value, wait_for
+from localkube.service import Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
-from tests.kube import create_node, create_pod, delete, deployment, summarized_cluster
+from tests.kube import create_node, create_pod, delete, deployment, is_leader, settled, summarized_cluster, writes
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "gangs"
@@ -68,28 +68,6 @@ def pod_count(kube: LocalCluster, value: str) -> int | None:
 def gang_pod(kube: LocalCluster, name: str, value: str, node: str = "n-0", key: str = GANG,
              owner: dict | None = None) -> None:
     create_pod(kube, NS, name, node=node, labels={key: value}, owner=owner)
-
-
-def writes(svc: Service) -> float:
-    return sum(select(svc.scrape(), "nws_reconciler_writes_total").values())
-
-
-def settled(svc: Service, quiet: float = 1.5) -> float:
-    """Wait until the replica has written nothing for ``quiet`` seconds; its write count."""
-    last = [writes(svc), time.monotonic()]
-
-    def still() -> bool:
-        now = writes(svc)
-        if now != last[0]:
-            last[:] = [now, time.monotonic()]
-        return time.monotonic() - last[1] >= quiet
-
-    wait_for(still, timeout=30, interval=0.2)
-    return last[0]
-
-
-def is_leader(svc: Service) -> bool:
-    return value(svc.scrape(), "nws_reconciler_leader") == 1
 
 
 def test_label_workloads_appear_change_and_go(kube: LocalCluster, leader: Service) -> None:

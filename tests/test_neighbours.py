@@ -22,10 +22,10 @@ from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
-from localkube.service import Service, select, value, wait_for
+from localkube.service import Service, select, wait_for
 from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
-from tests.kube import create_node, delete, deployment, summarized_cluster, token_kubeconfig
+from tests.kube import create_node, delete, deployment, is_leader, settled, summarized_cluster, token_kubeconfig, writes
 
 API = "ux.sean.example.com/v1alpha1"
 NS = "team"
@@ -56,30 +56,8 @@ def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> 
     return body if code == 200 else None  # type: ignore[return-value]
 
 
-def writes(svc: Service) -> float:
-    return sum(select(svc.scrape(), "nws_reconciler_writes_total").values())
-
-
 def errors(svc: Service) -> dict[frozenset, float]:
     return select(svc.scrape(), "nws_reconciler_write_errors_total")
-
-
-def settled(svc: Service, quiet: float = 1.5) -> float:
-    """Wait until the replica has written nothing for ``quiet`` seconds; its write count."""
-    last = [writes(svc), time.monotonic()]
-
-    def still() -> bool:
-        now = writes(svc)
-        if now != last[0]:
-            last[:] = [now, time.monotonic()]
-        return time.monotonic() - last[1] >= quiet
-
-    wait_for(still, timeout=30, interval=0.2)
-    return last[0]
-
-
-def is_leader(svc: Service) -> bool:
-    return value(svc.scrape(), "nws_reconciler_leader") == 1
 
 
 # -- other field managers -----------------------------------------------------------------------
