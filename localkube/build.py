@@ -135,6 +135,16 @@ PROMETHEUS_OPERATOR = Component(
 )
 
 
+# Not in COMPONENTS, and built by no test: only bench/ksm.py and bench/apiserver_bill.py run
+# kube-state-metrics, to measure the service beside what users run today.
+KUBE_STATE_METRICS = Component(
+    "kube-state-metrics",
+    "k8s.io/kube-state-metrics/v2",
+    (Binary("kube-state-metrics", "k8s.io/kube-state-metrics/v2"),),
+    version_vars=("github.com/prometheus/common/version.Version",),
+)
+
+
 # Not in COMPONENTS: the real CRDs of the workload and queueing projects, for the tests and the
 # demo that create their objects (no binaries: only the YAML, copied out of the pinned module).
 def _crds(name: str, module: str, bundle: str, paths: tuple[str, ...]) -> Component:
