@@ -17,7 +17,7 @@ class Prometheus:
     def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path], interval: str = "1s",
                  job: str = "node-workload-summary", target_labels: dict[str, dict[str, str]] | None = None,
                  honor_labels: bool = False, scheme: str = "http", ca_file: Path | None = None,
-                 bearer_token_file: Path | None = None) -> None:
+                 bearer_token_file: Path | None = None, extra_jobs: list[dict] | None = None) -> None:
         self.workdir = workdir
         self.targets = targets
         # Extra labels per target address, as service discovery would add them (pod, namespace, ...).
@@ -28,6 +28,8 @@ class Prometheus:
         self.ca_file = ca_file
         self.bearer_token_file = bearer_token_file
         self.rule_files = rule_files
+        # More scrape_configs entries, as written in prometheus.yml (another exporter beside ours).
+        self.extra_jobs = extra_jobs or []
         self.interval = interval
         self.job = job
         self.port = 0
@@ -53,7 +55,7 @@ class Prometheus:
         config = {
             "global": {"scrape_interval": self.interval, "evaluation_interval": self.interval},
             "rule_files": [str(p) for p in self.rule_files],
-            "scrape_configs": [job],
+            "scrape_configs": [job, *self.extra_jobs],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
