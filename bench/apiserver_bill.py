@@ -9,9 +9,13 @@ watch events), its LIST/WATCH requests, the watch cache's and etcd's answers, an
 the process start to /readyz 200. The service runs with --no-reconciler (no summary writes, which
 only the first start would make). Modes alternate in order between repeats; the API server is left
 to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
-start_and_measure() takes any command line and the URL that answers 200 once it is ready.
+start_and_measure() takes any command line and the URL that answers 200 once it is ready (or a
+readiness check of its own). Mode `ksm` starts kube-state-metrics instead (built from its Go module
+on first use; bench/ksm.py's flags), ready at its first complete scrape: every node, pod,
+Deployment and ReplicaSet in it (its /readyz says only that its self-metrics registry is not empty).
 
     python -m bench.apiserver_bill --nodes 1000 --repeat 2
+    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm --out apiserver-bill-ksm
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
@@ -37,6 +42,7 @@ from .sync import _status_kb
 RESULTS = Path(__file__).parent / "results"
 CRDS = Path(__file__).parent.parent / "crds"
 MODES = ("watchlist", "list", "cache")
+KSM = "ksm"  # not an --initial-list mode: kube-state-metrics started instead of the service
 TICKS = 100  # clock ticks per second (USER_HZ)
 READY_TIMEOUT = 600.0
 
@@ -123,9 +129,11 @@ def settle(cluster: LocalCluster, pids: dict[str, int], least: float, idle: floa
             return
 
 
-def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, after: float = 2.0) -> dict:
-    """Start ``argv``, wait until ``ready_url`` answers 200, keep measuring ``after`` seconds
-    more, stop it; the API server's and etcd's bill for that start."""
+def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, after: float = 2.0,
+                      ready_check: Callable[[], bool] | None = None) -> dict:
+    """Start ``argv``, wait until ``ready_url`` answers 200 (or ``ready_check()`` is true), keep
+    measuring ``after`` seconds more, stop it; the API server's and etcd's bill for that start."""
+    is_ready = ready_check or (lambda: _get(ready_url)[0] == 200)
     pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
     assert all(pids.values())
     base_rss = {name: _status_kb(pid, "VmRSS") for name, pid in pids.items()}  # type: ignore[arg-type]
@@ -138,13 +146,13 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             preexec_fn=lambda: set_parent_death_signal(9))
     try:
-        while _get(ready_url)[0] != 200:
+        while not is_ready():
             if proc.poll() is not None or time.monotonic() - started > READY_TIMEOUT:
                 raise RuntimeError(f"{argv[0]} exited or was not ready in time ({proc.poll()})")
             time.sleep(0.05)
         ready = time.monotonic() - started
         time.sleep(after)
-        extra = _extra_metrics(ready_url)
+        extra = _extra_metrics(ready_url) if ready_check is None else {}
     finally:
         peak = sampler.stop()
         cpu = {name: cpu_seconds(pid) - base_cpu[name] for name, pid in pids.items()}  # type: ignore[arg-type]
@@ -199,13 +207,27 @@ def run(args: argparse.Namespace) -> dict:
             order = args.modes if r % 2 == 0 else list(reversed(args.modes))
             for mode in order:
                 settle(cluster, pids, args.settle)  # type: ignore[arg-type]
-                port = free_port()
-                run_ = {"mode": mode, "round": r} | start_and_measure(
-                    cluster, service_argv(cluster, mode, port), f"http://127.0.0.1:{port}/readyz")
+                if mode == KSM:
+                    run_ = {"mode": mode, "round": r} | measure_ksm(cluster, args)
+                else:
+                    port = free_port()
+                    run_ = {"mode": mode, "round": r} | start_and_measure(
+                        cluster, service_argv(cluster, mode, port), f"http://127.0.0.1:{port}/readyz")
                 say(json.dumps(run_))
                 result["runs"].append(run_)
     result["median"] = summary(result["runs"], args.modes)
     return result
+
+
+def measure_ksm(cluster: LocalCluster, args: argparse.Namespace) -> dict:
+    """A start of kube-state-metrics, ready at its first complete scrape."""
+    from .ksm import KubeStateMetrics, ksm_complete  # bench.ksm imports this module
+
+    ksm = KubeStateMetrics(cluster)
+    expected = {"kube_node_info": args.nodes, "kube_pod_info": args.nodes * args.pods_per_node,
+                "kube_deployment_created": args.workloads, "kube_replicaset_created": args.workloads}
+    return start_and_measure(cluster, ksm.argv, ksm.metrics_url,
+                             ready_check=lambda: ksm_complete(ksm.metrics_url, expected)[0])
 
 
 def summary(runs: list[dict], modes: list[str]) -> dict:
@@ -229,7 +251,7 @@ ROWS = [
     ("LISTs from the watch cache / objects", ("cache_lists", "cache_list_objects")),
     ("consistent reads from cache", "consistent_reads_from_cache"),
     ("etcd requests / objects listed from etcd", ("etcd_requests", "etcd_list_objects")),
-    ("start -> /readyz s", "ready_seconds"),
+    ("start -> ready s (/readyz; `ksm`: first complete scrape)", "ready_seconds"),
     ("service's initial sync s", "service_sync_seconds"),
 ]
 
@@ -261,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--workloads", type=int, default=300)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, KSM),
+                        help="--initial-list modes of the service; ksm: kube-state-metrics")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
     parser.add_argument("--out", default="apiserver-bill")
