@@ -651,16 +651,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scrape-runs", type=int, default=3, help="scrapes per encoding for the scrape costs")
     parser.add_argument("--query-runs", type=int, default=3, help="runs of each query (median time)")
     parser.add_argument("--out", default="ksm", help="bench/results/<out>.{json,md,png}")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other sizes already in bench/results/<out>.json (replace only those run)")
     args = parser.parse_args(argv)
     ensure_binaries((KUBE_STATE_METRICS,))  # before any control plane: a cold build takes minutes
     meta = {"ksm_version": KUBE_STATE_METRICS.version, "ksm_resources": KSM_RESOURCES,
             "scrape_interval": args.scrape_interval, "churn_seconds": args.churn_seconds,
             "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3]}
-    results = []
+    kept: dict[int, dict] = {}
+    if args.merge and (RESULTS / f"{args.out}.json").exists():
+        kept = {r["nodes"]: r for r in json.loads((RESULTS / f"{args.out}.json").read_text())["sizes"]}
     for n in args.nodes:
-        results.append(measure_size(n, args))
-        results[-1]["load_average_after"] = Path("/proc/loadavg").read_text().split()[:3]
-        report(results, args.out, meta)
+        kept[n] = measure_size(n, args) | {"meta": meta}
+        kept[n]["load_average_after"] = Path("/proc/loadavg").read_text().split()[:3]
+        report([kept[size] for size in sorted(kept)], args.out, meta)
     return 0
 
 
