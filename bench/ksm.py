@@ -428,7 +428,10 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
     direct = {"StatefulSet": max(1, pods // 1000), "Job": max(1, pods // 1000)}
     size: dict = {"nodes": nodes, "pods": pods, "groups": args.groups, "direct": direct,
                   "direct_pods_each": direct_each}
-    size["deployments"] = max(1, (pods - sum(direct.values()) * direct_each) // args.pods_per_workload)
+    # As many Deployments as bench/scale.py makes (pod p of Deployment p % D on node p % nodes: with
+    # 20 pools each Deployment's pods are in one pool); the pods of StatefulSets and Jobs are part
+    # of the 30 per node, each of those spread over as many pools as it has pods.
+    size["deployments"] = args.deployments or max(1, pods // args.pods_per_workload)
     size["workloads"] = size["deployments"] + sum(direct.values())
     size["not_ready"] = not_ready_nodes(nodes, args.groups)
     result: dict = {k: v for k, v in size.items() if k != "not_ready"} | {"not_ready_nodes": len(size["not_ready"])}
@@ -642,7 +645,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[500, 2000, 5000], help="cluster sizes, in turn")
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20, help="node pools")
-    parser.add_argument("--pods-per-workload", type=int, default=50, help="pods per Deployment")
+    parser.add_argument("--pods-per-workload", type=int, default=50,
+                        help="pods per Deployment (Deployments: pods / this, as bench/scale.py makes)")
+    parser.add_argument("--deployments", type=int, default=0,
+                        help="Deployments, in place of pods / --pods-per-workload (294 at 500 nodes: each one's "
+                             "pods over 10 pools)")
     parser.add_argument("--direct-pods-each", type=int, default=10,
                         help="pods per StatefulSet and per Job (one of each per 1,000 pods)")
     parser.add_argument("--churn-seconds", type=float, default=300)
