@@ -593,35 +593,44 @@ def plot(results: list[dict], path: Path) -> None:
     except ImportError:
         say("matplotlib not installed (pip install '.[bench]'): no plot")
         return
-    sizes = [r["nodes"] for r in results]
-    x = list(range(len(sizes)))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.8))
-    ax = axes[0]
-    width = 0.2
-    for i, (label, side, mode) in enumerate((("KSM plain", "ksm", "plain"), ("KSM gzip", "ksm", "gzip"),
-                                             ("ours plain", "ours", "plain"), ("ours gzip", "ours", "gzip"))):
-        ax.bar([v + (i - 1.5) * width for v in x], [r[side]["scrape"][mode]["bytes"] for r in results], width,
-               label=label, color=("#c0392b", "#e6a59d", "#1f6fb2", "#9cc3e6")[i])
-    ax.set_title("one scrape of /metrics: bytes"), ax.set_ylabel("bytes (log)")
-    ax = axes[1]
-    names = [q["name"] for q in results[0]["questions"]]
-    width = 0.8 / (2 * len(names))
-    colors = ("#c0392b", "#d35400", "#8e44ad", "#1f6fb2", "#16a085", "#2c3e50")
-    for j, name in enumerate(names):
-        for s, side in enumerate(("ksm", "ours")):
-            vals = [next(q for q in r["questions"] if q["name"] == name)[side].get("total_queryable_samples") or 0
+    nodes = [r["nodes"] for r in results]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9))
+    ksm_style, our_style = {"marker": "o", "linestyle": "-"}, {"marker": "s", "linestyle": "--"}
+    ax = axes[0][0]
+    for mode, shade in (("plain", 0), ("gzip", 1)):
+        ax.plot(nodes, [r["ksm"]["scrape"][mode]["bytes"] for r in results], **ksm_style,
+                color=("#c0392b", "#e6a59d")[shade], label=f"KSM, {mode}")
+        ax.plot(nodes, [r["ours"]["scrape"][mode]["bytes"] for r in results], **our_style,
+                color=("#1f6fb2", "#9cc3e6")[shade], label=f"ours, {mode}")
+    ax.set_title("one scrape of /metrics: bytes")
+    ax = axes[0][1]
+    colors = ("#c0392b", "#8e44ad", "#16a085")
+    for color, q0 in zip(colors, results[0]["questions"], strict=False):
+        def samples(side: str, name: str = q0["name"]) -> list[float]:
+            return [next(q for q in r["questions"] if q["name"] == name)[side].get("total_queryable_samples") or 0
                     for r in results]
-            ax.bar([v + (2 * j + s - len(names) + 0.5) * width for v in x], vals, width,
-                   label=f"{'KSM' if side == 'ksm' else 'ours'}: {name.replace('_', ' ')}",
-                   color=colors[j + 3 * s])
-    ax.set_title("samples a query touches (stats=all)"), ax.set_ylabel("samples (log)")
-    ax = axes[2]
-    ax.bar([v - 0.2 for v in x], [r["ksm"]["peak_rss_mb"] for r in results], 0.4, label="KSM", color="#c0392b")
-    ax.bar([v + 0.2 for v in x], [r["ours"]["peak_rss_mb"] for r in results], 0.4, label="ours", color="#1f6fb2")
-    ax.set_title("peak RSS (VmHWM), MB"), ax.set_ylabel("MB (log)")
-    for a in axes:
+
+        ax.plot(nodes, samples("ksm"), **ksm_style, color=color, label=f"KSM: {q0['title']}")
+        ax.plot(nodes, samples("ours"), **our_style, color=color, label=f"ours: {q0['title']}")
+    ax.set_title("samples a query touches (Prometheus stats=all)")
+    ax = axes[1][0]
+    ax.plot(nodes, [r["ksm"]["peak_rss_mb"] for r in results], **ksm_style, color="#c0392b", label="KSM")
+    ax.plot(nodes, [r["ours"]["peak_rss_mb"] for r in results], **our_style, color="#1f6fb2", label="ours")
+    ax.set_title("peak RSS (VmHWM), MB")
+    ax = axes[1][1]
+    ax.plot(nodes, [r["ksm"]["churn_cpu_seconds"] for r in results], **ksm_style, color="#c0392b", label="KSM")
+    ax.plot(nodes, [r["ours"]["churn_cpu_seconds"] for r in results], **our_style, color="#1f6fb2",
+            label="ours (exporter and reconciler)")
+    ax.set_title(f"CPU seconds in {results[0]['churn']['seconds']:.0f} s of pod churn")
+    for a in axes[0]:
         a.set_yscale("log")
-        a.set_xticks(x, [f"{n:,} nodes\n{r['pods']:,} pods" for n, r in zip(sizes, results, strict=True)])
+    for a in axes[1]:
+        a.set_ylim(bottom=0)
+    for a in axes.flat:
+        a.set_xscale("log")
+        a.set_xticks(nodes, [f"{n:,}" for n in nodes])
+        a.minorticks_off()
+        a.set_xlabel("nodes (30 pods each)")
         a.legend(fontsize=7)
     fig.suptitle("node-workload-summary (ours) beside kube-state-metrics, same cluster, same run")
     fig.tight_layout()
