@@ -36,8 +36,20 @@ def node_status(i: int) -> dict:
         "nodeInfo": {"kubeletVersion": "v1.36.3", "osImage": "Container-Optimized OS", "architecture": "amd64"}}}
 
 
-def pod_manifest(name: str, node: str, rs: dict, app: str) -> dict:
-    """About 2 KB of JSON, roughly a real pod's spec."""
+def pod_manifest(name: str, node: str, rs: dict, app: str, lean: bool = False) -> dict:
+    """About 2 KB of JSON, roughly a real pod's spec; ``lean``: about 0.8 KB, still what the
+    service reads (labels, the owner, the node, requests) and what a scheduler would have set."""
+    if lean:
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "bench", "labels": {"app": app, "pod-template-hash": "abc123"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": rs["metadata"]["name"], "uid": rs["metadata"]["uid"],
+                                              "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"nodeName": node, "containers": [{
+                "name": "main", "image": f"registry.example.com/{app}:v1.2.3",
+                "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]},
+        }
     return {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "bench", "labels": {"app": app, "pod-template-hash": "abc123",
@@ -93,7 +105,10 @@ async def _post(api: ApiClient, path: str, body: dict) -> dict:
 
 
 async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads: int,
-                   concurrency: int = 64) -> None:
+                   concurrency: int = 64, grow_from: tuple[int, int, int] = (0, 0, 0), lean: bool = False) -> None:
+    """``nodes``, ``pods``, ``workloads`` in all; ``grow_from``: the (nodes, pods, workloads)
+    already there (a cluster grown size by size): the new pods go to the new nodes and workloads."""
+    first_node, first_pod, first_workload = grow_from
     await api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": "bench"}})
     await api.request("POST", f"/apis/{API}/nodesummarizers", {
@@ -107,7 +122,7 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
         await api.request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", node_status(i),
                           content_type="application/merge-patch+json")
 
-    await _run([lambda i=i: make_node(i) for i in range(nodes)], concurrency, "nodes")
+    await _run([lambda i=i: make_node(i) for i in range(first_node, nodes)], concurrency, "nodes")
     replicasets: list[dict] = []
 
     async def make_workload(w: int) -> None:
@@ -123,13 +138,14 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
             "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
         replicasets.append(rs)
 
-    await _run([lambda w=w: make_workload(w) for w in range(workloads)], concurrency, "workloads")
+    await _run([lambda w=w: make_workload(w) for w in range(first_workload, workloads)], concurrency, "workloads")
     replicasets.sort(key=lambda r: r["metadata"]["name"])
 
     def make_pod(p: int):
-        rs = replicasets[p % workloads]
+        rs = replicasets[(p - first_pod) % len(replicasets)]
         app = rs["metadata"]["name"].rsplit("-", 1)[0]
+        node = first_node + (p - first_pod) % (nodes - first_node)
         return _post(api, "/api/v1/namespaces/bench/pods",
-                     pod_manifest(f"{app}-{p:06d}", f"node-{p % nodes:05d}", rs, app))
+                     pod_manifest(f"{app}-{p:06d}", f"node-{node:05d}", rs, app, lean))
 
-    await _run([lambda p=p: make_pod(p) for p in range(pods)], concurrency, "pods")
+    await _run([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")

@@ -99,8 +99,8 @@ class PlainWatch:
                               if c.get("type") == "Ready"), "")
                 with self._lock:
                     self.seen.append((arrived, ready))
-        except (OSError, ValueError, http.client.HTTPException):
-            pass  # closed
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            pass  # closed (http.client raises AttributeError when the socket goes mid-read)
 
     def arrival(self, since: float, ready: str, timeout: float = 30) -> float | None:
         """When the first event after ``since`` showing Ready=``ready`` arrived (None: never)."""
@@ -335,7 +335,7 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
     result["initial_sync_seconds"] = value(samples, "nws_initial_sync_duration_seconds")
     result["sync_vs_floor"] = round(result["initial_sync_seconds"] / result["list_floor_seconds"], 2)
     wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers", timeout=300)
-                         .stdout.splitlines()) == workloads, timeout=600, interval=1)
+                         .stdout.splitlines()) == workloads, timeout=max(600, workloads / 5), interval=1)
     result["summaries_written_seconds"] = round(time.monotonic() - started, 1)
     result["peak_rss_at_summaries_written_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
     say("read costs ...")
