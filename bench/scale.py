@@ -325,7 +325,10 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
     result = dict(size) | {"checkout": str(code), "code": revision(code), "only": args.only, "metrics": metrics}
     say(f"starting the service from {code} ({result['code']}), {metrics} /metrics ...")
     secure = metrics == "secure"
-    svc = Service(cluster, secure=secure, token=token if secure else "")
+    # Every workload keeps series of its own (the flips look for them): the cap, 5,000 by default,
+    # raised to the workload count, as a user with that many would.
+    svc = Service(cluster, secure=secure, token=token if secure else "",
+                  args=(f"--max-workload-series={max(5000, workloads)}",))
     started = time.monotonic()
     with running_from(code):
         svc.start()

@@ -90,6 +90,8 @@ def list_floor(cluster: LocalCluster) -> dict:
 
 def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
+    if args.append:  # sizes measured before (their cluster grown by an earlier run), smaller than these
+        rows = [r for r in json.loads((RESULTS / "tier.json").read_text())["rows"] if r["nodes"] < args.nodes[0]]
     have = (0, 0, 0)
     options = Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])
     with LocalCluster(options) as cluster:
@@ -101,7 +103,8 @@ def run(args: argparse.Namespace) -> list[dict]:
             seconds = grow(cluster, have, want, args)
             added = (want[0] - have[0]) * 2 + (want[1] - have[1]) + (want[2] - have[2]) * 2  # requests
             row: dict = {"nodes": nodes, "pods": pods, "groups": args.groups, "workloads": want[2],
-                         "lean_pods": not args.full_pods, "populate_seconds": round(seconds),
+                         "lean_pods": not args.full_pods, "grown_from_nodes": have[0],
+                         "populate_seconds": round(seconds),
                          "populate_requests_per_second": round(added / seconds)}
             have = want
             time.sleep(20)  # let the API server's and etcd's garbage go before reading their memory
@@ -259,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--pods-per-workload", type=int, default=50)
     parser.add_argument("--full-pods", action="store_true", help="2 KB pods, as bench.scale makes")
+    parser.add_argument("--append", action="store_true",
+                        help="keep tier.json's rows for smaller sizes (the first size is then populated at once)")
     parser.add_argument("--project", type=int, default=65000, help="project each curve to this many nodes")
     # bench.scale.measure's knobs
     parser.add_argument("--idle-seconds", type=float, default=30)
