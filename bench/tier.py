@@ -237,7 +237,7 @@ def plot(rows: list[dict]) -> None:
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
     ax.set_title("memory (MB)"), ax.legend(fontsize=7)
     ax = axes[1]
-    for label, path in (("populate", "populate_seconds"), ("service initial sync", "service.initial_sync_seconds"),
+    for label, path in (("service initial sync", "service.initial_sync_seconds"),
                         ("bare paginated LIST", "list_floor_seconds"), ("kubectl get pods -A", "kubectl.pods.seconds")):
         have = [(r["nodes"], lookup(r, path)) for r in rows if lookup(r, path) is not None]
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
