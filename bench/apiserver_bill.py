@@ -21,7 +21,6 @@ Deployment and ReplicaSet in it (its /readyz says only that its self-metrics reg
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -32,11 +31,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options, free_port, set_parent_death_signal
 from localkube.service import parse, value
 
-from .populate import populate
+from .populate import populate_cluster
 from .sync import _status_kb
 
 RESULTS = Path(__file__).parent / "results"
@@ -185,23 +183,14 @@ def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
             "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={mode}"]
 
 
-def _populate(cluster: LocalCluster, args: argparse.Namespace) -> float:
-    async def run() -> None:
-        async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-            await populate(api, args.nodes, args.groups, args.nodes * args.pods_per_node, args.workloads, 64)
-
-    started = time.monotonic()
-    asyncio.run(run())
-    return time.monotonic() - started
-
-
 def run(args: argparse.Namespace) -> dict:
     pods = args.nodes * args.pods_per_node
     result: dict = {"nodes": args.nodes, "pods": pods, "modes": args.modes, "repeat": args.repeat, "runs": []}
     with LocalCluster(Options(extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
         cluster.install_crds(CRDS)
         say(f"populating {args.nodes} nodes / {pods} pods")
-        result["populate_seconds"] = round(_populate(cluster, args), 1)
+        seconds = populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, args.workloads)
+        result["populate_seconds"] = round(seconds, 1)
         pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
         for r in range(args.repeat):
             order = args.modes if r % 2 == 0 else list(reversed(args.modes))

@@ -15,18 +15,16 @@ on nodes, the floor). Per round:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select
 
-from .populate import populate
+from .populate import populate_cluster
 from .scale import _ms, clean, not_ready_latency, percentile, revision, running_from
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,13 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     with LocalCluster(Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])) \
             as cluster:
         cluster.install_crds(ROOT / "crds")
-
-        async def setup() -> None:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-                await populate(api, args.nodes, args.groups, pods, max(1, pods // 50))
-
         say(f"{args.nodes} nodes / {pods} pods: populating ...")
-        asyncio.run(setup())
+        populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, max(1, pods // 50))
         for _ in range(args.repeat):
             for code in args.code:
                 if runs:

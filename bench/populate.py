@@ -8,7 +8,7 @@ import json
 import sys
 import time
 
-from kubeindex.api import ApiClient
+from kubeindex.api import ApiClient, load_connection
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 API = "ux.sean.example.com/v1alpha1"
@@ -149,3 +149,15 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
                      pod_manifest(f"{app}-{p:06d}", f"node-{node:05d}", rs, app, lean))
 
     await _run([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")
+
+
+def populate_cluster(kubeconfig: object, nodes: int, groups: int, pods: int, workloads: int,
+                     concurrency: int = 64, **kwargs: object) -> float:
+    """populate() from synchronous code, over ``concurrency`` connections; its seconds."""
+    async def run() -> None:
+        async with ApiClient(load_connection(str(kubeconfig)), max_connections=concurrency) as api:
+            await populate(api, nodes, groups, pods, workloads, concurrency, **kwargs)  # type: ignore[arg-type]
+
+    started = time.monotonic()
+    asyncio.run(run())
+    return time.monotonic() - started

@@ -19,7 +19,6 @@ deleted in between), then for each checkout:
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import sys
@@ -27,11 +26,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 
-from .populate import populate
+from .populate import populate_cluster
 from .scale import clean, revision, running_from
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -128,13 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     with LocalCluster(Options(controller_manager=False)) as cluster:
         cluster.install_crds(ROOT / "crds")
-
-        async def setup() -> None:
-            async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=32) as api:
-                await populate(api, args.nodes, args.groups, pods, max(1, pods // 50))
-
         say(f"{args.nodes} nodes / {pods} pods ...")
-        asyncio.run(setup())
+        populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, max(1, pods // 50), concurrency=32)
         for code in args.code:
             if runs:
                 clean(cluster)

@@ -28,9 +28,9 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
 from .apiserver_bill import Sampler
-from .populate import populate
+from .populate import populate_cluster
 from .scale import ROOT, clean, measure
-from .sync import _floor, _status_kb
+from .sync import _status_kb, list_floor
 
 RESULTS = Path(__file__).parent / "results"
 MB = 1024 * 1024
@@ -66,23 +66,14 @@ def kubectl_read(cluster: LocalCluster, *args: str) -> dict:
 
 def grow(cluster: LocalCluster, have: tuple[int, int, int], want: tuple[int, int, int],
          args: argparse.Namespace) -> float:
-    async def run() -> None:
-        async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-            await populate(api, want[0], args.groups, want[1], want[2], 64, grow_from=have, lean=not args.full_pods)
-
-    started = time.monotonic()
-    asyncio.run(run())
-    return time.monotonic() - started
+    return populate_cluster(cluster.kubeconfig, want[0], args.groups, want[1], want[2], grow_from=have,
+                            lean=not args.full_pods)
 
 
-def list_floor(cluster: LocalCluster) -> dict:
+def bare_list(cluster: LocalCluster) -> dict:
     async def run() -> tuple[float, int]:
         async with ApiClient(load_connection(str(cluster.kubeconfig))) as api:
-            best = (float("inf"), 0)
-            for _ in range(2):  # the second is warm, like the service's
-                n, p = await _floor(api, "/api/v1/nodes", 500), await _floor(api, "/api/v1/pods", 500)
-                best = min(best, (n[0] + p[0], n[1] + p[1]))
-            return best
+            return await list_floor(api)
 
     seconds, size = asyncio.run(run())
     return {"list_floor_seconds": round(seconds, 2), "list_floor_bytes": size}
@@ -108,7 +99,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                          "populate_requests_per_second": round(added / seconds)}
             have = want
             time.sleep(20)  # let the API server's and etcd's garbage go before reading their memory
-            row |= control_plane(cluster) | list_floor(cluster)
+            row |= control_plane(cluster) | bare_list(cluster)
             say(json.dumps(row))
             say("kubectl reads ...")
             row["kubectl"] = {"nodes": kubectl_read(cluster, "nodes"), "pods": kubectl_read(cluster, "pods", "-A")}
