@@ -50,6 +50,7 @@ from localkube.prometheus import Prometheus
 from localkube.service import Service, parse, select, value, wait_for
 
 from .apiserver_bill import cpu_seconds
+from .plot import pyplot
 from .populate import API, POOL_LABEL, _post, _run, pod_manifest, populate
 from .scale import _churn, say
 from .sync import _status_kb
@@ -585,13 +586,8 @@ def markdown(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return
     nodes = [r["nodes"] for r in results]
     fig, axes = plt.subplots(2, 2, figsize=(12, 9))

@@ -40,6 +40,7 @@ from typing import Any
 
 import msgspec
 
+from bench.plot import pyplot
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.objects import Node, Pod
 from localkube.cluster import LocalCluster, Options
@@ -589,12 +590,8 @@ def write_markdown(bench: Bench, summary: dict[str, Any], path: Path) -> None:
 
 
 def plot(bench: Bench, path: Path) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for reason in sorted({c["reason"] for c in bench.checks}):

@@ -40,6 +40,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
+from .plot import pyplot
 from .populate import populate
 from .sync import _status_kb, list_floor
 
@@ -436,13 +437,8 @@ def report(results: list[dict]) -> None:
             f"| {sc['series']} series, {sc['bytes'] / 1e3:.0f} KB, {sc['seconds'] * 1000:.1f} ms |")
     (RESULTS / "scale.md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return
     pods = [r["pods"] for r in results]
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))

@@ -32,6 +32,7 @@ from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state
 
 from .index_events import build, pod_json
+from .plot import pyplot
 from .populate import pod_manifest, populate
 from .sync import _status_kb
 
@@ -149,12 +150,8 @@ def summarize(samples: list[dict], warmup: int) -> dict:
 
 
 def plot(samples: list[dict], summary: dict, args: argparse.Namespace) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(8, 4))
     ax.plot([s["replaced"] / 1000 for s in samples], [s["rss_mb"] for s in samples], "-")

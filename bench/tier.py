@@ -21,18 +21,17 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
 from .apiserver_bill import Sampler
+from .plot import pyplot
 from .populate import populate_cluster
-from .scale import ROOT, clean, measure
+from .scale import RESULTS, ROOT, clean, measure
 from .sync import _status_kb, list_floor
 
-RESULTS = Path(__file__).parent / "results"
 MB = 1024 * 1024
 
 
@@ -53,8 +52,7 @@ def control_plane(cluster: LocalCluster) -> dict:
 
 def kubectl_read(cluster: LocalCluster, *args: str) -> dict:
     """One `kubectl get ... -o json`: seconds, bytes, kubectl's peak RSS (GNU time's %M)."""
-    cmd = ["/usr/bin/time", "-f", "%M", str(cluster.kubectl_path), f"--kubeconfig={cluster.kubeconfig}",
-           f"--cache-dir={cluster.workdir / 'kube-cache'}", "get", *args, "-o", "json"]
+    cmd = ["/usr/bin/time", "-f", "%M", *cluster.kubectl_argv("get", *args, "-o", "json")]
     started = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, timeout=3600)
     seconds = time.perf_counter() - started
@@ -210,13 +208,8 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
 
 
 def plot(rows: list[dict]) -> None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        say("matplotlib not installed (pip install '.[bench]'): no plot")
+    plt = pyplot()
+    if plt is None:
         return
     nodes = [r["nodes"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))

@@ -414,13 +414,15 @@ class LocalCluster:
                 raise ClusterError(f"kubectl wait for the CRDs in {path} failed ({proc.returncode}):\n{proc.stderr}")
             time.sleep(0.2)
 
-    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
-                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def kubectl_argv(self, *args: str) -> list[str]:
         # A discovery cache of this cluster's own: kubectl's default (~/.kube/cache, by host:port)
         # would hand a later cluster on a reused port the resources of an earlier one.
-        cmd = [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.workdir / 'kube-cache'}",
-               *args]
-        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        return [str(self.kubectl_path), f"--kubeconfig={self.kubeconfig}", f"--cache-dir={self.workdir / 'kube-cache'}",
+                *args]
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(self.kubectl_argv(*args), input=input, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
             raise ClusterError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
         return proc
