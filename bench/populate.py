@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 
@@ -151,12 +152,12 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
     await _run([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")
 
 
-def populate_cluster(kubeconfig: object, nodes: int, groups: int, pods: int, workloads: int,
-                     concurrency: int = 64, **kwargs: object) -> float:
+def populate_cluster(kubeconfig: Path, nodes: int, groups: int, pods: int, workloads: int,
+                     concurrency: int = 64, grow_from: tuple[int, int, int] = (0, 0, 0), lean: bool = False) -> float:
     """populate() from synchronous code, over ``concurrency`` connections; its seconds."""
     async def run() -> None:
         async with ApiClient(load_connection(str(kubeconfig)), max_connections=concurrency) as api:
-            await populate(api, nodes, groups, pods, workloads, concurrency, **kwargs)  # type: ignore[arg-type]
+            await populate(api, nodes, groups, pods, workloads, concurrency, grow_from, lean)
 
     started = time.monotonic()
     asyncio.run(run())
