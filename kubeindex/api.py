@@ -155,15 +155,20 @@ class ApiClient:
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
         self.watch_list_refused = ""
         self._version_checked = False
+        self._version_lock = asyncio.Lock()  # the reflectors start together: one GET /version for all
 
     async def may_stream_lists(self) -> bool:
         """Whether a WatchList is worth trying with this server: not refused yet, and not older
         than WatchList (asked once, by GET /version)."""
         if not self._version_checked and not self.watch_list_refused:
-            self.watch_list_refused = predates_watch_list(json.loads(await self.get("/version", timeout=15)))
-            self._version_checked = True
-            if self.watch_list_refused:
-                log.warning("WatchList not used (%s); using paged LISTs with this server", self.watch_list_refused)
+            async with self._version_lock:
+                if not self._version_checked:
+                    too_old = predates_watch_list(json.loads(await self.get("/version", timeout=15)))
+                    self._version_checked = True
+                    # A refusal recorded while /version was asked (another reflector's 422) stays.
+                    if too_old and not self.watch_list_refused:
+                        self.watch_list_refused = too_old
+                        log.warning("WatchList not used (%s); using paged LISTs with this server", too_old)
         return not self.watch_list_refused
 
     async def __aenter__(self) -> ApiClient:

@@ -373,6 +373,36 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
     asyncio.run(run())
 
 
+def test_version_asked_once_and_never_clears_a_refusal(kube: LocalCluster) -> None:
+    """The reflectors start together: one GET /version for all of them, and a 422 that another
+    reflector records while it is asked stays recorded (the server's version, new enough, once
+    overwrote it, and the next reflector tried a WatchList again and logged a second refusal)."""
+
+    class SlowVersion(ApiClient):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.asked, self.answer = 0, asyncio.Event()
+
+        async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+            if path == "/version":
+                self.asked += 1
+                await self.answer.wait()
+            return await super().get(path, params, **kw)
+
+    async def run() -> None:
+        async with SlowVersion(load_connection(str(kube.kubeconfig))) as api:
+            askers = [asyncio.create_task(api.may_stream_lists()) for _ in range(5)]
+            await asyncio.sleep(0.1)
+            api.watch_list_refused = "422: the WatchList feature gate is off"  # another reflector's 422
+            api.answer.set()
+            assert await asyncio.gather(*askers) == [False] * 5
+            assert api.asked == 1
+            assert api.watch_list_refused == "422: the WatchList feature gate is off"
+            assert await api.may_stream_lists() is False and api.asked == 1
+
+    asyncio.run(run())
+
+
 @pytest.mark.parametrize(("version", "why"), [
     ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, ""),
     ({"major": "1", "minor": "27", "gitVersion": "v1.27.0"}, ""),
