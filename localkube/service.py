@@ -55,14 +55,28 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: float = 0.05) -> float:
-    """Poll until ``predicate()`` is truthy; returns the seconds it took."""
+class ScrapeFailed(AssertionError):
+    """A scrape of /metrics that got no 200 answer (refused, dropped, timed out, or an HTTP error)."""
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: float = 0.05,
+             retry: type[BaseException] | tuple[type[BaseException], ...] = ()) -> float:
+    """Poll until ``predicate()`` is truthy; returns the seconds it took.
+
+    An exception from the predicate ends the wait at once (a broken predicate or service is never
+    "not yet"), unless it is one of ``retry``: the call site names what may fail on the way, such
+    as ``ScrapeFailed`` where Prometheus would simply scrape again. The last such error is reported
+    if the time runs out."""
     started = time.monotonic()
     last: object = None
     while time.monotonic() - started < timeout:
-        last = predicate()
-        if last:
-            return time.monotonic() - started
+        try:
+            last = predicate()
+        except retry as err:
+            last = err
+        else:
+            if last:
+                return time.monotonic() - started
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout}s (last: {last!r})")
 
@@ -139,7 +153,8 @@ class Service:
 
     def scrape(self, token: str = "") -> Samples:
         code, text = self.get("/metrics", token=token)
-        assert code == 200, text
+        if code != 200:
+            raise ScrapeFailed(f"/metrics answered {code or 'nothing'}: {text}")
         return parse(text)
 
     def log_text(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from localkube.cluster import LocalCluster, Options, leftover_processes
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
 EXAMPLES = ROOT / "examples"
+# Where a failed test's component logs are kept (a cluster's working directory goes at teardown).
+FAILED_LOGS = ROOT / ".test-logs"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -27,6 +31,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if left:
         print(f"\nERROR: control plane processes left behind: {left}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> pytest.TestReport:
+    """A failed test keeps the logs of every control plane it used (kube-apiserver, the service
+    processes, ...) in .test-logs/<test>/: a flake seen once can be read afterwards."""
+    report = yield
+    if report.failed and report.when != "teardown":
+        clusters = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)]
+        for n, cluster in enumerate(clusters):
+            dest = FAILED_LOGS / re.sub(r"[^\w.-]+", "_", item.nodeid) / str(n)
+            if (cluster.workdir / "logs").is_dir():
+                shutil.copytree(cluster.workdir / "logs", dest, dirs_exist_ok=True)
+                report.sections.append(("component logs", f"kept in {dest}"))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from kubeindex.objects import Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
-from localkube.service import Service, parse, select, value, wait_for
+from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
 
@@ -199,7 +199,8 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
 
     thread = threading.Thread(target=churn, daemon=True)
     try:
-        wait_for(lambda: select(leader.scrape(), "nws_reconciler_leader").get(frozenset()) == 1, timeout=15)
+        wait_for(lambda: select(leader.scrape(), "nws_reconciler_leader").get(frozenset()) == 1, timeout=15,
+                 retry=ScrapeFailed)
         thread.start()
         time.sleep(3)
         leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]

@@ -27,7 +27,7 @@ from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
-from localkube.service import Service, select, value, wait_for
+from localkube.service import ScrapeFailed, Service, select, value, wait_for
 from tests.conftest import CRDS
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status, token_kubeconfig
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
@@ -91,7 +91,7 @@ def test_absent_kueue_is_fine_and_kueue_installed_later_is_picked_up(
                 asyncio.run(in_process())
             # The real process looks again every DISCOVERY_RETRY_SECONDS (30 s).
             wait_for(lambda: value(svc.scrape(), "nws_flavor_nominal_quota", flavor="gpu",
-                                   resource="nvidia.com/gpu") == 4, timeout=45, interval=0.5)
+                                   resource="nvidia.com/gpu") == 4, timeout=45, interval=0.5, retry=ScrapeFailed)
             assert svc.get("/readyz") == (200, "ok\n")
         finally:
             svc.stop()
@@ -126,7 +126,7 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 def follows(svc: Service, family: str, flavor: str, want: dict[str, float]) -> None:
     """Within FOLLOW seconds the flavor's series of ``family`` are exactly ``want``."""
     try:
-        wait_for(lambda: flavor_series(svc.scrape(), family, flavor) == want, timeout=FOLLOW)
+        wait_for(lambda: flavor_series(svc.scrape(), family, flavor) == want, timeout=FOLLOW, retry=ScrapeFailed)
     except AssertionError:
         raise AssertionError(f"{family}{{flavor={flavor}}}: {flavor_series(svc.scrape(), family, flavor)} "
                              f"!= {want}") from None

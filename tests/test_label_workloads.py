@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from localkube.cluster import LocalCluster
-from localkube.service import Service, select, wait_for
+from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, deployment, is_leader, settled, summarized_cluster, writes
 
@@ -135,7 +135,7 @@ def test_a_summarizer_edit_takes_summaries_away_and_back(kube: LocalCluster, lea
     wait_for(lambda: "edited" not in summaries(kube), timeout=10)
     assert "sim" in summaries(kube)
     # ... and from the metrics of every replica (the index itself, not only the summaries).
-    wait_for(lambda: not select(leader.scrape(), "nws_workload_pods", workload="edited"), timeout=5)
+    wait_for(lambda: not select(leader.scrape(), "nws_workload_pods", workload="edited"), timeout=5, retry=ScrapeFailed)
     label_summarizer(kube, "gangs", GANGS)  # the pods exist already: they are read again
     wait_for(lambda: pod_count(kube, "edited") == 1, timeout=15)
     assert select(leader.scrape(), "nws_workload_pods", workload="edited", kind=GANG, phase="Running")

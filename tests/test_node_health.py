@@ -14,7 +14,7 @@ import pytest
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.index import NODE_STATES
 from localkube.cluster import LocalCluster, Options
-from localkube.service import Samples, Service, select, value, wait_for
+from localkube.service import Samples, ScrapeFailed, Service, select, value, wait_for
 from node_workload_summary.main import main
 from node_workload_summary.settings import Settings
 from tests.conftest import CRDS
@@ -94,7 +94,8 @@ def service(kube: LocalCluster) -> Iterator[Service]:
                               ("web-0", "cpu-1", web), ("web-1", "cpu-1", web)]:
         create_pod(kube, NS, name, node, owner=owner)
     svc = Service(kube, ("--no-reconciler",)).start()
-    wait_for(lambda: value(svc.scrape(), "nws_workload_pods", **_workload("serve", "Job"), phase="Running") == 2)
+    wait_for(lambda: value(svc.scrape(), "nws_workload_pods", **_workload("serve", "Job"), phase="Running") == 2,
+             retry=ScrapeFailed)
     yield svc
     svc.stop()
 
@@ -140,7 +141,7 @@ def test_transition_reaches_every_workload_on_the_node_within_2s(kube: LocalClus
     started = time.monotonic()
     transition.sick(kube)
     try:
-        wait_for(lambda: _impact_shown(service.scrape(), transition.state), timeout=2)
+        wait_for(lambda: _impact_shown(service.scrape(), transition.state), timeout=2, retry=ScrapeFailed)
     except AssertionError:
         s = service.scrape()
         raise AssertionError((_states(s), select(s, "nws_workload_pods_by_node_state"))) from None
@@ -150,7 +151,7 @@ def test_transition_reaches_every_workload_on_the_node_within_2s(kube: LocalClus
                      resource=GPU) == 2
     started = time.monotonic()
     transition.heal(kube)
-    wait_for(lambda: _all_healthy(service.scrape()), timeout=2)
+    wait_for(lambda: _all_healthy(service.scrape()), timeout=2, retry=ScrapeFailed)
     print(f"{name}: {transition.state} on /metrics after {sick_took * 1000:.0f} ms, "
           f"healed after {(time.monotonic() - started) * 1000:.0f} ms")
 
@@ -163,16 +164,16 @@ def test_settings_reach_the_process(kube: LocalCluster, service: Service) -> Non
     try:
         patch_node(kube, {"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}})
         patch_node(kube, {"status": {"allocatable": {GPU: "6"}}}, status=True)
-        wait_for(lambda: _states(service.scrape())["Disrupting"] == 1, timeout=2)
+        wait_for(lambda: _states(service.scrape())["Disrupting"] == 1, timeout=2, retry=ScrapeFailed)
         assert _states(custom.scrape())["Ready"] == 2
         assert not select(custom.scrape(), "nws_nodegroup_accelerators_unhealthy")
         patch_node(kube, {"spec": {"taints": [{"key": "example.com/drain", "effect": "NoExecute"}]}})
-        wait_for(lambda: _states(custom.scrape())["Disrupting"] == 1, timeout=2)
+        wait_for(lambda: _states(custom.scrape())["Disrupting"] == 1, timeout=2, retry=ScrapeFailed)
     finally:
         custom.stop()
         patch_node(kube, {"spec": {"taints": None}})
         patch_node(kube, {"status": {"allocatable": {GPU: "8"}}}, status=True)
-    wait_for(lambda: _all_healthy(service.scrape()), timeout=2)
+    wait_for(lambda: _all_healthy(service.scrape()), timeout=2, retry=ScrapeFailed)
 
 
 # -- settings (no cluster) -------------------------------------------------------------------------
