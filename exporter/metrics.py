@@ -226,7 +226,8 @@ F_GROUP_OVERFLOW = Family("nodegroup_series_overflow", "gauge",
 F_GROUP_DROPPED = Family("nodegroup_series_dropped", "counter",
                          "Node groups that were ever folded into the other series, per summarizer.")
 F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
-F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version.")
+F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version, the source revision and Python's "
+                "version.")
 
 
 class SeriesCap(Generic[K]):
@@ -282,11 +283,12 @@ def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
 
 class Renderer:
     def __init__(self, index: ClusterIndex, max_workload_series: int, max_nodegroup_series: int = 2000,
-                 version: str = "0.1.0", registry: prometheus_client.CollectorRegistry | None = None) -> None:
+                 build_info: dict[str, str] | None = None,
+                 registry: prometheus_client.CollectorRegistry | None = None) -> None:
         self.index = index
         self.max_workload_series = max_workload_series
         self.max_nodegroup_series = max_nodegroup_series
-        self.version = version
+        self.build_info = build_info or {"version": "unknown"}  # nws_build_info's labels
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
         self.group_caps: dict[str, SeriesCap[GroupKey]] = {}  # per summarizer
@@ -440,7 +442,7 @@ class Renderer:
             (F_OVERFLOW, [("", overflow)]),
             (F_DROPPED, [("", self.workload_cap.dropped_total)]),
             (F_RENDER, [("", round(self.last_render_seconds, 6))]),
-            (F_INFO, [(_labels(version=self.version), 1)]),
+            (F_INFO, [(_labels(**self.build_info), 1)]),
         ]
 
     def _own_lines(self, om: bool, overflow: int) -> list[str]:

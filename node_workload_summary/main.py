@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import dataclasses
 import logging
 import os
 import signal
@@ -34,6 +35,7 @@ from reconciler.metrics import ReconcilerCollector
 
 from .gcfreeze import Freezer
 from .settings import InvalidSettings, Settings, load
+from .version import build_info
 
 log = logging.getLogger("node-workload-summary")
 SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
@@ -138,7 +140,8 @@ async def serve(settings: Settings) -> None:
             debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
         if elector is not None:
             elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
-    renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series)
+    renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,
+                        dataclasses.asdict(build_info()))
     renderer.registry.register(SourcesCollector(sources))
     if reconciler is not None:
         renderer.registry.register(ReconcilerCollector(reconciler, elector))
@@ -164,8 +167,8 @@ async def serve(settings: Settings) -> None:
         if probe_runner is not None and settings.probe_port is not None:
             await probe_runner.setup()
             probe_site = await listen(probe_runner, settings.listen_address, settings.probe_port, flag="--probe-port")
-        log.info("serving on %s (API server %s; exporter %s, reconciler %s)", site.name, connection.host,
-                 "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
+        log.info("%s serving on %s (API server %s; exporter %s, reconciler %s)", build_info(), site.name,
+                 connection.host, "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
         if probe_site is not None:
             log.info("probes (/healthz, /readyz) on %s", probe_site.name)
         if tls is not None:
@@ -205,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
         for problem in err.problems:
             print(f"error: {problem}", file=sys.stderr)
         return 2
+    if settings.version:
+        print(build_info())
+        return 0
     logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     pin_mmap_threshold()

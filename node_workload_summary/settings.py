@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     metrics_auth_cache_size: Count = Field(1024, ge=1, description="Tokens whose decision is cached; the least "
                                            "recently used is dropped beyond this.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
+    version: bool = Field(False, description="Print the version, the source revision and Python's version, "
+                          "then exit.")
 
     @field_validator("workload_pod_labels", "disruption_taints", "problem_conditions", "accelerator_resources",
                      mode="before")
