@@ -7,10 +7,10 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools test unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image test unit lint generate demo cluster clean
 
 help:  ## list targets
-	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 # The wheel holds the service only: the checkout's tooling (localkube, demo, dashboards, alerts,
 # bench, deploy/render.py) is put on the virtualenv's path by a .pth file, with a `localkube` command.
@@ -34,6 +34,18 @@ tools:  ## Debian's prometheus package (prometheus + promtool) for the alert and
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@promtool --version 2>&1 | head -1
+
+image-tools:  ## Debian's podman, buildah and mmdebstrap, for `make image` where no Docker engine runs
+	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \
+	  { command -v podman >/dev/null && command -v mmdebstrap >/dev/null; } || { \
+	  echo "installing Debian's podman, buildah and mmdebstrap ..."; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    podman buildah mmdebstrap uidmap >/dev/null; }
+
+# IMAGE_ARGS: e.g. --tag my/name:dev, --base IMAGE, --save FILE (python -m deploy.image --help)
+image: install image-tools  ## build the container image from the Dockerfile and report its layers
+	$(BIN)/python -m deploy.image $(IMAGE_ARGS)
 
 test: binaries tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/ruff check .

@@ -5,10 +5,12 @@ runs from there against the local control plane."""
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import subprocess
 import sys
+import tomllib
 import urllib.error
 import urllib.request
 import venv
@@ -105,6 +107,14 @@ def test_help_from_the_wheel(runtime: Path, tmp_path: Path) -> None:
     assert "--kubeconfig" in proc.stdout and "NWS_KUBECONFIG" in proc.stdout
 
 
+def test_version_is_the_packages(runtime: Path, tmp_path: Path) -> None:
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    proc = subprocess.run([str(runtime / "node-workload-summary"), "--version"], capture_output=True, text=True,
+                          env={**clean_env(), "NODE_WORKLOAD_SUMMARY_REVISION": "abc123"}, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"node-workload-summary {version} (revision abc123, Python {platform.python_version()})\n"
+
+
 def get(port: int, path: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as resp:
@@ -145,3 +155,6 @@ def test_service_from_the_wheel_serves_readyz_and_metrics(service: tuple[int, su
     code, text = get(port, "/metrics")
     assert code == 200, text
     assert "nws_watch_synced" in text
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    python = platform.python_version()
+    assert f'nws_build_info{{version="{version}",revision="unknown",python="{python}"}} 1' in text
