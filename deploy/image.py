@@ -2,6 +2,7 @@
 report its size layer by layer.
 
     python -m deploy.image [--tag NAME:TAG] [--base IMAGE] [--engine docker|podman] [--save FILE]
+                           [--platform P,P --push --metadata-file FILE]   (docker buildx: a release)
 
 The base is the Dockerfile's (python:3.11-slim) unless --base names another. When a registry
 serves it, it is pulled and pinned by digest (``name@sha256:...``, recorded in the
@@ -188,7 +189,9 @@ def report(engine: Engine, image: str) -> str:
     return "\n".join(lines)
 
 
-def build(tag: str, base: str | None, engine: Engine) -> str:
+def build(tag: str, base: str | None, engine: Engine, release: list[str] | None = None) -> str:
+    """``release``: docker buildx flags (--platform, --push, ...): a multi-platform build pushed
+    to the registry with an SBOM and provenance, as the release workflow makes it."""
     base_ref = pinned(engine, base or DEFAULT_BASE)
     if base_ref is None:
         if base:
@@ -200,7 +203,8 @@ def build(tag: str, base: str | None, engine: Engine) -> str:
     if "@" in base_ref:
         labels["org.opencontainers.image.base.digest"] = base_ref.split("@")[1]
     args = [
-        "build", *engine.build_flags(), "--file", str(ROOT / "Dockerfile"), "--tag", tag,
+        *(["buildx", "build", "--sbom=true", "--provenance=mode=max", *release] if release else ["build"]),
+        *engine.build_flags(), "--file", str(ROOT / "Dockerfile"), "--tag", tag,
         "--build-arg", f"BASE={base_ref}", "--build-arg", f"VERSION={version()}",
         "--build-arg", f"REVISION={revision()}", "--build-arg", f"SOURCE={source()}",
         *(f"--label={k}={v}" for k, v in labels.items()),
@@ -222,10 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=("docker", "podman"), help="default: docker if its daemon answers, "
                                                                       "else podman")
     parser.add_argument("--save", type=Path, help="also write the image as an OCI archive to this file")
+    release = parser.add_argument_group("a release (docker buildx)")
+    release.add_argument("--platform", help="e.g. linux/amd64,linux/arm64")
+    release.add_argument("--push", action="store_true", help="push to the registry --tag names (with an SBOM "
+                                                             "and provenance attached)")
+    release.add_argument("--metadata-file", type=Path, help="buildx's build result (the pushed digest) as JSON")
     args = parser.parse_args(argv)
+    buildx = [*(["--platform", args.platform] if args.platform else []), *(["--push"] if args.push else []),
+              *(["--metadata-file", str(args.metadata_file)] if args.metadata_file else [])]
     try:
         engine = find_engine(args.engine)
-        image = build(args.tag, args.base, engine)
+        if buildx and engine.command != "docker":
+            raise ImageError("--platform, --push and --metadata-file need docker buildx")
+        image = build(args.tag, args.base, engine, buildx)
+        if args.push:  # nothing local to measure: the platforms' images are in the registry
+            return 0
         print(report(engine, image))
         if args.save:
             args.save.unlink(missing_ok=True)

@@ -117,6 +117,14 @@ HELM = Component(
     version_vars=("helm.sh/helm/v4/internal/version.version",),
 )
 
+# Not in COMPONENTS: only tests/test_release.py lints the GitHub Actions workflows with it.
+ACTIONLINT = Component(
+    "actionlint",
+    "github.com/rhysd/actionlint",
+    (Binary("actionlint", "github.com/rhysd/actionlint/cmd/actionlint"),),
+    version_vars=("github.com/rhysd/actionlint.version",),
+)
+
 # Not in COMPONENTS: only the tests of our monitoring objects use the Prometheus Operator's
 # real CRDs (their schemas validate our ServiceMonitor and PrometheusRule) and its operator (the
 # scrape config it generates from them).
