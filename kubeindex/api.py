@@ -54,10 +54,13 @@ class Connection:
 
     def headers(self) -> dict[str, str]:
         # get_api_key_with_prefix runs the refresh hook: rotated in-cluster tokens are picked up.
-        token = self._config.get_api_key_with_prefix("BearerToken", alias="authorization")
-        if token and not token.startswith("Bearer "):
-            token = f"Bearer {token}"
-        return {"Authorization": token} if token else {}
+        token = (self._config.get_api_key_with_prefix("BearerToken", alias="authorization") or "").strip()
+        if not token:
+            return {}
+        # The in-cluster loader stores "bearer <token>" (lower case), kubeconfig "Bearer <token>"
+        # or the bare token: the scheme is case-insensitive, and must not be sent twice.
+        scheme, _, credentials = token.partition(" ")
+        return {"Authorization": f"Bearer {credentials.strip() if scheme.lower() == 'bearer' else token}"}
 
 
 class ConfigError(Exception):
