@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import ensure_binaries
+from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,3 +59,11 @@ def cluster(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         yield c
+
+
+@pytest.fixture(scope="session")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The helm command, built from its pinned Go module on first use, with its own home dirs."""
+    home = tmp_path_factory.mktemp("helm-home")
+    dirs = [f"{var}={home / var.lower()}" for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")]
+    return ["env", *dirs, str(ensure_binaries((HELM,))["helm"])]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from demo.workloads import kwok_node
-from localkube.build import HELM, PROMETHEUS_OPERATOR, ensure_binaries
+from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from tests.conftest import CRDS, ROOT
@@ -81,14 +81,6 @@ ALL_FLIPPED: dict[str, Any] = {
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "dashboards": DASHBOARDS,
 }
-
-
-@pytest.fixture(scope="session")
-def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """The helm command, built from its pinned Go module on first use, with its own home dirs."""
-    home = tmp_path_factory.mktemp("helm-home")
-    dirs = [f"{var}={home / var.lower()}" for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")]
-    return ["env", *dirs, str(ensure_binaries((HELM,))["helm"])]
 
 
 def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
