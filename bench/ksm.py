@@ -44,6 +44,7 @@ from pathlib import Path
 
 from alerts.replicas import CLUSTER, one
 from kubeindex.api import ApiClient, load_connection
+from kubeindex.objects import API_PATH
 from localkube.build import KUBE_STATE_METRICS, ensure_binaries
 from localkube.cluster import LocalCluster, Options, Process, free_port
 from localkube.prometheus import Prometheus
@@ -51,7 +52,7 @@ from localkube.service import Service, parse, select, value, wait_for
 
 from .apiserver_bill import cpu_seconds
 from .plot import pyplot
-from .populate import API, POOL_LABEL, _post, _run, pod_manifest, populate
+from .populate import POOL_LABEL, _post, _run, pod_manifest, populate
 from .scale import _churn, say
 from .sync import _status_kb
 
@@ -366,7 +367,7 @@ def setup(cluster: LocalCluster, size: dict) -> dict:
     started = time.monotonic()
     asyncio.run(run())
     size["populate_seconds"] = round(time.monotonic() - started)
-    cluster.request(f"/apis/{API}/workloadsummarizers/apps", "PATCH", {"spec": {"workloadTypes": [
+    cluster.request(f"{API_PATH}/workloadsummarizers/apps", "PATCH", {"spec": {"workloadTypes": [
         {"group": "apps", "kind": "Deployment"}, {"group": "apps", "kind": "StatefulSet"},
         {"group": "batch", "kind": "Job"}]}}, content_type="application/merge-patch+json")
     for node, status in size["not_ready"].items():

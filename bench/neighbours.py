@@ -42,7 +42,7 @@ import msgspec
 
 from bench.plot import pyplot
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.objects import Node, Pod
+from kubeindex.objects import API_PATH, Node, Pod
 from localkube.cluster import LocalCluster, Options
 from localkube.proxy import StallingProxy, through_proxy
 from localkube.service import Service, select, value
@@ -51,7 +51,6 @@ from tests.reference import Owner, World, recompute
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-API = "/apis/ux.sean.example.com/v1alpha1"
 NS = "bench"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
@@ -86,8 +85,8 @@ def read_world(cluster: LocalCluster) -> World:
             meta = o["metadata"]
             parent = next((r["uid"] for r in meta.get("ownerReferences", []) if r.get("controller")), None)
             owners[meta["uid"]] = Owner(meta["uid"], "apps", kind, meta["namespace"], meta["name"], parent)
-    summarizers = {s["metadata"]["name"]: s["spec"]["labelKey"] for s in items(cluster, f"{API}/nodesummarizers")}
-    configured = {(t.get("group", ""), t["kind"]) for s in items(cluster, f"{API}/workloadsummarizers")
+    summarizers = {s["metadata"]["name"]: s["spec"]["labelKey"] for s in items(cluster, f"{API_PATH}/nodesummarizers")}
+    configured = {(t.get("group", ""), t["kind"]) for s in items(cluster, f"{API_PATH}/workloadsummarizers")
                   for t in s["spec"]["workloadTypes"]}
     return World(nodes, pods, owners, summarizers, configured)
 
@@ -143,7 +142,7 @@ def actual_summaries(cluster: LocalCluster) -> tuple[Expected, list[str]]:
     (two summaries for one group or workload, invalid names)."""
     out: Expected = {}
     problems: list[str] = []
-    for s in items(cluster, f"{API}/nodesummaries"):
+    for s in items(cluster, f"{API_PATH}/nodesummaries"):
         name = s["metadata"]["name"]
         refs = s["metadata"].get("ownerReferences", [])
         owner = next((r["name"] for r in refs if r["kind"] == "NodeSummarizer"), "?")
@@ -158,7 +157,7 @@ def actual_summaries(cluster: LocalCluster) -> tuple[Expected, list[str]]:
         out[("ready", owner, value_)] = conditions.get("Ready", 0)
         out[("notready", owner, value_)] = conditions.get("NotReady", 0)
         out[("nodepods", owner, value_)] = status.get("podCount", 0)
-    for s in items(cluster, f"{API}/workloadsummaries"):
+    for s in items(cluster, f"{API_PATH}/workloadsummaries"):
         meta = s["metadata"]
         key = ("workload", meta["namespace"], s["spec"]["workloadRef"]["uid"])
         if key in out:
@@ -264,7 +263,7 @@ class Bench:
     def node_groups(self, node: str) -> int:
         """Summaries a change on this node touches: one per node summarizer whose label it has."""
         labels = ok(self.cluster.request(f"/api/v1/nodes/{node}"))["metadata"].get("labels", {})
-        keys = {s["spec"]["labelKey"] for s in items(self.cluster, f"{API}/nodesummarizers")}
+        keys = {s["spec"]["labelKey"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
         return len(keys & labels.keys())
 
     def create_pod(self, workload: str, node: str, phase: str) -> None:
@@ -355,7 +354,7 @@ class Bench:
     # -- actions --
 
     def random_summary(self, plural: str) -> dict:
-        return self.rng.choice(items(self.cluster, f"{API}/{plural}"))
+        return self.rng.choice(items(self.cluster, f"{API_PATH}/{plural}"))
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, input=input).stdout.strip()
@@ -431,7 +430,7 @@ class Bench:
         return f"killed leader {leader.identity} (SIGKILL), started {fresh.identity}; new leader in {took:.1f} s"
 
     def toggle(self, summarizers: dict[str, str]) -> str:
-        existing = {s["metadata"]["name"] for s in items(self.cluster, f"{API}/nodesummarizers")}
+        existing = {s["metadata"]["name"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
         workloads = len(self.replicasets)
         groups_before = len(expected_summaries(read_world(self.cluster)))
         if summarizers.keys() <= existing:

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
+from kubeindex.objects import API_VERSION
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
-API = "ux.sean.example.com/v1alpha1"
 
 
 def node_manifest(i: int, groups: int) -> dict:
@@ -112,10 +112,11 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
     first_node, first_pod, first_workload = grow_from
     await api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                      "metadata": {"name": "bench"}})
-    await api.request("POST", f"/apis/{API}/nodesummarizers", {
-        "apiVersion": API, "kind": "NodeSummarizer", "metadata": {"name": "pool"}, "spec": {"labelKey": POOL_LABEL}})
-    await api.request("POST", f"/apis/{API}/workloadsummarizers", {
-        "apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
+    await api.request("POST", f"/apis/{API_VERSION}/nodesummarizers", {
+        "apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": "pool"},
+        "spec": {"labelKey": POOL_LABEL}})
+    await api.request("POST", f"/apis/{API_VERSION}/workloadsummarizers", {
+        "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
         "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
 
     async def make_node(i: int) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
+from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
@@ -145,7 +146,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
                 return f"{series}{want:g}\n" in svc.get("/metrics")[1]
 
             def summary_shows(want: float = want) -> bool:
-                code, body = cluster.request(f"/apis/ux.sean.example.com/v1alpha1/nodesummaries/pool-{group}")
+                code, body = cluster.request(f"{API_PATH}/nodesummaries/pool-{group}")
                 conds = ({c["type"]: c["count"] for c in body.get("status", {}).get("conditions", [])}
                          if code == 200 else {})
                 return conds.get("NotReady") == want
@@ -270,7 +271,7 @@ def revision(code: Path) -> str:
 def clean(cluster: LocalCluster) -> None:
     """Delete the summaries a previous service run wrote, so the next one starts as the first did
     (one DELETE of the collection per namespace: `kubectl delete --all` takes one request each)."""
-    api = "/apis/ux.sean.example.com/v1alpha1"
+    api = API_PATH
     _, listed = cluster.request("/api/v1/namespaces")
     assert isinstance(listed, dict)
     for ns in [item["metadata"]["name"] for item in listed["items"]]:

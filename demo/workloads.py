@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubeindex.objects import API_VERSION
 from localkube.cluster import ClusterError, LocalCluster
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
-SUMMARY_API = "ux.sean.example.com/v1alpha1"
 
 
 def ok(result: tuple[int, Any]) -> dict:
@@ -30,15 +30,15 @@ def owner_ref(obj: dict) -> dict:
 
 
 def node_summarizer(cluster: LocalCluster, name: str, label_key: str) -> dict:
-    return create(cluster, f"/apis/{SUMMARY_API}/nodesummarizers", {"apiVersion": SUMMARY_API, "kind": "NodeSummarizer",
+    return create(cluster, f"/apis/{API_VERSION}/nodesummarizers", {"apiVersion": API_VERSION, "kind": "NodeSummarizer",
                                                                     "metadata": {"name": name},
                                                                     "spec": {"labelKey": label_key}})
 
 
 def workload_summarizer(cluster: LocalCluster, name: str, types: list[tuple[str, str]]) -> dict:
     """``types``: (group, kind) pairs."""
-    return create(cluster, f"/apis/{SUMMARY_API}/workloadsummarizers", {
-        "apiVersion": SUMMARY_API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+    return create(cluster, f"/apis/{API_VERSION}/workloadsummarizers", {
+        "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
         "spec": {"workloadTypes": [{"group": g, "kind": k} for g, k in types]}})
 
 

@@ -214,6 +214,7 @@ class Bookmark(Struct):
 GROUP = "ux.sean.example.com"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
+API_PATH = f"/apis/{API_VERSION}"
 
 
 def key_of(namespace: str, name: str) -> str:

@@ -28,7 +28,6 @@ from tests.conftest import CRDS, ROOT
 from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
 
-API = "ux.sean.example.com/v1alpha1"
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"
 PROMTOOL_TESTS = ROOT / "tests" / "promtool" / "alerts.test.yaml"
 # Series Prometheus makes itself, not the exporter.

@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from kubeindex.objects import API_VERSION, GROUP
 from localkube.build import KUEUE, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
 from tests.conftest import CRDS, EXAMPLES
 
-GROUP = "ux.sean.example.com"
-API = f"{GROUP}/v1alpha1"
 KINDS = ("nodesummarizers", "nodesummaries", "workloadsummarizers", "workloadsummaries")
 
 
@@ -23,12 +22,12 @@ def _create(cluster: LocalCluster, manifest: dict) -> tuple[int, str]:
 
 
 def _nodesummarizer(name: str, label_key: str) -> dict:
-    return {"apiVersion": API, "kind": "NodeSummarizer", "metadata": {"name": name},
+    return {"apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": name},
             "spec": {"labelKey": label_key}}
 
 
 def _workloadsummarizer(name: str, types: list[dict]) -> dict:
-    return {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+    return {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
             "spec": {"workloadTypes": types}}
 
 
@@ -146,7 +145,7 @@ def test_duplicate_workload_type_rejected(cluster: LocalCluster) -> None:
 
 
 def _label_summarizer(name: str, entries: list[dict]) -> dict:
-    return {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+    return {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
             "spec": {"podLabelWorkloads": entries}}
 
 
@@ -163,8 +162,8 @@ def test_pod_label_workloads_alone_or_beside_workload_types(cluster: LocalCluste
 
 
 def test_a_summarizer_listing_nothing_is_rejected(cluster: LocalCluster) -> None:
-    code, out = _create(cluster, {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "nothing"},
-                                  "spec": {}})
+    code, out = _create(cluster, {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer",
+                                  "metadata": {"name": "nothing"}, "spec": {}})
     assert code != 0
     assert "must list workloadTypes, podLabelWorkloads or both" in out, out
 
@@ -193,7 +192,7 @@ def test_invalid_pod_label_workloads_rejected_naming_the_field(cluster: LocalClu
 ])
 def test_workload_ref_is_an_object_or_a_pod_label(cluster: LocalCluster, ref: dict, valid: bool) -> None:
     cluster.kubectl("create", "namespace", "refs", check=False)
-    code, out = _create(cluster, {"apiVersion": API, "kind": "WorkloadSummary",
+    code, out = _create(cluster, {"apiVersion": API_VERSION, "kind": "WorkloadSummary",
                                   "metadata": {"name": "ref", "namespace": "refs"}, "spec": {"workloadRef": ref}})
     assert (code == 0) == valid, out
     if valid:
@@ -204,7 +203,7 @@ def test_workload_ref_is_an_object_or_a_pod_label(cluster: LocalCluster, ref: di
 
 def test_node_summary_selector_is_immutable(cluster: LocalCluster) -> None:
     summary = {
-        "apiVersion": API, "kind": "NodeSummary", "metadata": {"name": "immutable-pool-a"},
+        "apiVersion": API_VERSION, "kind": "NodeSummary", "metadata": {"name": "immutable-pool-a"},
         "spec": {"selector": {"matchLabels": {"cloud.google.com/gke-nodepool": "pool-a"}}},
     }
     code, out = _create(cluster, summary)
@@ -226,10 +225,10 @@ def _set_status(cluster: LocalCluster, path: str, status: dict) -> None:
 
 def test_kubectl_get_workloads_columns(cluster: LocalCluster) -> None:
     cluster.kubectl("create", "namespace", "team-a")
-    code, out = _create(cluster, {"apiVersion": API, "kind": "WorkloadSummary",
+    code, out = _create(cluster, {"apiVersion": API_VERSION, "kind": "WorkloadSummary",
                                   "metadata": {"name": "trainer", "namespace": "team-a"}})
     assert code == 0, out
-    _set_status(cluster, f"/apis/{API}/namespaces/team-a/workloadsummaries/trainer", {
+    _set_status(cluster, f"/apis/{API_VERSION}/namespaces/team-a/workloadsummaries/trainer", {
         "podCount": 12, "shortType": "js", "longType": "jobset.jobset.x-k8s.io/v1alpha2",
         "nodeSummaryRefs": [{"name": "gke-nodepool-tpu-v5", "nodeCount": 3},
                             {"name": "gke-nodepool-cpu", "nodeCount": 1}],
@@ -244,11 +243,11 @@ def test_kubectl_get_workloads_columns(cluster: LocalCluster) -> None:
 
 def test_kubectl_get_nodesummaries_columns(cluster: LocalCluster) -> None:
     code, out = _create(cluster, {
-        "apiVersion": API, "kind": "NodeSummary", "metadata": {"name": "gke-nodepool-gpu"},
+        "apiVersion": API_VERSION, "kind": "NodeSummary", "metadata": {"name": "gke-nodepool-gpu"},
         "spec": {"selector": {"matchLabels": {"cloud.google.com/gke-nodepool": "gpu"}}},
     })
     assert code == 0, out
-    _set_status(cluster, f"/apis/{API}/nodesummaries/gke-nodepool-gpu", {
+    _set_status(cluster, f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-gpu", {
         "nodeCount": 4, "nodeNamesPrefix": "gke-gpu-*",
         "conditions": [{"type": "Ready", "count": 3}, {"type": "NotReady", "count": 1}],
         "allocatable": {"cpu": "380", "memory": "1.5Ti", "nvidia.com/gpu": "32"},
@@ -268,7 +267,7 @@ def test_kubectl_get_workloads_where_kueue_is_installed(binaries: dict[str, Path
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         c.kubectl("create", "namespace", "team-a")
-        code, out = _create(c, {"apiVersion": API, "kind": "WorkloadSummary",
+        code, out = _create(c, {"apiVersion": API_VERSION, "kind": "WorkloadSummary",
                                 "metadata": {"name": "ours", "namespace": "team-a"}})
         assert code == 0, out
         assert "ours" in c.kubectl("get", "workloads", "-n", "team-a").stdout  # no Kueue: our shortName

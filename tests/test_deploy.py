@@ -26,7 +26,6 @@ WITH_MONITORING = DEPLOY / "with-monitoring"
 SUMMARIZERS = DEPLOY / "summarizers.yaml"
 NS = "node-workload-summary"
 SA = f"system:serviceaccount:{NS}:node-workload-summary"
-API = "ux.sean.example.com/v1alpha1"
 MONITORING = {"ServiceMonitor/node-workload-summary", "PrometheusRule/node-workload-summary"}
 READER_ROLE = "node-workload-summary-metrics-reader"  # for Prometheus, not the service
 

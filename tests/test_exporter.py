@@ -18,7 +18,7 @@ from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from exporter.metrics import Renderer
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex
 from kubeindex.metrics import SourcesCollector
-from kubeindex.objects import Taint
+from kubeindex.objects import API_VERSION, Taint
 from kubeindex.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
@@ -28,7 +28,6 @@ from tests.kube import create_node, create_pod, delete, set_node_labels, set_nod
 from tests.reference import Owner
 from tests.test_index import add_owner, configured, make_node, make_pod, ref
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "exp"
 POOL = "example.com/pool"
 
@@ -175,7 +174,7 @@ def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Service
     set_node_labels(kube, "tpu-1", {"kubernetes.io/hostname": "tpu-1"})
     wait_for(lambda: value(exporter.scrape(), "nws_nodegroup_nodes", summarizer="hostnames", group="tpu-1") == 1,
              retry=ScrapeFailed)
-    delete(kube, f"/apis/{API}/nodesummarizers/hostnames")
+    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/hostnames")
     wait_for(lambda: not select(exporter.scrape(), "nws_nodegroup_nodes", summarizer="hostnames"), retry=ScrapeFailed)
     assert group_value(exporter.scrape(), "nws_nodegroup_nodes", "tpu") == 1  # the other summarizer is untouched
 

@@ -17,7 +17,7 @@ import pytest
 from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
-from kubeindex.objects import Pod
+from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
@@ -25,7 +25,6 @@ from localkube.service import ScrapeFailed, Service, parse, select, value, wait_
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "faults"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 
@@ -211,7 +210,7 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
         assert truth >= 1
 
         def summary_pods() -> int | None:
-            code, body = kube.request(f"/apis/{API}/namespaces/{NS}/workloadsummaries/churn")
+            code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
             return body.get("status", {}).get("podCount") if code == 200 else None  # type: ignore[union-attr]
 
         wait_for(lambda: summary_pods() == truth, timeout=20)

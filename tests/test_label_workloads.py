@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, deployment, is_leader, settled, summarized_cluster, writes
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "gangs"
 GANG = "pod-group.scheduling.kubenexus.io/name"
 VOLCANO = "volcano.sh/job-name"
@@ -27,7 +27,7 @@ FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "-
 
 def label_summarizer(kube: LocalCluster, name: str, entries: list[dict]) -> None:
     """Create or replace WorkloadSummarizer ``name`` listing only pod labels."""
-    obj = {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+    obj = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
            "spec": {"podLabelWorkloads": entries}}
     kube.kubectl("apply", "--server-side", "--field-manager=test", "-f", "-", input=json.dumps(obj))
 
@@ -111,7 +111,7 @@ def test_an_owner_of_a_configured_kind_wins(kube: LocalCluster, leader: Service)
     gang_pod(kube, "web-0", "web-gang", owner=web)
     gang_pod(kube, "loner-0", "web-gang", "n-1")
     wait_for(lambda: pod_count(kube, "web-gang") == 1, timeout=10)
-    code, body = kube.request(f"/apis/{API}/namespaces/{NS}/workloadsummaries/web")
+    code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web")
     assert code == 200 and body["status"]["podCount"] == 1  # type: ignore[index]
     delete(kube, f"/api/v1/namespaces/{NS}/pods/loner-0")
     wait_for(lambda: "web-gang" not in summaries(kube), timeout=10)
@@ -155,7 +155,7 @@ def test_overlapping_summarizers_share_a_key(kube: LocalCluster, leader: Service
     wait_for(lambda: summaries(kube)["edited"]["status"]["shortType"] == "gang", timeout=10)
     assert f"also listed by a-gangs ({GANG})" in message("gangs")
     assert summarizer_status(kube, "a-gangs")["workloadCount"] > 0
-    delete(kube, f"/apis/{API}/workloadsummarizers/a-gangs")
+    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/a-gangs")
     wait_for(lambda: summaries(kube)["edited"]["status"]["shortType"] == "pg", timeout=10)
 
 
@@ -168,7 +168,7 @@ def test_another_writer_is_taken_back_and_labels_cost_nothing(kube: LocalCluster
     patch = json.dumps({"spec": {"workloadRef": {"labelValue": "hijacked"}}})
     kube.kubectl("patch", "workloadsummary", name, "-n", NS, "--type=merge", "-p", patch)
     wait_for(lambda: summaries(kube).get("edited", {}).get("metadata", {}).get("name") == name, timeout=10)
-    delete(kube, f"/apis/{API}/namespaces/{NS}/workloadsummaries/{name}")
+    delete(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
     wait_for(lambda: pod_count(kube, "edited") == 1, timeout=10)
     assert summaries(kube)["edited"]["metadata"]["name"] == name and "hijacked" not in summaries(kube)
 
@@ -181,7 +181,7 @@ def test_two_replicas_failover_keeps_names_and_deletes(kube: LocalCluster, leade
     # leader, which can only learn it from the object.
     delete(kube, f"/api/v1/namespaces/{NS}/pods/web-0")
     delete(kube, f"/apis/apps/v1/namespaces/{NS}/deployments/web")
-    wait_for(lambda: kube.request(f"/apis/{API}/namespaces/{NS}/workloadsummaries/web")[0] == 404, timeout=10)
+    wait_for(lambda: kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web")[0] == 404, timeout=10)
     standby = Service(kube, ("--identity=replica-b", *FAST_LEASE)).start()
     try:
         settled(leader)

@@ -20,6 +20,7 @@ from kubernetes import client
 
 from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import Service, select, wait_for
@@ -27,7 +28,6 @@ from reconciler.controller import Deposed, Reconciler, Summary, SummaryMeta
 from reconciler.leader import LeaderElector, LeaseSettings
 from tests.kube import create_node, delete, deployment, is_leader, settled, summarized_cluster, token_kubeconfig, writes
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "team"
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/node-workload-summary"
@@ -51,7 +51,7 @@ def leader(kube: LocalCluster) -> Iterator[Service]:
 
 
 def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict | None:
-    path = f"/apis/{API}/" + (f"namespaces/{namespace}/" if namespace else "") + f"{plural}/{name}"
+    path = f"/apis/{API_VERSION}/" + (f"namespaces/{namespace}/" if namespace else "") + f"{plural}/{name}"
     code, body = kube.request(path)
     return body if code == 200 else None  # type: ignore[return-value]
 
@@ -76,7 +76,7 @@ def test_foreign_labels_and_annotations_cause_no_writes(kube: LocalCluster, lead
 
 def test_a_field_of_ours_taken_by_kubectl_is_taken_back_once(kube: LocalCluster, leader: Service) -> None:
     before = settled(leader)
-    ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
+    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
                     content_type="application/merge-patch+json"))
     wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
              timeout=10)
@@ -120,7 +120,7 @@ def test_colliding_and_odd_names(kube: LocalCluster, leader: Service) -> None:
     assert writes(leader) == before and set(mine()) == names  # no delete/recreate dance
     assert not errors(leader), errors(leader)
     for name in ("gke", "gke-pool"):
-        delete(kube, f"/apis/{API}/nodesummarizers/{name}")
+        delete(kube, f"/apis/{API_VERSION}/nodesummarizers/{name}")
     delete(kube, "/api/v1/nodes/m-0")
     delete(kube, "/api/v1/nodes/m-1")
     wait_for(lambda: not mine(), timeout=15)
@@ -139,7 +139,7 @@ def test_a_deposed_leader_writes_nothing(kube: LocalCluster, leader: Service) ->
     wait_for(lambda: not is_leader(leader), timeout=5)
     before = writes(leader)
     deployment(kube, NS, "api")  # a change the old leader would have written
-    ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 7}},
+    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 7}},
                     content_type="application/merge-patch+json"))
     time.sleep(3)
     assert writes(leader) == before
@@ -244,7 +244,7 @@ def test_a_terminating_namespace_is_not_a_write_error(kube: LocalCluster, leader
     deployment(kube, "doomed", "old")
     wait_for(lambda: summary(kube, "workloadsummaries", "old", "doomed") is not None, timeout=10)
     kube.kubectl("delete", "namespace", "doomed", "--wait=false")  # no namespace controller: it stays
-    delete(kube, f"/apis/{API}/namespaces/doomed/workloadsummaries/old")  # recreating it is refused (403)
+    delete(kube, f"/apis/{API_VERSION}/namespaces/doomed/workloadsummaries/old")  # recreating it is refused (403)
     time.sleep(3)
     assert not errors(leader), errors(leader)
     assert 'being terminated' not in leader.log_text()
@@ -258,11 +258,11 @@ def _ready(kube: LocalCluster, plural: str, name: str) -> dict:
 def test_summarizer_recreated_with_the_same_spec_gets_its_status(kube: LocalCluster, leader: Service) -> None:
     node_summarizer(kube, "again", "pool")
     wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
-    delete(kube, f"/apis/{API}/nodesummarizers/again")
+    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/again")
     wait_for(lambda: summary(kube, "nodesummarizers", "again") is None, timeout=10)
     node_summarizer(kube, "again", "pool")
     wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
-    delete(kube, f"/apis/{API}/nodesummarizers/again")
+    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/again")
 
 
 def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leader: Service) -> None:
@@ -273,7 +273,7 @@ def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leade
     wait_for(lambda: summary(kube, "workloadsummarizers", "also-apps")["status"].get("workloadCount") == count,
              timeout=10)
     assert "also listed by also-apps" in _ready(kube, "workloadsummarizers", "apps")["message"]
-    delete(kube, f"/apis/{API}/workloadsummarizers/also-apps")
+    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/also-apps")
 
 
 def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, leader: Service) -> None:
@@ -283,7 +283,7 @@ def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, l
     assert _ready(kube, "workloadsummarizers", "nodes-as-workloads")["status"] == "False"
     time.sleep(2)
     assert not errors(leader), errors(leader)
-    delete(kube, f"/apis/{API}/workloadsummarizers/nodes-as-workloads")
+    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/nodes-as-workloads")
 
 
 def test_a_leader_cut_off_from_the_api_server_gives_way(kube: LocalCluster, leader: Service) -> None:
@@ -329,7 +329,7 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
         leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
         wait_for(lambda: is_leader(standby), timeout=20)
         deployment(kube, NS, "after-failover")
-        ok(kube.request(f"/apis/{API}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
+        ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
                         content_type="application/merge-patch+json"))
         wait_for(lambda: summary(kube, "workloadsummaries", "after-failover", NS) is not None, timeout=10)
         wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import ok
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, deployment, summarized_cluster
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "train"
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"}
 HEALTHY = {"Ready": 2}  # states with no node are left out of nodesByState
@@ -42,7 +42,7 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 
 
 def status(kube: LocalCluster, path: str) -> dict:
-    code, body = kube.request(f"/apis/{API}/{path}")
+    code, body = kube.request(f"/apis/{API_VERSION}/{path}")
     return body.get("status", {}) if code == 200 else {}  # type: ignore[union-attr]
 
 

@@ -19,13 +19,13 @@ from demo.workloads import (
     ok,
     workload_summarizer,
 )
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
 from tests.conftest import CRDS, EXAMPLES
 from tests.kube import delete, set_node_labels
 
-API = "ux.sean.example.com/v1alpha1"
 POOL = "cloud.google.com/gke-nodepool"
 NS = "ml"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
@@ -75,7 +75,7 @@ def summaries(kube: LocalCluster) -> dict[str, dict]:
 
 
 def workload(kube: LocalCluster, name: str, namespace: str = NS) -> dict | None:
-    code, body = kube.request(f"/apis/{API}/namespaces/{namespace}/workloadsummaries/{name}")
+    code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{namespace}/workloadsummaries/{name}")
     return body if code == 200 else None  # type: ignore[return-value]
 
 
@@ -150,15 +150,15 @@ def test_node_moves_summaries_follow_and_go(kube: LocalCluster, service: Service
     # A summarizer created and deleted takes its summaries with it.
     node_summarizer(kube, "zone", "topology.kubernetes.io/zone")
     wait_for(lambda: len([n for n in summaries(kube) if n.startswith("zone-")]) == 3, timeout=10)
-    delete(kube, f"/apis/{API}/nodesummarizers/zone")
+    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/zone")
     wait_for(lambda: not [n for n in summaries(kube) if n.startswith("zone-")], timeout=15)
 
 
 def test_user_edits_are_restored(kube: LocalCluster, service: Service) -> None:
-    ok(kube.request(f"/apis/{API}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
                     {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
     wait_for(lambda: summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3, timeout=10)
-    delete(kube, f"/apis/{API}/namespaces/{NS}/workloadsummaries/nginx")
+    delete(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/nginx")
     wait_for(lambda: workload(kube, "nginx") is not None, timeout=10)
 
 

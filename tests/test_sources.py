@@ -25,14 +25,13 @@ from demo.workloads import create, ok
 from exporter.server import make_app
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
-from kubeindex.objects import Pod
+from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from tests.conftest import CRDS
 from tests.kube import create_pod, delete, set_pod_phase, token_kubeconfig
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
 
@@ -49,14 +48,14 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
     """Create or replace a WorkloadSummarizer with ``types`` ({group, kind, version?})."""
-    code, body = kube.request(f"/apis/{API}/workloadsummarizers/{name}")
-    obj = {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+    code, body = kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}")
+    obj = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
            "spec": {"workloadTypes": types}}
     if code == 200:
         obj["metadata"]["resourceVersion"] = body["metadata"]["resourceVersion"]  # type: ignore[index]
-        ok(kube.request(f"/apis/{API}/workloadsummarizers/{name}", "PUT", obj))
+        ok(kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}", "PUT", obj))
     else:
-        create(kube, f"/apis/{API}/workloadsummarizers", obj)
+        create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
 
 
 async def until(predicate: Callable[[], object], timeout: float = 20) -> float:
@@ -210,7 +209,7 @@ def test_missing_kinds_hold_only_kinds_still_needed(kube: LocalCluster, monkeypa
     try:
         asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API}/workloadsummarizers/needed")
+        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/needed")
 
 
 def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -242,7 +241,7 @@ def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: 
         asyncio.run(run())
     finally:
         for name in ("v1", "v2"):
-            delete(kube, f"/apis/{API}/workloadsummarizers/{name}")
+            delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/{name}")
 
 
 # -- RBAC: forbidden --------------------------------------------------------------------------------
@@ -292,7 +291,7 @@ def test_a_forbidden_owner_kind_is_reported_and_retried_quietly(kube: LocalClust
     try:
         asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API}/workloadsummarizers/jobs")
+        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/jobs")
     warnings = [r for r in caplog.records if r.name == "kubeindex.reflector" and "jobs.batch" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # ... and said once
 
@@ -398,7 +397,7 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
     kube.kubectl("create", "namespace", ns)
     for i in range(3):
         create_pod(kube, ns, f"g-{i}", "n-1", labels={"volcano.sh/job-name": "sim"})
-    obj = {"apiVersion": API, "kind": "WorkloadSummarizer", "metadata": {"name": "later"},
+    obj = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": "later"},
            "spec": {"podLabelWorkloads": [{"labelKey": "volcano.sh/job-name"}]}}
 
     async def run() -> tuple[dict[str, int], int]:
@@ -406,7 +405,7 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
             await asyncio.wait_for(sources.ready.wait(), 20)
             pods = sources.reflectors["pods"]
             lists = pods.lists
-            await asyncio.to_thread(create, kube, f"/apis/{API}/workloadsummarizers", obj)
+            await asyncio.to_thread(create, kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
             key = f"label:volcano.sh/job-name:{ns}/sim"
             await until(lambda: key in sources.index.workloads)
             await until(lambda: sum(sources.index.workloads[key].pods.values()) == 3)
@@ -415,5 +414,5 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
     try:
         pods, lists = asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API}/workloadsummarizers/later")
+        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/later")
     assert pods == {"Running": 3} and lists == 1

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import pytest
 
 from demo.workloads import node_summarizer
+from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod
 from tests.test_desired import old_from_new
 
-API = "/apis/ux.sean.example.com/v1alpha1"
 LABEL = "size.example.com/pool"
 NAME = "size-pool-a"
 # Bytes of GET .../nodesummaries/size-pool-a: 3 nodes with cpu, memory and pods, 6 pods. Measured
@@ -39,11 +39,11 @@ def summary(cluster: LocalCluster) -> Iterator[bytes]:
     svc = Service(cluster).start()
     try:
         def written() -> bool:
-            code, body = cluster.request(f"{API}/nodesummaries/{NAME}")
+            code, body = cluster.request(f"{API_PATH}/nodesummaries/{NAME}")
             return code == 200 and body.get("status", {}).get("podCount") == 6  # type: ignore[union-attr]
 
         wait_for(written, timeout=30)
-        yield raw(cluster, f"{API}/nodesummaries/{NAME}")
+        yield raw(cluster, f"{API_PATH}/nodesummaries/{NAME}")
     finally:
         svc.stop()
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, ok, workload_summarizer
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
 from tests.conftest import CRDS, EXAMPLES
 
-API = "ux.sean.example.com/v1alpha1"
 NS = "ml"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 JS = "jobset.sigs.k8s.io"
@@ -53,7 +53,7 @@ def get(kube: LocalCluster, *args: str) -> dict:
 
 
 def summary(kube: LocalCluster, name: str) -> dict | None:
-    code, body = kube.request(f"/apis/{API}/namespaces/{NS}/workloadsummaries/{name}")
+    code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
     return body if code == 200 else None  # type: ignore[return-value]
 
 
