@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools image-tools image test unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image node-tools test-node test unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -49,7 +49,18 @@ image: install image-tools  ## build the container image from the Dockerfile and
 
 test: binaries tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -m 'not node'
+
+node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)
+	@command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v conntrack >/dev/null && \
+	  command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \
+	  echo "installing Debian's runc, containernetworking-plugins, conntrack, iptables, podman, mmdebstrap ..."; \
+	  $(SUDO) apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    runc containernetworking-plugins conntrack iptables podman buildah mmdebstrap uidmap >/dev/null; }
+
+test-node: binaries tools node-tools  ## the image on a real node: helm install, probes, leader election, SIGTERM
+	$(BIN)/pytest -m node
 
 unit: install  ## only the tests that need no cluster
 	$(BIN)/pytest -m 'not cluster'

@@ -117,6 +117,31 @@ HELM = Component(
     version_vars=("helm.sh/helm/v4/internal/version.version",),
 )
 
+# Not in COMPONENTS: a real node (localkube/node.py: `localkube up --node`, `make test-node`) runs
+# the kubelet and kube-proxy from the same module as the control plane, on containerd.
+KUBERNETES_NODE = Component(
+    "kubernetes",
+    "k8s.io/kubernetes",
+    tuple(Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}") for cmd in ("kubelet", "kube-proxy")),
+    tags="selinux,notest",
+)
+_CONTAINERD = "github.com/containerd/containerd/v2"
+CONTAINERD = Component(
+    "containerd",
+    _CONTAINERD,
+    tuple(Binary(cmd, f"{_CONTAINERD}/cmd/{cmd}") for cmd in ("containerd", "ctr", "containerd-shim-runc-v2")),
+    tags="urfave_cli_no_docs no_btrfs",  # no btrfs snapshotter: it needs cgo and btrfs headers
+    version_vars=(f"{_CONTAINERD}/version.Version",),
+)
+# crictl: the node's teardown removes pod sandboxes through CRI, so the CNI DEL runs.
+CRICTL = Component(
+    "cri-tools",
+    "sigs.k8s.io/cri-tools",
+    (Binary("crictl", "sigs.k8s.io/cri-tools/cmd/crictl"),),
+    version_vars=("sigs.k8s.io/cri-tools/pkg/version.Version",),
+)
+NODE_COMPONENTS = (KUBERNETES_NODE, CONTAINERD, CRICTL)
+
 # Not in COMPONENTS: only tests/test_release.py lints the GitHub Actions workflows with it.
 ACTIONLINT = Component(
     "actionlint",

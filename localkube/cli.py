@@ -13,14 +13,16 @@ from .build import BuildError
 from .build import main as build_main
 from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
+from .node import NODE_ADDRESS, NodeError, RealNode
 
 
 def _up(args: argparse.Namespace) -> int:
     options = Options(
-        controller_manager=args.controllers or args.full,
-        scheduler=args.scheduler or args.full,
+        controller_manager=args.controllers or args.full or args.node,
+        scheduler=args.scheduler or args.full or args.node,
         kwok=args.kwok or args.full,
         workdir=Path(args.workdir) if args.workdir else None,
+        node_address=NODE_ADDRESS if args.node else None,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -28,6 +30,7 @@ def _up(args: argparse.Namespace) -> int:
     # If whatever started us (make, a test's timeout) dies, shut down as on Ctrl-C.
     set_parent_death_signal(signal.SIGTERM)
     cluster = LocalCluster(options)
+    node: RealNode | None = None
     started = time.monotonic()
     print("[localkube] starting etcd and kube-apiserver ...", file=sys.stderr, flush=True)
     try:
@@ -38,13 +41,21 @@ def _up(args: argparse.Namespace) -> int:
             print(f"[localkube] starting the {project.name} controller (built on first use) ...",
                   file=sys.stderr, flush=True)
             Controller(cluster, project).start()  # its CRDs and webhooks too; stopped with the cluster
+        if args.node:
+            print("[localkube] starting a real node: containerd, the kubelet, kube-proxy (built on first use) ...",
+                  file=sys.stderr, flush=True)
+            node = RealNode(cluster).start()
+            for archive in args.image:
+                node.load_image(Path(archive))
         for path in args.apply:
             cluster.kubectl("apply", "-f", path)
-    except (ClusterError, BuildError) as err:
+    except (ClusterError, BuildError, NodeError) as err:
+        if node is not None:
+            node.stop()
         cluster.stop()
         print(f"error: {err}", file=sys.stderr)
         return 1
-    running = ", ".join(cluster.processes)
+    running = ", ".join([*cluster.processes, *(node.processes if node else ())])
     print(f"""
 Local control plane is up in {time.monotonic() - started:.1f}s ({running}).
 
@@ -67,6 +78,10 @@ Press Ctrl-C to stop (every process is stopped and the working directory removed
                 return 1
     finally:
         print("[localkube] stopping ...", file=sys.stderr, flush=True)
+        if node is not None:
+            left = node.stop()
+            if left:
+                print(f"[localkube] could not remove: {', '.join(left)}", file=sys.stderr)
         cluster.stop()
     return 0
 
@@ -96,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="install the CRDs in PATH and wait until they are Established (repeatable)")
     up.add_argument("--apply", action="append", default=[], metavar="PATH",
                     help="kubectl apply -f PATH after start (repeatable)")
+    up.add_argument("--node", action="store_true",
+                    help=f"also run a real node (containerd, runc, a CNI bridge, the kubelet, kube-proxy) whose "
+                         f"pods reach the API server at {NODE_ADDRESS}; needs root (implies --controllers "
+                         "--scheduler)")
+    up.add_argument("--image", action="append", default=[], metavar="ARCHIVE",
+                    help="load this OCI archive into the real node's containerd (make image IMAGE_ARGS=--save ...)")
     up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
     args = parser.parse_args(argv)
     if args.command == "build":

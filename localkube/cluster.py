@@ -48,6 +48,12 @@ class Options:
     keep_workdir: bool = False
     start_timeout: float = 90.0
     extra_apiserver_args: list[str] = field(default_factory=list)
+    # Real nodes (kubelet + kube-proxy + containerd): the host address that pods reach the API
+    # server at (the pod bridge's gateway, e.g. 10.88.0.1). Set, the API server binds 0.0.0.0,
+    # advertises this address (the `kubernetes` Service's endpoint, kept by the lease reconciler),
+    # has it in its serving certificate, authorizes kubelets with the Node authorizer, and keeps
+    # the ServiceAccount admission plugin (pods get their token volume).
+    node_address: str | None = None
 
 
 def set_parent_death_signal(sig: int) -> None:
@@ -201,7 +207,8 @@ class LocalCluster:
         logs = self.workdir / "logs"
         logs.mkdir(exist_ok=True)
         try:
-            self._pki = pki.generate(self.workdir / "pki")
+            extra_ips = (self.options.node_address,) if self.options.node_address else ()
+            self._pki = pki.generate(self.workdir / "pki", extra_ips=extra_ips)
             self._start_etcd(binaries, logs)
             self._start_apiserver(binaries, logs)
             self._write_kubeconfig()
@@ -251,11 +258,37 @@ class LocalCluster:
         port = free_port()
         self.server = f"https://127.0.0.1:{port}"
         p = self._pki
+        node = self.options.node_address
+        if node:
+            real_node_args = [
+                "--bind-address=0.0.0.0",
+                f"--advertise-address={node}",
+                "--endpoint-reconciler-type=lease",
+                "--authorization-mode=Node,RBAC",
+                "--enable-admission-plugins=NodeRestriction",
+                "--disable-admission-plugins=TaintNodesByCondition",
+                # `kubectl logs/exec` on real pods: the API server's client certificate to kubelets.
+                f"--kubelet-client-certificate={p.admin_cert}",
+                f"--kubelet-client-key={p.admin_key}",
+                # Reach kubelets at their InternalIP: the default tries the Hostname first, a DNS
+                # lookup to the machine's resolver, which does not know the node.
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
+            ]
+        else:
+            real_node_args = [
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--authorization-mode=RBAC",
+                # No kubelets mount tokens here, so pods need not wait for default ServiceAccounts; and
+                # with the node lifecycle controller off nothing would lift the not-ready taint that
+                # TaintNodesByCondition puts on new nodes.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--endpoint-reconciler-type=none",
+            ]
         proc = Process("kube-apiserver", [
             str(binaries["kube-apiserver"]),
             f"--etcd-servers={self.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            *real_node_args,
             f"--secure-port={port}",
             f"--tls-cert-file={p.serving_cert}",
             f"--tls-private-key-file={p.serving_key}",
@@ -264,13 +297,7 @@ class LocalCluster:
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
-            "--authorization-mode=RBAC",
             "--allow-privileged=true",
-            # No kubelets mount tokens here, so pods need not wait for default ServiceAccounts; and
-            # with the node lifecycle controller off nothing would lift the not-ready taint that
-            # TaintNodesByCondition puts on new nodes.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--endpoint-reconciler-type=none",
             "--max-requests-inflight=2000",
             "--max-mutating-requests-inflight=1000",
             "--profiling=false",

@@ -81,8 +81,11 @@ def _issue(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def generate(directory: Path) -> Pki:
-    """Write a fresh PKI into ``directory`` and return the file paths."""
+def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Write a fresh PKI into ``directory`` and return the file paths.
+
+    ``extra_ips``: more IP SANs for the serving certificate (a real node's pods and kubelet reach
+    the API server at a bridge address, not at 127.0.0.1)."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = _name("localkube-ca")
@@ -97,6 +100,7 @@ def generate(directory: Path) -> Pki:
             x509.DNSName("kubernetes.default.svc"),
             x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
             x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+            *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
         ],
     )
     admin_key = ec.generate_private_key(ec.SECP256R1())
@@ -145,3 +149,18 @@ def webhook_serving(directory: Path, name: str) -> Path:
     (directory / "tls.key").write_bytes(_key_pem(key))
     (directory / "tls.key").chmod(0o600)
     return directory / "ca.crt"
+
+
+def client_cert(pki: Pki, directory: Path, name: str, cn: str, org: str | None = None) -> tuple[Path, Path]:
+    """A client certificate signed by the cluster CA (e.g. CN=system:node:NAME, O=system:nodes for
+    a kubelet; CN=system:kube-proxy for kube-proxy); returns (cert, key) paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = _issue(_name(cn, org), key, ca.subject, ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
+    crt_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"
+    crt_path.write_bytes(_cert_pem(cert))
+    key_path.write_bytes(_key_pem(key))
+    key_path.chmod(0o600)
+    return crt_path, key_path
