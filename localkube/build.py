@@ -142,6 +142,22 @@ CRICTL = Component(
 )
 NODE_COMPONENTS = (KUBERNETES_NODE, CONTAINERD, CRICTL)
 
+# Not in COMPONENTS: the node tests run Prometheus as a pod with the configuration the Prometheus
+# Operator generates, which discovers targets through the Kubernetes API; Debian's package leaves
+# that discovery out. Built with it alone (no cloud discoveries) and without the web UI's assets.
+PROMETHEUS = Component(
+    "prometheus",
+    "github.com/prometheus/prometheus",
+    (Binary("prometheus", "github.com/prometheus/prometheus/cmd/prometheus"),),
+    tags="remove_all_sd,enable_kubernetes_sd",
+)
+
+
+def prometheus_release(module_version: str) -> str:
+    """The Prometheus release of a module version: v0.316.0 is Prometheus v3.16.0."""
+    major_minor, patch = module_version.removeprefix("v0.").split(".")
+    return f"v{major_minor[0]}.{int(major_minor[1:])}.{patch}"
+
 # Not in COMPONENTS: only tests/test_release.py lints the GitHub Actions workflows with it.
 ACTIONLINT = Component(
     "actionlint",

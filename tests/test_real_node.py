@@ -8,20 +8,27 @@ two real pods and SIGTERM within the grace period are exercised here and nowhere
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
-from localkube.cluster import LocalCluster, Options
+from localkube.build import PROMETHEUS, PROMETHEUS_OPERATOR, ensure_binaries, prometheus_release
+from localkube.cluster import LocalCluster, Options, Process, free_port
 from localkube.node import NODE_ADDRESS, RealNode
 from localkube.service import wait_for
 from tests.conftest import CRDS, ROOT
-from tests.kube import create_node
 
 pytestmark = pytest.mark.node
 
@@ -31,6 +38,16 @@ NS = "nws"
 POOL = "example.com/pool"
 APP = "app.kubernetes.io/name=node-workload-summary"
 GRACE = 15  # the chart's terminationGracePeriodSeconds
+PROMETHEUS_IMAGE = "localhost/prometheus:debian"
+SCRAPE = "2s"
+# As kube-prometheus-stack's Prometheus with its selectors left open; its own pods never run here
+# (their images are in no registry we reach): the operator's config runs in a pod of ours.
+PROMETHEUS_CR = {
+    "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
+    "metadata": {"name": "k8s", "namespace": "monitoring"},
+    "spec": {"serviceMonitorSelector": {}, "serviceMonitorNamespaceSelector": {}, "ruleSelector": {},
+             "ruleNamespaceSelector": {}, "nodeSelector": {"localkube.local/no-such-node": "true"}},
+}
 LEASE_SECONDS = 15  # --lease-duration's default
 
 
@@ -46,8 +63,11 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     options = Options(node_address=NODE_ADDRESS, controller_manager=True, scheduler=True, kwok=True)
+    operator = ensure_binaries((PROMETHEUS_OPERATOR,))
     with LocalCluster(options, binaries) as c:
         c.install_crds(CRDS)
+        c.install_crds(operator["monitoring-crds.yaml"])
+        c.install_crds(operator["prometheus-operator-crds.yaml"])
         yield c
 
 
@@ -65,20 +85,34 @@ def node(kube: LocalCluster, image: Path) -> Iterator[RealNode]:
 def release(kube: LocalCluster, node: RealNode, helm: list[str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """`helm install` with the image just built, on the real node; two KWOK nodes in pool "sim"."""
     for name in ("sim-1", "sim-2"):
-        create_node(kube, name, {POOL: "sim"})
+        kube.kubectl("apply", "-f", "-", input=json.dumps({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {POOL: "sim"}, "annotations": {"kwok.x-k8s.io/node": "fake"}}}))
+    wait_for(lambda: kube.kubectl("get", "node", "sim-1", "sim-2", "-o",
+                                  "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}").stdout
+             == "True True", timeout=60)
     values = tmp_path_factory.mktemp("values") / "values.yaml"
     values.write_text(json.dumps({
         "image": {"repository": IMAGE, "tag": TAG, "pullPolicy": "Never"},
         "nodeSelector": {"localkube.local/real-node": "true"},
         "nodeSummarizers": {"pool": {"labelKey": POOL}},
+        "serviceMonitor": {"enabled": True, "interval": SCRAPE},
+        "prometheusRule": {"enabled": True},
+        # Prometheus' namespace: what NOTES.txt tells a user to label.
+        "networkPolicy": {"metricsNamespaceLabels": {"kubernetes.io/metadata.name": "monitoring"}},
     }))
-    env = [f"KUBECONFIG={kube.kubeconfig}"]
     started = time.monotonic()
-    subprocess.run([*helm[:1], *env, *helm[1:], "install", "nws", str(ROOT / "charts/node-workload-summary"),
-                    "--namespace", NS, "--create-namespace", "-f", str(values), "--wait", "--timeout", "180s"],
-                   check=True, capture_output=True, text=True)
+    run_helm(kube, helm, "install", "nws", str(ROOT / "charts/node-workload-summary"), "--namespace", NS,
+             "--create-namespace", "-f", str(values), "--wait", "--timeout", "180s")
     print(f"helm install --wait: {time.monotonic() - started:.1f}s")
     return "nws"
+
+
+def run_helm(kube: LocalCluster, helm: list[str], *args: str) -> str:
+    env, command = helm[:1], helm[1:]  # ["env", HELM_*=..., helm]
+    proc = subprocess.run([*env, f"KUBECONFIG={kube.kubeconfig}", *command, *args], capture_output=True, text=True)
+    assert proc.returncode == 0, f"helm {' '.join(args[:2])}: {proc.stderr}"
+    return proc.stdout
 
 
 def pods(kube: LocalCluster) -> list[dict]:
@@ -157,3 +191,186 @@ def test_deleted_leader_ends_within_its_grace_and_the_other_pod_leads(kube: Loca
     wait_for(lambda: len(pods(kube)) == 2 and all(ready(p) for p in pods(kube)), timeout=120)
     items = json.loads(kube.kubectl("get", "nodesummaries", "-o", "json").stdout)["items"]
     assert len(items) == count and {i["metadata"]["name"] for i in items} >= {"pool-sim"}
+
+
+def _operator_config(kube: LocalCluster) -> bytes:
+    """The Prometheus Operator, built from its pinned module, reconciles the chart's ServiceMonitor
+    and PrometheusRule for PROMETHEUS_CR; returns the prometheus.yaml it generated."""
+    operator = ensure_binaries((PROMETHEUS_OPERATOR,))
+    kube.kubectl("create", "namespace", "monitoring")
+    # The operator writes the configuration that this version of Prometheus reads.
+    spec = {**PROMETHEUS_CR["spec"], "version": prometheus_release(PROMETHEUS.version)}
+    kube.kubectl("apply", "-f", "-", input=json.dumps({**PROMETHEUS_CR, "spec": spec}))
+    config = json.loads(kube.kubeconfig.read_text())
+    proc = Process("prometheus-operator", [
+        str(operator["operator"]), f"--apiserver={kube.server}",
+        f"--ca-file={config['clusters'][0]['cluster']['certificate-authority']}",
+        f"--cert-file={config['users'][0]['user']['client-certificate']}",
+        f"--key-file={config['users'][0]['user']['client-key']}",
+        f"--web.listen-address=127.0.0.1:{free_port()}",
+    ], kube.workdir / "logs")
+    proc.start()
+    try:
+        def generated() -> str:
+            out = kube.kubectl("get", "secret", "prometheus-k8s", "-n", "monitoring", "-o",
+                               "jsonpath={.data.prometheus\\.yaml\\.gz}", check=False).stdout
+            rules = kube.kubectl("get", "configmap", "prometheus-k8s-rulefiles-0", "-n", "monitoring", check=False)
+            return out if out and rules.returncode == 0 else ""
+
+        wait_for(generated, timeout=90)
+        text = gzip.decompress(base64.b64decode(generated())).decode()
+        # What the operator's config-reloader sidecar does before Prometheus reads it: expand
+        # $(SHARD) (one shard: 0) and $(POD_NAME).
+        return text.replace("$(SHARD)", "0").replace("$(POD_NAME)", "prometheus").encode()
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def prometheus(kube: LocalCluster, node: RealNode, release: str) -> str:
+    """Prometheus (built from its Go module with its Kubernetes discovery) as a pod on the real node, with the
+    configuration and rule files the operator generated: it discovers the service's endpoints and
+    scrapes each pod over HTTPS with its own ServiceAccount token. Returns its URL."""
+    config = yaml.safe_load(_operator_config(kube))
+    # The rule file the operator wrote from the chart's PrometheusRule, with NodeGroupNotReady's
+    # `for` shortened from 10m: the expression on live scrapes is what is tested here.
+    rules = json.loads(kube.kubectl("get", "configmap", "prometheus-k8s-rulefiles-0", "-n", "monitoring",
+                                    "-o", "json").stdout)
+    for name, text in rules["data"].items():
+        spec = yaml.safe_load(text)
+        for group in spec["groups"]:
+            for r in group["rules"]:
+                if r.get("alert") == "NodeGroupNotReady":
+                    r["for"] = "4s"
+        rules["data"][name] = yaml.safe_dump(spec)
+    kube.kubectl("replace", "-f", "-", input=json.dumps(rules))
+    with tempfile.TemporaryDirectory() as tmp:
+        shutil.copy(ensure_binaries((PROMETHEUS,))["prometheus"], tmp)
+        Path(tmp, "Containerfile").write_text(f"FROM {IMAGE}:{TAG}\nCOPY prometheus /usr/local/bin/prometheus\n"
+                                              "USER 65534:65534\nENTRYPOINT [\"/usr/local/bin/prometheus\"]\n")
+        subprocess.run(["podman", "build", "--isolation=chroot", "--pull=never", "-q", "-t", PROMETHEUS_IMAGE, tmp],
+                       check=True, capture_output=True)
+        subprocess.run(["podman", "save", "--format", "oci-archive", "-o", f"{tmp}/p.tar", PROMETHEUS_IMAGE],
+                       check=True, capture_output=True)
+        node.load_image(Path(tmp, "p.tar"))
+    manifests = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "prometheus", "namespace": "monitoring"}},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "prometheus"},
+         "rules": [{"apiGroups": [""], "resources": ["endpoints", "services", "pods"],
+                    "verbs": ["get", "list", "watch"]},
+                   {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"]}]},
+        *({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+           "metadata": {"name": f"prometheus-{role}"},
+           "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+           "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}]}
+          for role in ("prometheus", "node-workload-summary-metrics-reader")),
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus-config", "namespace": "monitoring"},
+         "data": {"prometheus.yaml": yaml.safe_dump(config)}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prometheus", "namespace": "monitoring"},
+         "spec": {"serviceAccountName": "prometheus", "nodeSelector": {"localkube.local/real-node": "true"},
+                  "containers": [{
+                      "name": "prometheus", "image": PROMETHEUS_IMAGE, "imagePullPolicy": "Never",
+                      "args": ["--config.file=/etc/prometheus/config/prometheus.yaml",
+                               "--storage.tsdb.path=/prometheus", "--web.listen-address=:9090",
+                               "--web.enable-lifecycle"],
+                      "readinessProbe": {"httpGet": {"path": "/-/ready", "port": 9090}},
+                      "volumeMounts": [
+                          {"name": "config", "mountPath": "/etc/prometheus/config"},
+                          {"name": "rules", "mountPath": "/etc/prometheus/rules/prometheus-k8s-rulefiles-0"},
+                          {"name": "data", "mountPath": "/prometheus"}]}],
+                  "volumes": [{"name": "config", "configMap": {"name": "prometheus-config"}},
+                              {"name": "rules", "configMap": {"name": "prometheus-k8s-rulefiles-0"}},
+                              {"name": "data", "emptyDir": {}}]}},
+    ]
+    kube.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": manifests}))
+    ready = kube.kubectl("wait", "-n", "monitoring", "pod/prometheus", "--for=condition=Ready", "--timeout=90s",
+                         check=False)
+    if ready.returncode != 0:
+        raise AssertionError(f"Prometheus not Ready: {ready.stderr}\n{container_log(node, 'monitoring', 'prometheus')}")
+    ip = kube.kubectl("get", "pod", "-n", "monitoring", "prometheus", "-o", "jsonpath={.status.podIP}").stdout
+    return f"http://{ip}:9090"
+
+
+def container_log(node: RealNode, namespace: str, pod: str) -> str:
+    """The end of a pod's container logs as the kubelet wrote them (also once the container is gone)."""
+    return "".join(f.read_text()[-3000:] for f in node.dir.glob(f"var/log/pods/{namespace}_{pod}_*/*/*.log"))
+
+
+def query(prometheus: str, path: str, **params: str) -> dict:
+    url = f"{prometheus}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        return json.loads(resp.read())["data"]
+
+
+def test_prometheus_scrapes_both_pods_over_https_at_their_addresses(kube: LocalCluster, node: RealNode,
+                                                                    prometheus: str) -> None:
+    pod_ips = {p["status"]["podIP"] for p in pods(kube)}
+
+    def targets() -> list[dict]:
+        return query(prometheus, "/api/v1/targets", state="active")["activeTargets"]
+
+    def up_at_pod_ips() -> bool:
+        up = {t["scrapeUrl"].split("//")[1].split(":")[0] for t in targets() if t["health"] == "up"}
+        return up == pod_ips
+
+    try:
+        wait_for(up_at_pod_ips, timeout=60, interval=1)
+    except AssertionError:
+        found = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in targets()]
+        dropped = query(prometheus, "/api/v1/targets", state="dropped")["droppedTargets"]
+        endpoints = kube.kubectl("get", "endpoints,svc", "-n", NS, "-o", "wide").stdout
+        seen = [{k: v for k, v in t["discoveredLabels"].items() if "service" in k or "port_name" in k} for t in dropped]
+        raise AssertionError(f"{found}\ndropped: {seen[:2]}\n{endpoints}\n"
+                             f"{container_log(node, 'monitoring', 'prometheus')[-1500:]}") from None
+    assert all(t["scrapeUrl"].startswith("https://") and t["scrapeUrl"].endswith(":8080/metrics") for t in targets())
+
+
+def test_node_group_not_ready_fires_for_a_kwok_pool(kube: LocalCluster, prometheus: str) -> None:
+    # KWOK's own chaos stage plays the kubelets going away.
+    kube.kubectl("label", "nodes", "sim-1", "sim-2", "node-not-ready.stage.kwok.x-k8s.io=true")
+
+    def firing() -> list[dict]:
+        return [a for a in query(prometheus, "/api/v1/alerts")["alerts"]
+                if a["labels"]["alertname"] == "NodeGroupNotReady" and a["state"] == "firing"]
+
+    wait_for(firing, timeout=120, interval=1)  # rules are evaluated every 30 s
+    [alert] = firing()
+    assert alert["labels"]["group"] == "sim", alert
+
+
+def _dashboard_query(title: str) -> str:
+    """A panel's query from the generated dashboard, with the variables as Grafana fills them here."""
+    dashboard = json.loads((ROOT / "dashboards/generated/node-groups.json").read_text())
+    [expr] = [t["expr"] for p in dashboard["panels"] if p["title"] == title for t in p["targets"]]
+    return expr.replace("$cluster", "").replace("$summarizer", ".*")
+
+
+def test_rollout_and_upgrade_leave_no_stale_or_doubled_series(kube: LocalCluster, release: str, helm: list[str],
+                                                              prometheus: str) -> None:
+    """kubectl rollout restart, then helm upgrade with a changed value: every pod is replaced twice
+    (new `pod` and `instance` labels), and the dashboards' queries read the same throughout."""
+    started = time.time()
+    kube.kubectl("rollout", "restart", "deployment/node-workload-summary", "-n", NS)
+    kube.kubectl("rollout", "status", "deployment/node-workload-summary", "-n", NS, "--timeout=120s")
+    run_helm(kube, helm, "upgrade", release, str(ROOT / "charts/node-workload-summary"), "--namespace", NS,
+             "--reuse-values", "--set", "extraArgs={--log-level=debug}", "--wait", "--timeout", "180s")
+    wait_for(lambda: len(pods(kube)) == 2 and all(ready(p) for p in pods(kube)), timeout=GRACE * 2)  # old ones gone
+    current = pods(kube)
+    assert all(s["restartCount"] == 0 for p in current for s in p["status"]["containerStatuses"]), "restart loop"
+    assert all("--log-level=debug" in p["spec"]["containers"][0]["args"] for p in current)
+    names = {p["metadata"]["name"] for p in current}
+
+    def scraped_by_current_pods_only() -> bool:
+        series = query(prometheus, "/api/v1/query", query='nws_nodegroup_nodes{group="sim"}')["result"]
+        return {s["metric"].get("pod") for s in series} == names
+
+    wait_for(scraped_by_current_pods_only, timeout=60, interval=1)  # the old pods' series went stale
+    # "Nodes per group" at every step since before the rollout: 2 in pool sim, never 4, never absent.
+    time.sleep(4)
+    result = query(prometheus, "/api/v1/query_range", query=_dashboard_query("Nodes per group"),
+                   start=str(started), end=str(time.time()), step="1")["result"]
+    [sim] = [r for r in result if r["metric"].get("group") == "sim"]
+    values = [float(v) for _, v in sim["values"]]
+    assert values and set(values) == {2.0}, values
+    print(f"'Nodes per group' over the rollout and the upgrade: {len(values)} steps, all {values[0]:g}")
