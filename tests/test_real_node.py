@@ -37,6 +37,7 @@ TAG = "node-test"
 NS = "nws"
 POOL = "example.com/pool"
 APP = "app.kubernetes.io/name=node-workload-summary"
+SA = f"system:serviceaccount:{NS}:node-workload-summary"
 GRACE = 15  # the chart's terminationGracePeriodSeconds
 PROMETHEUS_IMAGE = "localhost/prometheus:debian"
 SCRAPE = "2s"
@@ -61,8 +62,18 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    options = Options(node_address=NODE_ADDRESS, controller_manager=True, scheduler=True, kwok=True)
+def audit_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("audit") / "audit.log"
+
+
+@pytest.fixture(scope="module")
+def kube(binaries: dict[str, Path], audit_log: Path) -> Iterator[LocalCluster]:
+    # The API server's audit log of every request the service's ServiceAccount makes.
+    policy = audit_log.with_name("policy.yaml")
+    policy.write_text(json.dumps({"apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+                                  "rules": [{"level": "Metadata", "users": [SA]}, {"level": "None"}]}))
+    options = Options(node_address=NODE_ADDRESS, controller_manager=True, scheduler=True, kwok=True,
+                      extra_apiserver_args=[f"--audit-policy-file={policy}", f"--audit-log-path={audit_log}"])
     operator = ensure_binaries((PROMETHEUS_OPERATOR,))
     with LocalCluster(options, binaries) as c:
         c.install_crds(CRDS)
@@ -143,7 +154,8 @@ def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube
     assert probe["path"] == "/readyz"
 
 
-def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCluster, release: str) -> None:
+def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCluster, release: str,
+                                                                  audit_log: Path) -> None:
     def summary() -> dict:
         proc = kube.kubectl("get", "nodesummary", "pool-sim", "-o", "json", "--show-managed-fields", check=False)
         return json.loads(proc.stdout) if proc.returncode == 0 else {}
@@ -155,6 +167,14 @@ def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCl
     # Service (kube-proxy) with its mounted token; its log says where it went.
     log = kube.kubectl("logs", "-n", NS, holder(kube)).stdout
     assert "https://10.0.0.1:443" in log, log[-2000:]
+    # The ServiceAccount's grants suffice: the audit log shows its requests, from the pods'
+    # addresses, and not one was refused.
+    events = [json.loads(line) for line in audit_log.read_text().splitlines()]
+    assert {ip for e in events for ip in e["sourceIPs"]} <= {p["status"]["podIP"] for p in pods(kube)}
+    writes = [e for e in events if e["verb"] == "patch" and e["objectRef"]["resource"] == "nodesummaries"]
+    assert writes, "no NodeSummary write by the ServiceAccount in the audit log"
+    denied = [(e["verb"], e["requestURI"]) for e in events if e["responseStatus"]["code"] in (401, 403)]
+    assert not denied, denied[:5]
 
 
 def test_container_runs_as_65532_read_only_without_capabilities(kube: LocalCluster, release: str) -> None:
