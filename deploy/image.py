@@ -199,15 +199,21 @@ def build(tag: str, base: str | None, engine: Engine, release: list[str] | None 
         base_ref = debian_base(engine)
     say(f"building {tag} from the Dockerfile on {base_ref} ...")
     started = time.monotonic()
-    labels = {"org.opencontainers.image.base.name": base_ref.split("@")[0]}
+    labels = {"org.opencontainers.image.base.name": base_ref.split("@")[0],
+              "org.opencontainers.image.version": version(), "org.opencontainers.image.revision": revision()}
     if "@" in base_ref:
         labels["org.opencontainers.image.base.digest"] = base_ref.split("@")[1]
+    # The Dockerfile sets these from its build arguments too; given here as well because podman
+    # 4.3 (buildah 1.28) reuses a cached layer whose build arguments changed: a new commit would
+    # keep the old revision.
+    labels["org.opencontainers.image.source"] = source()
+    env = [f"--env=NODE_WORKLOAD_SUMMARY_REVISION={revision()}"] if engine.command == "podman" else []
     args = [
         *(["buildx", "build", "--sbom=true", "--provenance=mode=max", *release] if release else ["build"]),
         *engine.build_flags(), "--file", str(ROOT / "Dockerfile"), "--tag", tag,
         "--build-arg", f"BASE={base_ref}", "--build-arg", f"VERSION={version()}",
         "--build-arg", f"REVISION={revision()}", "--build-arg", f"SOURCE={source()}",
-        *(f"--label={k}={v}" for k, v in labels.items()),
+        *(f"--label={k}={v}" for k, v in labels.items()), *env,
         *(ca_mounts() if engine.command == "podman" else []), str(ROOT),
     ]
     proc = engine.run(*args, check=False, capture=False)

@@ -154,6 +154,21 @@ def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube
     assert probe["path"] == "/readyz"
 
 
+def test_the_pods_run_this_checkouts_build(kube: LocalCluster, release: str) -> None:
+    """The image's labels and the running service name the commit it was built from (a cached
+    layer must not keep an older one)."""
+    from deploy.image import revision, version
+
+    labels = json.loads(subprocess.run(["podman", "image", "inspect", f"{IMAGE}:{TAG}", "--format",
+                                        "{{json .Labels}}"], capture_output=True, text=True, check=True).stdout)
+    assert labels["org.opencontainers.image.revision"] == revision() and revision() != "unknown"
+    assert labels["org.opencontainers.image.version"] == version()
+    assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+    out = kube.kubectl("exec", "-n", NS, pods(kube)[0]["metadata"]["name"], "--", "node-workload-summary",
+                       "--version").stdout
+    assert out.startswith(f"node-workload-summary {version()} (revision {revision()}, Python 3."), out
+
+
 def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCluster, release: str,
                                                                   audit_log: Path) -> None:
     def summary() -> dict:
