@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.image import revision, version
 from localkube.build import PROMETHEUS, PROMETHEUS_OPERATOR, ensure_binaries, prometheus_release
 from localkube.cluster import LocalCluster, Options, Process, free_port
 from localkube.node import NODE_ADDRESS, RealNode
@@ -157,8 +158,6 @@ def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube
 def test_the_pods_run_this_checkouts_build(kube: LocalCluster, release: str) -> None:
     """The image's labels and the running service name the commit it was built from (a cached
     layer must not keep an older one)."""
-    from deploy.image import revision, version
-
     labels = json.loads(subprocess.run(["podman", "image", "inspect", f"{IMAGE}:{TAG}", "--format",
                                         "{{json .Labels}}"], capture_output=True, text=True, check=True).stdout)
     assert labels["org.opencontainers.image.revision"] == revision() and revision() != "unknown"
