@@ -446,3 +446,13 @@ def test_helm_upgrade_turns_monitoring_on(kube: LocalCluster, helm: list[str], m
     names = kube.kubectl("get", "servicemonitor,prometheusrule", "-n", NS, "-o", "name").stdout.split()
     assert sorted(names) == ["prometheusrule.monitoring.coreos.com/node-workload-summary",
                              "servicemonitor.monitoring.coreos.com/node-workload-summary"], names
+
+
+def test_notes_say_what_to_set_when_the_image_names_no_registry(helm: list[str], tmp_path: Path) -> None:
+    def notes(values: dict[str, Any] | None = None) -> str:
+        args = ["-f", _values_file(tmp_path, values)] if values else []
+        return _run([*helm, "install", RELEASE, str(CHART), "--namespace", NS, "--dry-run=client", *args]).stdout
+
+    assert 'WARNING: image.repository is "node-workload-summary", a name no registry serves' in notes()
+    assert "set image.repository" in notes()
+    assert "WARNING" not in notes({"image": {"repository": "registry.example.com/nws"}})
