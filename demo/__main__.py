@@ -4,12 +4,15 @@ and Prometheus with the alert rules.
 
     python -m demo            # until Ctrl-C
     python -m demo --duration 60 --nodes-per-pool 2
+    python -m demo --pods     # the service as the chart's pods on a real node (root; builds the image)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -18,11 +21,15 @@ from pathlib import Path
 import yaml
 
 from alerts.rules import Thresholds, rules_file
-from localkube.build import BuildError, ensure_binaries
+from deploy.image import ImageError, find_engine
+from deploy.image import build as build_image
+from deploy.image import version as package_version
+from localkube.build import HELM, NODE_COMPONENTS, PROMETHEUS_OPERATOR, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from localkube.controllers import BUILD, JOBSET_PROJECT, LWS_PROJECT, Controller
+from localkube.node import NODE_ADDRESS, POD_PLACEMENT, NodeError, RealNode
 from localkube.prometheus import Prometheus
-from localkube.service import Service, wait_for
+from localkube.service import Service, metrics_reader_token, wait_for
 
 from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain, workload_summarizer
 
@@ -52,11 +59,51 @@ def populate(cluster: LocalCluster, per_pool: int) -> None:
     leaderworkerset_chain(cluster, NS, "llm", workers=max(1, per_pool - 1))
 
 
+class Pods:
+    """The service as the chart's two pods on a real node: the image built from the Dockerfile,
+    `helm install`, and Prometheus scraping the pods over HTTPS with a reader's token."""
+
+    def __init__(self, cluster: LocalCluster) -> None:
+        self.cluster = cluster
+        self.node: RealNode | None = None
+        self.token_file = cluster.workdir / "reader.token"
+
+    def start(self) -> list[str]:
+        """Returns the pods' metrics addresses."""
+        tag = f"localhost/node-workload-summary:{package_version()}"
+        engine = find_engine(None)
+        build_image(tag, None, engine)
+        archive = self.cluster.workdir / "image.oci.tar"
+        engine.run("save", "--format", "oci-archive", "--output", str(archive), tag)
+        self.node = RealNode(self.cluster).start()
+        self.node.load_image(archive)
+        values = self.cluster.workdir / "values.yaml"
+        values.write_text(json.dumps({"image": {"repository": tag.split(":")[0], "pullPolicy": "Never"},
+                                      **POD_PLACEMENT}))
+        helm = ensure_binaries((HELM,))["helm"]
+        subprocess.run([str(helm), "install", "node-workload-summary", str(ROOT / "charts/node-workload-summary"),
+                        "--namespace", "node-workload-summary", "--create-namespace", "-f", str(values), "--wait",
+                        "--timeout", "180s"], check=True, capture_output=True,
+                       env={"KUBECONFIG": str(self.cluster.kubeconfig), "HOME": str(self.cluster.workdir),
+                            "PATH": "/usr/bin:/bin"})
+        self.token_file.write_text(metrics_reader_token(self.cluster))
+        ips = self.cluster.kubectl("get", "pods", "-n", "node-workload-summary", "-o",
+                                   "jsonpath={.items[*].status.podIP}").stdout.split()
+        return [f"{ip}:8080" for ip in ips]
+
+    def stop(self) -> None:
+        if self.node is not None:
+            self.node.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m demo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes-per-pool", type=int, default=4, help="KWOK nodes in each of cpu, gpu, tpu")
     parser.add_argument("--duration", type=float, default=0, help="stop after this many seconds (0: at Ctrl-C)")
+    parser.add_argument("--pods", action="store_true",
+                        help="run the service as the chart's pods on a real node (containerd, the kubelet; needs root "
+                             "and podman: make node-tools), from the image built from the Dockerfile")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -64,12 +111,15 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     set_parent_death_signal(signal.SIGTERM)  # if whatever started us dies, shut down as on Ctrl-C
     started = time.monotonic()
-    cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True))
-    service = prometheus = None
+    cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True,
+                                   node_address=NODE_ADDRESS if args.pods else None))
+    service = prometheus = pods = None
     try:
         say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
         ensure_binaries(BUILD)
+        if args.pods:
+            ensure_binaries((*NODE_COMPONENTS, HELM, PROMETHEUS_OPERATOR))
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")
         cluster.start()
         cluster.install_crds(ROOT / "crds")
@@ -79,19 +129,30 @@ def main(argv: list[str] | None = None) -> int:
         cluster.kubectl("apply", "-f", str(ROOT / "examples"))
         say(f"creating {3 * args.nodes_per_pool} KWOK nodes in pools cpu, gpu, tpu and the example workloads ...")
         populate(cluster, args.nodes_per_pool)
-        say("starting node-workload-summary (exporter + reconciler) ...")
-        service = Service(cluster).start()
-        say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
         rules = cluster.workdir / "rules.yaml"
         fast = Thresholds(not_ready_for="30s", down_for="30s", unhealthy_for="30s", disrupting_for="30s")
         rules.write_text(yaml.safe_dump(rules_file(fast)))
-        prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
-                                interval="5s").start()
+        if args.pods:
+            say("building the image, starting a real node and installing the chart (two pods) ...")
+            pods = Pods(cluster)
+            targets = pods.start()
+            metrics = (f"curl -sk -H \"Authorization: Bearer $(cat {pods.token_file})\" "
+                       f"https://{targets[0]}/metrics")
+            say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
+            prometheus = Prometheus(cluster.workdir / "prometheus", targets, [rules], interval="5s", scheme="https",
+                                    bearer_token_file=pods.token_file, insecure_skip_verify=True).start()
+        else:
+            say("starting node-workload-summary (exporter + reconciler) ...")
+            service = Service(cluster).start()
+            metrics = f"curl -s http://127.0.0.1:{service.port}/metrics"
+            say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
+            prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
+                                    interval="5s").start()
         wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers").stdout.splitlines()) >= 4,
                  timeout=90)
-    except (ClusterError, BuildError, AssertionError) as err:
+    except (ClusterError, BuildError, AssertionError, NodeError, ImageError, subprocess.CalledProcessError) as err:
         say(f"error: {err}")
-        for part in (prometheus, service):
+        for part in (prometheus, service, pods):
             if part is not None:
                 part.stop()
         cluster.stop()
@@ -111,7 +172,7 @@ Look around:
   kubectl get nodesummaries -o wide
   kubectl get workloads.ux -A -o wide          (`kubectl get workloads` where Kueue is not installed)
   kubectl get nodesummarizers,workloadsummarizers -o wide
-  curl -s http://127.0.0.1:{service.port}/metrics | grep ^nws_nodegroup
+  {metrics} | grep ^nws_nodegroup
   Prometheus: {prometheus.url}/alerts
 
 Make the gpu pool NotReady (KWOK's chaos stage) and watch NodeGroupNotReady fire in about a minute:
@@ -122,7 +183,7 @@ Taint the tpu pool as Karpenter does before it removes nodes, and watch the work
 (UNHEALTHY: pods on nodes that are not Ready; here Disrupting):
   {kubectl} taint nodes -l {POOL_LABEL}=tpu karpenter.sh/disrupted:NoSchedule
   {kubectl} get workloads.ux -A -o wide
-  curl -s http://127.0.0.1:{service.port}/metrics | grep ^nws_workload_pods_by_node_state
+  {metrics} | grep ^nws_workload_pods_by_node_state
 
 Press Ctrl-C to stop everything.""", flush=True)
     try:
@@ -131,8 +192,9 @@ Press Ctrl-C to stop everything.""", flush=True)
                 break
     finally:
         say("stopping ...")
-        prometheus.stop()
-        service.stop()
+        for part in (prometheus, service, pods):
+            if part is not None:
+                part.stop()
         cluster.stop()
     return 0
 

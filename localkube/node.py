@@ -39,6 +39,12 @@ SERVICE_CIDR = "10.0.0.0/24"  # the control plane's --service-cluster-ip-range
 BRIDGE = "nws0"
 CHAIN = "NWS-NODE"
 PAUSE_IMAGE = "localhost/localkube/pause:3.10"
+# The real node's label and taint: only pods that ask for it (a nodeSelector and a toleration) run
+# there; the rest stay on KWOK nodes, where any image "runs".
+NODE_LABEL = "localkube.local/real-node"
+NODE_TAINT = f"{NODE_LABEL}=true:NoSchedule"
+POD_PLACEMENT = {"nodeSelector": {NODE_LABEL: "true"},
+                 "tolerations": [{"key": NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}]}
 LOCK = Path("/run/localkube-node.lock")
 SHIM_SOCKETS = Path("/run/localkube-node")  # containerd wants this at most 42 characters long
 # Written by the kubelet (pod log links) and the CNI plugins (results) wherever they are configured.
@@ -339,7 +345,8 @@ class RealNode:
             str(self.binaries["kubelet"]), f"--config={self.dir / 'etc/kubelet/config.yaml'}",
             f"--kubeconfig={self.kubelet_kubeconfig}", f"--root-dir={self._path('var/lib/kubelet')}",
             f"--cert-dir={self._path('var/lib/kubelet/pki')}", f"--hostname-override={self.name}",
-            f"--node-ip={NODE_ADDRESS}", "--node-labels=localkube.local/real-node=true", "--v=2"])
+            f"--node-ip={NODE_ADDRESS}", f"--node-labels={NODE_LABEL}=true", f"--register-with-taints={NODE_TAINT}",
+            "--v=2"])
         self._spawn("kube-proxy", [str(self.binaries["kube-proxy"]),
                                    f"--config={self.dir / 'etc/kube-proxy/config.yaml'}", "--v=2"])
 

@@ -17,7 +17,8 @@ class Prometheus:
     def __init__(self, workdir: Path, targets: list[str], rule_files: list[Path], interval: str = "1s",
                  job: str = "node-workload-summary", target_labels: dict[str, dict[str, str]] | None = None,
                  honor_labels: bool = False, scheme: str = "http", ca_file: Path | None = None,
-                 bearer_token_file: Path | None = None, extra_jobs: list[dict] | None = None) -> None:
+                 bearer_token_file: Path | None = None, extra_jobs: list[dict] | None = None,
+                 insecure_skip_verify: bool = False) -> None:
         self.workdir = workdir
         self.targets = targets
         # Extra labels per target address, as service discovery would add them (pod, namespace, ...).
@@ -27,6 +28,7 @@ class Prometheus:
         self.scheme = scheme
         self.ca_file = ca_file
         self.bearer_token_file = bearer_token_file
+        self.insecure_skip_verify = insecure_skip_verify  # a self-signed certificate per pod
         self.rule_files = rule_files
         # More scrape_configs entries, as written in prometheus.yml (another exporter beside ours).
         self.extra_jobs = extra_jobs or []
@@ -50,6 +52,8 @@ class Prometheus:
         }
         if self.ca_file is not None:
             job["tls_config"] = {"ca_file": str(self.ca_file)}
+        elif self.insecure_skip_verify:
+            job["tls_config"] = {"insecure_skip_verify": True}
         if self.bearer_token_file is not None:
             job["authorization"] = {"type": "Bearer", "credentials_file": str(self.bearer_token_file)}
         config = {

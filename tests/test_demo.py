@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from localkube.build import ensure_binaries
 from localkube.controllers import BUILD
 from localkube.service import wait_for
@@ -70,3 +72,16 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+
+
+@pytest.mark.node
+def test_demo_with_pods_runs_the_chart_on_a_real_node(binaries: dict[str, Path]) -> None:
+    """`python -m demo --pods`: the service as the chart's two pods, scraped by Prometheus over HTTPS."""
+    ensure_binaries(BUILD)
+    proc = subprocess.run([sys.executable, "-m", "demo", "--pods", "--nodes-per-pool", "1", "--duration", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # The chart's Deployment is a workload too: its two pods ran.
+    assert re.search(r"^node-workload-summary\s+node-workload-summary\s+2\s+deploy\b", proc.stdout, re.M), proc.stdout
+    assert "curl -sk -H \"Authorization: Bearer" in proc.stdout and "https://10.88.0." in proc.stdout
+    assert not _processes_mentioning("/node/etc/containerd/config.toml")  # the node is gone

@@ -27,7 +27,7 @@ import yaml
 from deploy.image import revision, version
 from localkube.build import PROMETHEUS, PROMETHEUS_OPERATOR, ensure_binaries, prometheus_release
 from localkube.cluster import LocalCluster, Options, Process, free_port
-from localkube.node import NODE_ADDRESS, RealNode
+from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
 from localkube.service import wait_for
 from tests.conftest import CRDS, ROOT
 
@@ -106,7 +106,7 @@ def release(kube: LocalCluster, node: RealNode, helm: list[str], tmp_path_factor
     values = tmp_path_factory.mktemp("values") / "values.yaml"
     values.write_text(json.dumps({
         "image": {"repository": IMAGE, "tag": TAG, "pullPolicy": "Never"},
-        "nodeSelector": {"localkube.local/real-node": "true"},
+        **POD_PLACEMENT,
         "nodeSummarizers": {"pool": {"labelKey": POOL}},
         "serviceMonitor": {"enabled": True, "interval": SCRAPE},
         "prometheusRule": {"enabled": True},
@@ -302,7 +302,7 @@ def prometheus(kube: LocalCluster, node: RealNode, release: str) -> str:
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "prometheus-config", "namespace": "monitoring"},
          "data": {"prometheus.yaml": yaml.safe_dump(config)}},
         {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "prometheus", "namespace": "monitoring"},
-         "spec": {"serviceAccountName": "prometheus", "nodeSelector": {"localkube.local/real-node": "true"},
+         "spec": {"serviceAccountName": "prometheus", **POD_PLACEMENT,
                   "containers": [{
                       "name": "prometheus", "image": PROMETHEUS_IMAGE, "imagePullPolicy": "Never",
                       "args": ["--config.file=/etc/prometheus/config/prometheus.yaml",
