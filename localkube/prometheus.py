@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from .cluster import ClusterError, Process, _wait, free_port
+from .build import PROMETHEUS_OPERATOR, ensure_binaries
+from .cluster import ClusterError, LocalCluster, Process, _wait, free_port
 
 
 class Prometheus:
@@ -94,3 +95,20 @@ class Prometheus:
 
     def query(self, expr: str) -> list[dict]:
         return self.api("/api/v1/query?query=" + urllib.request.quote(expr))["result"]
+
+
+def start_operator(cluster: LocalCluster) -> Process:
+    """The Prometheus Operator (built from its pinned module on first use) against ``cluster``,
+    with the cluster's admin client certificate; stop() the returned process."""
+    binary = ensure_binaries((PROMETHEUS_OPERATOR,))["operator"]
+    config = json.loads(cluster.kubeconfig.read_text())
+    # The operator reads a kubeconfig only from $KUBECONFIG; its flags need no environment.
+    proc = Process("prometheus-operator", [
+        str(binary), f"--apiserver={cluster.server}",
+        f"--ca-file={config['clusters'][0]['cluster']['certificate-authority']}",
+        f"--cert-file={config['users'][0]['user']['client-certificate']}",
+        f"--key-file={config['users'][0]['user']['client-key']}",
+        f"--web.listen-address=127.0.0.1:{free_port()}",
+    ], cluster.workdir / "logs")
+    proc.start()
+    return proc

@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
-from localkube.cluster import LocalCluster, Options, Process, free_port
+from localkube.cluster import LocalCluster, Options
+from localkube.prometheus import start_operator
 from localkube.service import wait_for
 from tests.conftest import ROOT
 
@@ -40,16 +41,7 @@ def generated(binaries: dict[str, Path]) -> Iterator[tuple[dict, dict[str, str]]
         kube.kubectl("apply", "-k", str(WITH_MONITORING))
         kube.kubectl("create", "namespace", "monitoring")
         kube.kubectl("apply", "-f", "-", input=json.dumps(PROMETHEUS))
-        config = json.loads(kube.kubeconfig.read_text())
-        # The operator reads a kubeconfig only from $KUBECONFIG; its flags need no environment.
-        proc = Process("prometheus-operator", [
-            str(operator["operator"]), f"--apiserver={kube.server}",
-            f"--ca-file={config['clusters'][0]['cluster']['certificate-authority']}",
-            f"--cert-file={config['users'][0]['user']['client-certificate']}",
-            f"--key-file={config['users'][0]['user']['client-key']}",
-            f"--web.listen-address=127.0.0.1:{free_port()}",
-        ], kube.workdir / "logs")
-        proc.start()
+        proc = start_operator(kube)
         try:
             def secret_data() -> dict[str, str] | None:
                 out = kube.kubectl("get", "secret", "prometheus-k8s", "-n", "monitoring", "-o",

@@ -26,8 +26,9 @@ import yaml
 
 from deploy.image import revision, version
 from localkube.build import PROMETHEUS, PROMETHEUS_OPERATOR, ensure_binaries, prometheus_release
-from localkube.cluster import LocalCluster, Options, Process, free_port
+from localkube.cluster import LocalCluster, Options
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
+from localkube.prometheus import start_operator
 from localkube.service import wait_for
 from tests.conftest import CRDS, ROOT
 
@@ -230,20 +231,11 @@ def test_deleted_leader_ends_within_its_grace_and_the_other_pod_leads(kube: Loca
 def _operator_config(kube: LocalCluster) -> bytes:
     """The Prometheus Operator, built from its pinned module, reconciles the chart's ServiceMonitor
     and PrometheusRule for PROMETHEUS_CR; returns the prometheus.yaml it generated."""
-    operator = ensure_binaries((PROMETHEUS_OPERATOR,))
     kube.kubectl("create", "namespace", "monitoring")
     # The operator writes the configuration that this version of Prometheus reads.
     spec = {**PROMETHEUS_CR["spec"], "version": prometheus_release(PROMETHEUS.version)}
     kube.kubectl("apply", "-f", "-", input=json.dumps({**PROMETHEUS_CR, "spec": spec}))
-    config = json.loads(kube.kubeconfig.read_text())
-    proc = Process("prometheus-operator", [
-        str(operator["operator"]), f"--apiserver={kube.server}",
-        f"--ca-file={config['clusters'][0]['cluster']['certificate-authority']}",
-        f"--cert-file={config['users'][0]['user']['client-certificate']}",
-        f"--key-file={config['users'][0]['user']['client-key']}",
-        f"--web.listen-address=127.0.0.1:{free_port()}",
-    ], kube.workdir / "logs")
-    proc.start()
+    proc = start_operator(kube)
     try:
         def generated() -> str:
             out = kube.kubectl("get", "secret", "prometheus-k8s", "-n", "monitoring", "-o",
