@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import pki
@@ -319,6 +320,7 @@ class RealNode:
     def _spawn(self, name: str, argv: list[str]) -> Process:
         proc = Process(name, argv, self.cluster.workdir / "logs")
         self.processes[name] = proc
+        # Process inherits this process's environment: the node's PATH for the moment it starts.
         env = self.env
         saved, os.environ["PATH"] = os.environ.get("PATH", ""), env["PATH"]
         try:
@@ -350,7 +352,7 @@ class RealNode:
         self._spawn("kube-proxy", [str(self.binaries["kube-proxy"]),
                                    f"--config={self.dir / 'etc/kube-proxy/config.yaml'}", "--v=2"])
 
-    def _wait(self, predicate, timeout: float, what: str, *watched: str) -> None:  # type: ignore[no-untyped-def]
+    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str, *watched: str) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
             for name in watched:
@@ -371,7 +373,10 @@ class RealNode:
     # -- stop --------------------------------------------------------------------------------
 
     def stop(self) -> list[str]:
-        """Tear everything down; returns what could not be removed ([] when the machine is as before)."""
+        """Tear everything down; returns what could not be removed ([] when the machine is as before).
+        A node that does not hold the machine's lock (never started, or stopped) touches nothing."""
+        if self._lock is None:
+            return []
         self.cluster.kubectl("delete", "node", self.name, "--wait=false", "--request-timeout=5s", check=False)
         for name in ("kube-proxy", "kubelet"):
             if name in self.processes:
