@@ -53,11 +53,13 @@ test: binaries tools  ## lint, then run every test (unit and against the local c
 
 node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)
 	@command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v conntrack >/dev/null && \
+	  command -v iptables-legacy >/dev/null && command -v gcc >/dev/null && \
 	  command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { \
 	  echo "installing Debian's runc, containernetworking-plugins, conntrack, iptables, podman, mmdebstrap ..."; \
 	  $(SUDO) apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
-	    runc containernetworking-plugins conntrack iptables podman buildah mmdebstrap uidmap >/dev/null; }
+	    runc containernetworking-plugins conntrack iptables gcc libc6-dev podman buildah mmdebstrap uidmap \
+	    >/dev/null; }
 
 test-node: binaries tools node-tools  ## the image on a real node: helm install, probes, leader election, SIGTERM
 	$(BIN)/pytest -m node

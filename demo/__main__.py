@@ -24,7 +24,7 @@ from alerts.rules import Thresholds, rules_file
 from deploy.image import ImageError, find_engine
 from deploy.image import build as build_image
 from deploy.image import version as package_version
-from localkube.build import HELM, NODE_COMPONENTS, PROMETHEUS_OPERATOR, BuildError, ensure_binaries
+from localkube.build import HELM, NODE_COMPONENTS, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from localkube.controllers import BUILD, JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, NodeError, RealNode
@@ -71,7 +71,7 @@ class Pods:
     def start(self) -> list[str]:
         """Returns the pods' metrics addresses."""
         tag = f"localhost/node-workload-summary:{package_version()}"
-        engine = find_engine(None)
+        engine = find_engine("podman")  # the node loads an OCI archive, which podman saves
         build_image(tag, None, engine)
         archive = self.cluster.workdir / "image.oci.tar"
         engine.run("save", "--format", "oci-archive", "--output", str(archive), tag)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         ensure_binaries()
         ensure_binaries(BUILD)
         if args.pods:
-            ensure_binaries((*NODE_COMPONENTS, HELM, PROMETHEUS_OPERATOR))
+            ensure_binaries((*NODE_COMPONENTS, HELM))
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")
         cluster.start()
         cluster.install_crds(ROOT / "crds")

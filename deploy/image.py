@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import tomllib
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,10 +66,13 @@ def revision() -> str:
 
 
 def source() -> str:
-    """The repository's web address, from the origin remote ("" without one)."""
+    """The repository's web address, from the origin remote ("" without one); never its credentials."""
     url = _git("remote", "get-url", "origin")
     match = re.match(r"^(?:git@|ssh://git@)([^:/]+)[:/](.+?)(?:\.git)?$", url)
-    return f"https://{match[1]}/{match[2]}" if match else url.removesuffix(".git")
+    if match:
+        return f"https://{match[1]}/{match[2]}"
+    parts = urllib.parse.urlsplit(url)
+    return parts._replace(netloc=parts.hostname or "").geturl().removesuffix(".git") if parts.scheme else ""
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,8 @@ def build(tag: str, base: str | None, engine: Engine, release: list[str] | None 
     """``release``: docker buildx flags (--platform, --push, ...): a multi-platform build pushed
     to the registry with an SBOM and provenance, as the release workflow makes it."""
     base_ref = pinned(engine, base or DEFAULT_BASE)
+    if base_ref is None and base and engine.exists(base):
+        base_ref = base  # a local image: used as it is
     if base_ref is None:
         if base:
             raise ImageError(f"--base {base}: cannot pull it, and it is not a local image")

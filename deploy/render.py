@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import yaml
 
 from alerts.rules import prometheus_rule
 from dashboards.__main__ import render as render_dashboards
+from deploy.image import version as package_version
 from node_workload_summary import generated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,10 +28,6 @@ VERSION_LINES = (
     (f"{CHART}/Chart.yaml", r"^appVersion: .*$", 'appVersion: "{v}"  # the default image tag'),
     ("deploy/base/kustomization.yaml", r"^    newTag: .*$", '    newTag: "{v}"'),
 )
-
-
-def package_version() -> str:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
 def versioned() -> dict[str, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -49,7 +50,7 @@ def _up(args: argparse.Namespace) -> int:
                 node.load_image(Path(archive))
         for path in args.apply:
             cluster.kubectl("apply", "-f", path)
-    except (ClusterError, BuildError, NodeError) as err:
+    except (ClusterError, BuildError, NodeError, subprocess.CalledProcessError, OSError) as err:
         if node is not None:
             node.stop()
         cluster.stop()

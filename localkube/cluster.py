@@ -109,17 +109,18 @@ def leftover_processes() -> list[tuple[int, str]]:
 class Process:
     """One child process with its log file, started with the same arguments on every restart."""
 
-    def __init__(self, name: str, argv: list[str], log_dir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_dir / f"{name}.log"
+        self.env = env  # None: this process's environment
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         log = self.log_path.open("ab")
         try:
             self.popen = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                 preexec_fn=_die_with_parent,
             )
             _started[self.popen.pid] = self.argv[0]

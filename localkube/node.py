@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -87,6 +88,27 @@ def missing_host_parts() -> list[str]:
     return missing
 
 
+def _chains() -> set[tuple[str, str, str]]:
+    """(tool, table, chain) of every user-defined iptables chain (legacy backend, IPv4 and IPv6)."""
+    found = set()
+    for tool in ("iptables-legacy", "ip6tables-legacy"):
+        for table in ("filter", "nat", "mangle", "raw"):
+            for rule in _run(tool, "-t", table, "-S", check=False).stdout.splitlines():
+                if rule.startswith("-N "):
+                    found.add((tool, table, rule.split()[1]))
+    return found
+
+
+def _kubepods() -> list[Path]:
+    """The kubelet's cgroup trees (cgroupfs driver): one per controller on v1, one on v2."""
+    return [*Path("/sys/fs/cgroup").glob("*/kubepods"), *Path("/sys/fs/cgroup").glob("kubepods")]
+
+
+def _mounts_under(directory: Path) -> list[str]:
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[1].startswith(f"{directory}/")]
+
+
 def pause_image() -> Path:
     """The sandbox image, built once from the kubernetes module's own pause.c (static) with podman:
     no registry is needed. Cached as an OCI archive by Kubernetes version."""
@@ -130,6 +152,8 @@ class RealNode:
         self.dir = cluster.workdir / "node"
         self.sock = self.dir / "run/containerd/containerd.sock"
         self.processes: dict[str, Process] = {}
+        self._chains_before: set[tuple[str, str, str]] = set()
+        self._entries_before: dict[Path, set[Path] | None] = {}
         self._lock: object = None
         self._saved_sysctls: dict[str, str] = {}
 
@@ -141,6 +165,8 @@ class RealNode:
             raise NodeError("a real node needs: " + "; ".join(missing) + " (make node-tools installs them)")
         self._take_lock()
         try:
+            self._refuse_foreign_node()
+            self._snapshot()
             self._prepare()
             self._start_containerd()
             self.load_image(pause_image())
@@ -157,11 +183,26 @@ class RealNode:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
-            raise NodeError(f"another real node runs on this machine ({LOCK}: {lock.read().strip()})") from None
+            holder = lock.read().strip()
+            lock.close()
+            raise NodeError(f"another real node runs on this machine ({LOCK}: {holder})") from None
         lock.truncate(0)
         lock.write(f"pid {os.getpid()}, {self.dir}\n")
         lock.flush()
         self._lock = lock
+
+    def _refuse_foreign_node(self) -> None:
+        """Another kubelet or kube-proxy on this machine (not ours: we hold the lock) would share
+        what the teardown removes."""
+        foreign = [str(p) for p in (Path("/var/lib/kubelet"), *_kubepods()) if p.exists()]
+        foreign += ["KUBE- iptables chains"] if any(c.startswith("KUBE-") for c in _chains()) else []
+        if foreign:
+            raise NodeError(f"another kubelet or kube-proxy has state on this machine: {', '.join(foreign)}")
+
+    def _snapshot(self) -> None:
+        """What exists before the node: the teardown removes only what came after."""
+        self._chains_before = _chains()
+        self._entries_before = {d: set(d.iterdir()) if d.is_dir() else None for d in FIXED_PATHS}
 
     def _path(self, *parts: str) -> Path:
         path = self.dir.joinpath(*parts)
@@ -182,9 +223,10 @@ class RealNode:
             target = re.sub(r"^(ip6?tables)", r"\1-legacy", tool)
             (sbin / tool).unlink(missing_ok=True)
             (sbin / tool).symlink_to(f"/usr/sbin/{target}")
-        self._saved_sysctls = {k: _run("sysctl", "-n", k).stdout.strip() for k in SYSCTLS}
         if shutil.which("modprobe", path=_with_sbin(os.environ.get("PATH", ""))):  # else built in, or absent
             _run("modprobe", "br_netfilter", check=False)
+        values = {k: _run("sysctl", "-n", k, check=False).stdout.strip() for k in SYSCTLS}
+        self._saved_sysctls = {k: v for k, v in values.items() if v}
         if _run("ip", "link", "show", BRIDGE, check=False).returncode != 0:
             _run("ip", "link", "add", BRIDGE, "type", "bridge")
         _run("ip", "addr", "replace", f"{NODE_ADDRESS}/16", "dev", BRIDGE)
@@ -197,20 +239,23 @@ class RealNode:
         """Nothing outside reaches the API server (bound on every address) or the kubelet, and
         nothing from a pod, or sent by a Service toward an address that is not here, leaves."""
         port = self.cluster.server.rsplit(":", 1)[1]
-        rules = {
-            "INPUT": ["-i lo -j RETURN", f"-i {BRIDGE} -j RETURN",
-                      f"-p tcp -m multiport --dports {port},10250 -j DROP"],
-            "FORWARD": [f"-s {POD_CIDR} -d {POD_CIDR} -j RETURN", f"-s {POD_CIDR} -j DROP", f"-d {POD_CIDR} -j DROP"],
-            "OUTPUT": ["-o lo -j RETURN", f"-o {BRIDGE} -j RETURN", "-m conntrack --ctstate DNAT -j DROP"],
-        }
-        for parent, lines in rules.items():
+        closed = ["-i lo -j RETURN", f"-i {BRIDGE} -j RETURN", f"-p tcp -m multiport --dports {port},10250 -j DROP"]
+        rules = [  # (tool, built-in chain, rules); the API server's wildcard socket takes IPv6 too
+            ("iptables-legacy", "INPUT", closed),
+            ("ip6tables-legacy", "INPUT", closed),
+            ("iptables-legacy", "FORWARD", [f"-s {POD_CIDR} -d {POD_CIDR} -j RETURN", f"-s {POD_CIDR} -j DROP",
+                                            f"-d {POD_CIDR} -j DROP"]),
+            ("iptables-legacy", "OUTPUT", ["-o lo -j RETURN", f"-o {BRIDGE} -j RETURN",
+                                           "-m conntrack --ctstate DNAT -j DROP"]),
+        ]
+        for tool, parent, lines in rules:
             chain = f"{CHAIN}-{parent[:3]}"
-            _run("iptables-legacy", "-N", chain, check=False)
-            _run("iptables-legacy", "-F", chain)
+            _run(tool, "-N", chain, check=False)
+            _run(tool, "-F", chain)
             for line in lines:
-                _run("iptables-legacy", "-A", chain, *line.split())
-            if _run("iptables-legacy", "-C", parent, "-j", chain, check=False).returncode != 0:
-                _run("iptables-legacy", "-I", parent, "1", "-j", chain)
+                _run(tool, "-A", chain, *line.split())
+            if _run(tool, "-C", parent, "-j", chain, check=False).returncode != 0:
+                _run(tool, "-I", parent, "1", "-j", chain)
 
     def _write_configs(self) -> None:
         d, p = self.dir, self.cluster._pki
@@ -318,15 +363,9 @@ class RealNode:
         }))
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        proc = Process(name, argv, self.cluster.workdir / "logs")
+        proc = Process(name, argv, self.cluster.workdir / "logs", env=self.env)
         self.processes[name] = proc
-        # Process inherits this process's environment: the node's PATH for the moment it starts.
-        env = self.env
-        saved, os.environ["PATH"] = os.environ.get("PATH", ""), env["PATH"]
-        try:
-            proc.start()
-        finally:
-            os.environ["PATH"] = saved
+        proc.start()
         return proc
 
     def _start_containerd(self) -> None:
@@ -374,9 +413,30 @@ class RealNode:
 
     def stop(self) -> list[str]:
         """Tear everything down; returns what could not be removed ([] when the machine is as before).
-        A node that does not hold the machine's lock (never started, or stopped) touches nothing."""
+        A node that does not hold the machine's lock (never started, or stopped) touches nothing;
+        of the shared places (iptables chains, /var/lib/cni, ...) only what came after its start goes."""
         if self._lock is None:
             return []
+        try:
+            self._stop_processes()
+            self._unmount()
+            _run("ip", "link", "del", BRIDGE, check=False)
+            self._remove_iptables()
+            for cidr in (("-s", POD_CIDR), ("-d", POD_CIDR)):  # the pods' flows, Service ones included
+                _run("conntrack", "-D", *cidr, check=False)
+            for tree in _kubepods():
+                _run("find", str(tree), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";", check=False)
+            shutil.rmtree("/var/lib/kubelet", ignore_errors=True)  # its device-plugins directory is fixed
+            shutil.rmtree(SHIM_SOCKETS, ignore_errors=True)
+            self._remove_new_entries()
+            for key, value in self._saved_sysctls.items():
+                _run("sysctl", "-qw", f"{key}={value}", check=False)
+        finally:
+            self._lock.close()  # type: ignore[attr-defined]
+            self._lock = None
+        return self.leftovers()
+
+    def _stop_processes(self) -> None:
         self.cluster.kubectl("delete", "node", self.name, "--wait=false", "--request-timeout=5s", check=False)
         for name in ("kube-proxy", "kubelet"):
             if name in self.processes:
@@ -388,29 +448,18 @@ class RealNode:
         if "containerd" in self.processes:
             self.processes["containerd"].stop(timeout=10)
         self._kill_leftover_shims()
-        self._unmount()
-        _run("ip", "link", "del", BRIDGE, check=False)
-        self._remove_iptables()
-        for cidr in (("-s", POD_CIDR), ("-d", POD_CIDR), ("-d", SERVICE_CIDR)):
-            _run("conntrack", "-D", *cidr, check=False)
-        for controller in Path("/sys/fs/cgroup").glob("*/kubepods"):  # cgroupfs driver, v1: one tree each
-            _run("find", str(controller), "-depth", "-type", "d", "-exec", "rmdir", "{}", ";", check=False)
-        shutil.rmtree("/var/lib/kubelet", ignore_errors=True)  # its device-plugins directory is fixed
-        shutil.rmtree(SHIM_SOCKETS, ignore_errors=True)
-        for fixed in FIXED_PATHS:  # the kubelet and the CNI plugins write these whatever they are told
-            for entry in fixed.glob("*") if fixed.is_dir() else ():
+
+    def _remove_new_entries(self) -> None:
+        """What the kubelet and the CNI plugins wrote in their fixed places since the start."""
+        for fixed in FIXED_PATHS:
+            before = self._entries_before.get(fixed)
+            for entry in set(fixed.iterdir()) - (before or set()) if fixed.is_dir() else ():
                 if entry.is_symlink() or entry.is_file():
                     entry.unlink()
                 else:
                     shutil.rmtree(entry, ignore_errors=True)
-            if fixed.is_dir() and not any(fixed.iterdir()):
+            if before is None and fixed.is_dir() and not any(fixed.iterdir()):
                 fixed.rmdir()
-        for key, value in self._saved_sysctls.items():
-            _run("sysctl", "-qw", f"{key}={value}", check=False)
-        if self._lock is not None:
-            self._lock.close()  # type: ignore[attr-defined]
-            self._lock = None
-        return self.leftovers()
 
     def _kill_leftover_shims(self) -> None:
         for proc in Path("/proc").glob("[0-9]*"):
@@ -427,8 +476,7 @@ class RealNode:
 
     def _unmount(self) -> None:
         for _ in range(3):
-            mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-                      if line.split()[1].startswith(f"{self.dir}/")]
+            mounts = _mounts_under(self.dir)
             if not mounts:
                 return
             for m in sorted(mounts, reverse=True):
@@ -436,36 +484,33 @@ class RealNode:
                     _run("umount", "-l", m, check=False)
 
     def _remove_iptables(self) -> None:
+        """kube-proxy's own cleanup, then every chain that came after the start (kube-proxy's, the
+        kubelet's, the CNI plugins', the guards) and the rules that jump to them."""
         if "kube-proxy" in self.binaries:
             _run(str(self.binaries["kube-proxy"]), "--cleanup", "--v=0", check=False, env=self.env)
-        ours = re.compile(rf"-j ({CHAIN}|KUBE-|CNI-)")
-        for tool in ("iptables-legacy", "ip6tables-legacy"):
-            for table in ("filter", "nat", "mangle", "raw"):
-                listing = _run(tool, "-t", table, "-S", check=False).stdout.splitlines()
-                for rule in listing:
-                    parts = rule.split()
-                    builtin = rule.startswith("-A ") and not parts[1].startswith(("KUBE-", "CNI-", CHAIN))
-                    if builtin and ours.search(rule):
-                        _run(tool, "-t", table, "-D", *parts[1:], check=False)
-                chains = [r.split()[1] for r in listing if r.startswith("-N ") and
-                          r.split()[1].startswith(("KUBE-", "CNI-", CHAIN))]
-                for verb in ("-F", "-X"):
-                    for chain in chains:
-                        _run(tool, "-t", table, verb, chain, check=False)
+        new = _chains() - self._chains_before
+        for tool, table in {(tool, table) for tool, table, _ in new}:
+            names = {chain for t, tb, chain in new if (t, tb) == (tool, table)}
+            for rule in _run(tool, "-t", table, "-S", check=False).stdout.splitlines():
+                parts = shlex.split(rule)  # --comment "..." holds spaces
+                if parts[:1] == ["-A"] and parts[1] not in names and "-j" in parts \
+                        and parts[parts.index("-j") + 1] in names:
+                    _run(tool, "-t", table, "-D", *parts[1:], check=False)
+            for verb in ("-F", "-X"):
+                for chain in names:
+                    _run(tool, "-t", table, verb, chain, check=False)
 
     def leftovers(self) -> list[str]:
         left = []
         if _run("ip", "link", "show", BRIDGE, check=False).returncode == 0:
             left.append(f"interface {BRIDGE}")
-        rules = _run("iptables-legacy-save", check=False).stdout
-        if re.search(rf"KUBE-|CNI-|{CHAIN}", rules):
-            left.append("iptables chains")
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-                  if line.split()[1].startswith(f"{self.dir}/")]
-        left += [f"mount {m}" for m in mounts]
+        left += [f"iptables {tool} {table} {chain}" for tool, table, chain in _chains() - self._chains_before]
+        left += [f"mount {m}" for m in _mounts_under(self.dir)]
         left += [f"{n} still running" for n, p in self.processes.items() if p.running()]
-        left += [str(p) for p in (*FIXED_PATHS, SHIM_SOCKETS, Path("/var/lib/kubelet")) if p.exists()]
-        left += [str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")]
+        left += [str(p) for p in (SHIM_SOCKETS, Path("/var/lib/kubelet"), *_kubepods()) if p.exists()]
+        for fixed in FIXED_PATHS:
+            before = self._entries_before.get(fixed)
+            left += [str(e) for e in (set(fixed.iterdir()) - (before or set()) if fixed.is_dir() else ())]
         return left
 
     def __enter__(self) -> RealNode:

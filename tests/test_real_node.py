@@ -88,10 +88,13 @@ def kube(binaries: dict[str, Path], audit_log: Path) -> Iterator[LocalCluster]:
 def node(kube: LocalCluster, image: Path) -> Iterator[RealNode]:
     started = time.monotonic()
     real = RealNode(kube).start()
-    print(f"real node Ready in {time.monotonic() - started:.1f}s")
-    real.load_image(image)
-    yield real
-    assert real.stop() == [], "the node left something behind"
+    try:
+        print(f"real node Ready in {time.monotonic() - started:.1f}s")
+        real.load_image(image)
+        yield real
+    finally:
+        left = real.stop()
+    assert left == [], f"the node left something behind: {left}"
 
 
 @pytest.fixture(scope="module")

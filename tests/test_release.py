@@ -8,8 +8,10 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
+import deploy.image
 from localkube.build import ACTIONLINT, ensure_binaries
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,3 +56,15 @@ def test_one_version_license_and_changelog() -> None:
     assert "END OF TERMS AND CONDITIONS" in license_text
     changelog = (ROOT / "CHANGELOG.md").read_text()
     assert "## [Unreleased]" in changelog and f"## [{VERSION}]" in changelog
+
+
+@pytest.mark.parametrize(("origin", "label"), [
+    ("git@github.com:example/nws.git", "https://github.com/example/nws"),
+    ("https://user:secret-token@example.org/example/nws.git", "https://example.org/example/nws"),
+    ("https://example.org/example/nws", "https://example.org/example/nws"),
+    ("", ""),
+])
+def test_image_source_label_names_the_repository_never_its_credentials(monkeypatch: pytest.MonkeyPatch,
+                                                                       origin: str, label: str) -> None:
+    monkeypatch.setattr(deploy.image, "_git", lambda *args: origin)
+    assert deploy.image.source() == label
