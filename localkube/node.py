@@ -27,13 +27,11 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from . import pki
 from .build import KUBERNETES_NODE, NODE_COMPONENTS, cache_root, ensure_binaries, go_binary
-from .cluster import LocalCluster, Process
+from .cluster import LocalCluster, Process, _wait
 
 NODE_ADDRESS = "10.88.0.1"  # the bridge's address: the node's InternalIP and the API server's
 POD_CIDR = "10.88.0.0/16"
@@ -369,9 +367,9 @@ class RealNode:
         return proc
 
     def _start_containerd(self) -> None:
-        self._spawn("containerd", [str(self.binaries["containerd"]), "--config",
-                                   str(self.dir / "etc/containerd/config.toml")])
-        self._wait(lambda: self.ctr("version", check=False).returncode == 0, 30, "containerd", "containerd")
+        containerd = self._spawn("containerd", [str(self.binaries["containerd"]), "--config",
+                                                str(self.dir / "etc/containerd/config.toml")])
+        _wait("containerd", lambda: self.ctr("version", check=False).returncode == 0, 30, [containerd])
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return _run(str(self.binaries["ctr"]), "--address", str(self.sock), "-n", "k8s.io", *args, check=check)
@@ -391,23 +389,12 @@ class RealNode:
         self._spawn("kube-proxy", [str(self.binaries["kube-proxy"]),
                                    f"--config={self.dir / 'etc/kube-proxy/config.yaml'}", "--v=2"])
 
-    def _wait(self, predicate: Callable[[], bool], timeout: float, what: str, *watched: str) -> None:
-        deadline = time.monotonic() + timeout
-        while not predicate():
-            for name in watched:
-                if not self.processes[name].running():
-                    raise NodeError(f"{name} exited:\n{self.processes[name].log_tail()}")
-            if time.monotonic() > deadline:
-                tails = "\n".join(f"--- {n}\n{self.processes[n].log_tail(15)}" for n in watched)
-                raise NodeError(f"{what} not ready within {timeout:.0f}s\n{tails}")
-            time.sleep(0.2)
-
     def _wait_ready(self, timeout: float) -> None:
         def ready() -> bool:
             proc = self.cluster.kubectl("get", "node", self.name, "-o",
                                         "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False)
             return proc.stdout.strip() == "True"
-        self._wait(ready, timeout, f"node {self.name}", "containerd", "kubelet", "kube-proxy")
+        _wait(f"node {self.name} Ready", ready, timeout, list(self.processes.values()))
 
     # -- stop --------------------------------------------------------------------------------
 
