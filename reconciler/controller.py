@@ -97,6 +97,10 @@ class ReconcilerSettings:
     concurrency: int = 8
     interval: float = 0.2  # seconds between passes over the aggregates
     summarizer_interval: float = 1.0  # seconds between evaluations of the summarizers' status
+    # Seconds a new leader waits for its relists before writing from the view it has: one stalled
+    # relist (a WatchList whose initial-events-end bookmark is slow after an API server restart)
+    # must not hold every write back; the late ones go on and their changes follow as they come.
+    refresh_timeout: float = 5.0
 
 
 @dataclass
@@ -252,18 +256,28 @@ class Reconciler:
             self._refreshing = asyncio.get_running_loop().create_task(self._refresh_view())
 
     async def _refresh_view(self) -> None:
-        """Before a new leader's first write: relist every watch. A replica may win the lease
-        while a watch connection is silently dead (a load balancer that drops flows without a
-        reset goes unnoticed until the read timeout); a fresh LIST makes its view current."""
+        """Before a new leader's first write: relist every watch, for at most ``refresh_timeout``.
+        A replica may win the lease while a watch connection is silently dead (a load balancer
+        that drops flows without a reset goes unnoticed until the read timeout); a fresh LIST
+        makes its view current. Past the bound the leader writes from the view it has, as any
+        client-go controller does, and names the watches still relisting."""
         started = time.monotonic()
         retired = self.api.renew_pool()  # the pooled connections may be as dead as the watches
+        relisting = {asyncio.ensure_future(r.relist()): r.name
+                     for r in [*self.sources.reflectors.values(), *self.reflectors]}
         try:
-            await asyncio.gather(self.sources.relist(), *(r.relist() for r in self.reflectors))
+            _, late = await asyncio.wait(relisting, timeout=self.s.refresh_timeout) if relisting else ((), ())
         finally:
+            for task in relisting:
+                task.cancel()  # only the waits: the relists themselves go on in their reflectors
             if retired is not None:
                 await retired.close()  # what still ran on it was cancelled by the relists
         self._fresh, self._resync = True, True
-        log.info("leading: every watch relisted in %.2fs; writing", time.monotonic() - started)
+        if late:
+            log.warning("leading: writing after %.2fs; still relisting: %s", time.monotonic() - started,
+                        ", ".join(sorted(relisting[t] for t in late)))
+        else:
+            log.info("leading: every watch relisted in %.2fs; writing", time.monotonic() - started)
 
     # -- loop -----------------------------------------------------------------------------------
 
