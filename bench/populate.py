@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import ApiClient, Conflict, Transient, load_connection
 from kubeindex.objects import API_VERSION
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -95,14 +95,14 @@ async def _run(tasks, concurrency: int, label: str) -> None:
 
 async def _post(api: ApiClient, path: str, body: dict) -> dict:
     for attempt in range(8):
-        status, data = await api.request("POST", path, body, timeout=120)
-        if status < 300:
-            return json.loads(data)
-        if status == 409:  # already there (a rerun)
-            status, data = await api.request("GET", f"{path}/{body['metadata']['name']}")
-            return json.loads(data)
-        await asyncio.sleep(0.2 * 2**attempt)  # 429 / 5xx under load
-    raise RuntimeError(f"POST {path} failed: {status} {data[:200]!r}")
+        try:
+            return json.loads(await api.request("POST", path, body, timeout=120))
+        except Conflict:  # already there (a rerun)
+            return json.loads(await api.request("GET", f"{path}/{body['metadata']['name']}"))
+        except Transient as err:  # 429 / 5xx under load
+            failure = err
+            await asyncio.sleep(0.2 * 2**attempt)
+    raise RuntimeError(f"POST {path} failed: {failure}")
 
 
 async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads: int,
@@ -110,12 +110,11 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
     """``nodes``, ``pods``, ``workloads`` in all; ``grow_from``: the (nodes, pods, workloads)
     already there (a cluster grown size by size): the new pods go to the new nodes and workloads."""
     first_node, first_pod, first_workload = grow_from
-    await api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": "bench"}})
-    await api.request("POST", f"/apis/{API_VERSION}/nodesummarizers", {
+    await _post(api, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+    await _post(api, f"/apis/{API_VERSION}/nodesummarizers", {
         "apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": "pool"},
         "spec": {"labelKey": POOL_LABEL}})
-    await api.request("POST", f"/apis/{API_VERSION}/workloadsummarizers", {
+    await _post(api, f"/apis/{API_VERSION}/workloadsummarizers", {
         "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
         "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
 

@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import ApiClient, ApiError, load_connection
 from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
@@ -228,9 +228,10 @@ async def _churn(api: ApiClient, pods: list[str], seconds: float, concurrency: i
             if time.monotonic() > deadline:
                 return
             phase = "Running" if (i // len(pods)) % 2 else "Pending"  # each visit flips the pod
-            await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
-                              {"status": {"phase": phase}}, content_type="application/merge-patch+json")
-            done += 1
+            with contextlib.suppress(ApiError):  # counted when done: a refused write (429) is not churn
+                await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
+                                  {"status": {"phase": phase}}, content_type="application/merge-patch+json")
+                done += 1
 
     i = 0
     while time.monotonic() < deadline:

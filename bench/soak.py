@@ -25,7 +25,7 @@ from pathlib import Path
 import prometheus_client
 
 from exporter.metrics import Renderer
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import ApiClient, ApiError, load_connection
 from kubeindex.index import _interned
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
@@ -44,15 +44,16 @@ PODS = "/api/v1/namespaces/bench/pods"
 async def _status(request) -> int:
     """The answer's status; 0 for a timeout or a lost connection (not fatal under load)."""
     try:
-        return (await request)[0]
-    except (TimeoutError, OSError):
-        return 0
+        await request
+    except ApiError as err:
+        return err.status
+    return 200
 
 
 async def soak(cluster: LocalCluster, svc: Service, args: argparse.Namespace) -> list[dict]:
     samples: list[dict] = []
     async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-        body = json.loads((await api.request("GET", "/apis/apps/v1/namespaces/bench/replicasets"))[1])
+        body = json.loads(await api.request("GET", "/apis/apps/v1/namespaces/bench/replicasets"))
         replicasets = sorted(body["items"], key=lambda r: r["metadata"]["name"])
         names = [f"{rs['metadata']['name'].rsplit('-', 1)[0]}-{p:06d}" for p, rs in
                  ((p, replicasets[p % len(replicasets)]) for p in range(args.pods))]

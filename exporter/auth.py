@@ -116,8 +116,6 @@ class Authorizer:
         return Decision(403, f"{spec['user']} may not get {self.path}")
 
     async def _create(self, path: str, api_version: str, kind: str, spec: dict) -> dict:
-        code, body = await self.api.request("POST", path, {"apiVersion": api_version, "kind": kind, "spec": spec},
-                                            timeout=REVIEW_TIMEOUT)
-        if code >= 300:
-            raise RuntimeError(f"POST {path}: HTTP {code}: {body[:200].decode(errors='replace')}")
+        body = await self.api.request("POST", path, {"apiVersion": api_version, "kind": kind, "spec": spec},
+                                      timeout=REVIEW_TIMEOUT)
         return json.loads(body)

@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,22 +28,92 @@ PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1
 PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json;q=0.9"
 
 
-class ApiError(Exception):
-    """A non-2xx answer from the API server."""
+BACKOFF_CAP = 10.0  # seconds: the longest wait after an error that should pass on its own
+SLOW_BACKOFF_CAP = 60.0  # seconds: after answers that repeat until someone acts (RBAC, a CRD), and writes
+LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}")
+
+class ApiError(Exception):
+    """A request that failed: an answer other than 2xx, or none at all (``status`` 0: the
+    connection failed, broke or stayed silent past its timeout). The subclasses say what a
+    caller may do about it; other statuses (400, 422, ...) are plain ApiErrors."""
+
+    def __init__(self, status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else f"{reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
+        self.details = details or {}  # the Status's details (causes, the object's name and kind)
 
-    @classmethod
-    def from_body(cls, status: int, body: bytes) -> ApiError:
-        try:
-            parsed = json.loads(body)
-            return cls(status, parsed.get("reason", ""), parsed.get("message", ""))
-        except (ValueError, AttributeError):
-            return cls(status, "", body[:200].decode(errors="replace"))
+    @property
+    def causes(self) -> set[str]:
+        """The reasons (StatusCause.Type) of the Status's causes."""
+        return {str(c.get("reason", "")) for c in self.details.get("causes") or [] if isinstance(c, dict)}
+
+
+class Forbidden(ApiError):
+    """401 or 403: the credentials or RBAC do not allow it (until someone changes them)."""
+
+
+class NotFound(ApiError):
+    """404: no such object, or the resource is not served (a CRD not installed)."""
+
+
+class Conflict(ApiError):
+    """409: already exists, or a precondition (resourceVersion, UID) failed."""
+
+
+class Gone(ApiError):
+    """410: the resourceVersion (or continue token) is too old, compacted away."""
+
+
+class Transient(ApiError):
+    """429, 5xx, or no answer: worth retrying as it is, after a backoff."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {401: Forbidden, 403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone,
+                                         429: Transient, 500: Transient, 502: Transient, 503: Transient,
+                                         504: Transient}
+
+
+def status_error(status: int, reason: str, message: str, details: dict[str, Any] | None = None) -> ApiError:
+    """The error of a Status with this code (an HTTP answer, or a watch's ERROR event)."""
+    return _BY_STATUS.get(status, ApiError)(status, reason, message, details)
+
+
+def body_message(body: bytes, limit: int = 300) -> str:
+    """What a person reads of an error body: a Status's message, else the start of the body."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if isinstance(parsed, dict) and parsed.get("message"):
+        return str(parsed["message"])[:limit]
+    return body[:limit].decode(errors="replace").strip()
+
+
+def error_from_body(status: int, body: bytes) -> ApiError:
+    """The typed error of a non-2xx answer with this body (a Status, or anything else)."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        parsed = {}
+    details = parsed.get("details")
+    return status_error(status, str(parsed.get("reason") or ""), body_message(body),
+                        details if isinstance(details, dict) else None)
+
+
+def transport_error(err: BaseException) -> Transient:
+    """No answer: a connection refused, reset or broken mid-stream, or silent past its timeout."""
+    if isinstance(err, TimeoutError):
+        return Transient(0, "timeout", "no data within the read timeout (connection presumed dead)")
+    return Transient(0, type(err).__name__, " ".join(str(err).split()) or type(err).__name__)
+
+
+# What an aiohttp request raises when no (complete) answer came: become Transient here.
+_TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
 
 
 @dataclass
@@ -204,53 +274,56 @@ class ApiClient:
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
                   timeout: float = 60) -> bytes:
-        async with self.session.get(
-            self.connection.host + path, params=params, headers=self._headers(accept),
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            body = await resp.read()
-            if resp.status >= 300:
-                raise ApiError.from_body(resp.status, body)
-            return body
+        return await self.request("GET", path, params=params, accept=accept, timeout=timeout)
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
-                      content_type: str = JSON, timeout: float = 30) -> tuple[int, bytes]:
-        """Any request; returns (status, body) without raising on HTTP errors."""
+                      content_type: str = JSON, timeout: float = 30, accept: str = JSON) -> bytes:
+        """Any request: the body of a 2xx answer, else the typed ApiError (Transient when no
+        answer came: aiohttp's exceptions never leave this client)."""
         data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-        headers = self._headers(JSON)
+        headers = self._headers(accept)
         if data is not None:
             headers["Content-Type"] = content_type
-        async with self.session.request(
-            method, self.connection.host + path, data=data, params=params, headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout),
-        ) as resp:
-            return resp.status, await resp.read()
+        try:
+            async with self.session.request(
+                method, self.connection.host + path, data=data, params=params, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                answer = await resp.read()
+        except _TRANSPORT as err:
+            raise transport_error(err) from err
+        if resp.status >= 300:
+            raise error_from_body(resp.status, answer)
+        return answer
 
     async def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                            connect_timeout: float = 15,
                            on_open: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
         """A watch: newline-delimited JSON. ``read_timeout`` bounds silence between reads, so a
         connection that died without closing is noticed. ``on_open`` is called once the server
-        answered 200 (an idle watch may send nothing for a minute)."""
+        answered 200 (an idle watch may send nothing for a minute). Errors as ``request``."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
-        async with self.session.get(self.connection.host + path, params=params, headers=self._headers(accept),
-                                    timeout=timeout) as resp:
-            if resp.status >= 300:
-                raise ApiError.from_body(resp.status, await resp.read())
-            if on_open is not None:
-                on_open()
-            buffer = bytearray()
-            async for chunk in resp.content.iter_any():
-                buffer += chunk
-                if b"\n" not in chunk:
-                    continue  # an event larger than one chunk: keep collecting
-                *lines, rest = bytes(buffer).split(b"\n")
-                buffer = bytearray(rest)
-                for line in lines:
-                    if line:
-                        yield line
-            if buffer.strip():
-                yield bytes(buffer)
+        try:
+            async with self.session.get(self.connection.host + path, params=params,
+                                        headers=self._headers(accept), timeout=timeout) as resp:
+                if resp.status >= 300:
+                    raise error_from_body(resp.status, await resp.read())
+                if on_open is not None:
+                    on_open()
+                buffer = bytearray()
+                async for chunk in resp.content.iter_any():
+                    buffer += chunk
+                    if b"\n" not in chunk:
+                        continue  # an event larger than one chunk: keep collecting
+                    *lines, rest = bytes(buffer).split(b"\n")
+                    buffer = bytearray(rest)
+                    for line in lines:
+                        if line:
+                            yield line
+                if buffer.strip():
+                    yield bytes(buffer)
+        except _TRANSPORT as err:
+            raise transport_error(err) from err
 
     # -- discovery ---------------------------------------------------------------------------
 
@@ -260,9 +333,7 @@ class ApiClient:
         path = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
         try:
             body = json.loads(await self.get(path, timeout=15))
-        except ApiError as err:
-            if err.status != 404:
-                raise
+        except NotFound:
             body = {"resources": []}
         group, _, version = api_version.rpartition("/")
         kinds = {
@@ -288,10 +359,8 @@ class ApiClient:
             return await self.resource_for("v1", kind)
         try:
             body = json.loads(await self.get(f"/apis/{group}", timeout=15))
-        except ApiError as err:
-            if err.status == 404:
-                return None
-            raise
+        except NotFound:
+            return None
         versions = [body.get("preferredVersion", {}).get("groupVersion")]
         versions += [v["groupVersion"] for v in body.get("versions", [])]
         for api_version in dict.fromkeys(v for v in versions if v):
@@ -301,11 +370,12 @@ class ApiClient:
         return None
 
 
-def backoff(attempt: int, base: float = 0.25, cap: float = 10.0) -> float:
+def backoff(attempt: int, base: float = 0.25, cap: float = BACKOFF_CAP) -> float:
     """The one backoff formula: ``base`` doubling per attempt, capped at ``cap``."""
     return min(cap, base * 2**attempt)
 
 
-async def sleep_jittered(attempt: int, base: float = 0.25, cap: float = 10.0) -> None:
-    """Exponential backoff with full jitter."""
-    await asyncio.sleep(random.uniform(0, backoff(attempt, base, cap)))
+async def sleep_jittered(attempt: int, base: float = 0.25, cap: float = BACKOFF_CAP,
+                         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+    """Exponential backoff with full jitter (``sleep``: a Clock's, in tests)."""
+    await sleep(random.uniform(0, backoff(attempt, base, cap)))

@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
-import aiohttp
 import msgspec
 
-from kubeindex.api import ApiClient
+from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
 from kubeindex.index import ClusterIndex, WorkloadAgg
 from kubeindex.objects import API_VERSION, group_of, key_of, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
@@ -54,7 +52,6 @@ from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 APPLY = "application/apply-patch+yaml"  # JSON is YAML
-RETRYABLE = {409, 429, 500, 502, 503, 504}
 WRITE_TIMEOUT = 10.0  # seconds: a write on a silently dead connection must not hold a worker long
 SUMMARIES = ("nodesummaries", "workloadsummaries")
 SUMMARIZERS = ("nodesummarizers", "workloadsummarizers")
@@ -146,17 +143,6 @@ def _path(plural: str, namespace: str = "", name: str = "") -> str:
     if namespace:
         base += f"/namespaces/{namespace}"
     return f"{base}/{plural}" + (f"/{name}" if name else "")
-
-
-def _namespace_terminating(status: int, body: bytes) -> bool:
-    """403 because the namespace is being deleted: expected while its workloads go away."""
-    if status != 403:
-        return False
-    try:
-        details = json.loads(body).get("details") or {}
-    except ValueError:
-        return False
-    return any(c.get("reason") == "NamespaceTerminating" for c in details.get("causes") or [])  # StatusCause.Type
 
 
 def claim_of(plural: str, obj: Summary) -> Claim | None:
@@ -433,23 +419,31 @@ class Reconciler:
         if not self.leading:
             raise Deposed
         try:
-            status, data = await self.api.request(method, path, body, params=params, content_type=content_type,
-                                                  timeout=WRITE_TIMEOUT)
-        except (aiohttp.ClientError, TimeoutError, OSError) as err:
-            self.stats.count(self.stats.errors, type(err).__name__)
-            log.warning("%s %s: %s", method, path, err)
-            raise Retry from err
-        if status < 300:
-            self.stats.count(self.stats.writes, verb)
-            return True
-        if (verb == "delete" and status in (404, 409)) or _namespace_terminating(status, data):
-            return False  # 404: already gone; 409: the UID precondition failed (replaced since)
-        if verb == "apply_status" and status == 404:
-            raise Missing
-        self.stats.count(self.stats.errors, str(status))
-        if status not in RETRYABLE:
-            log.error("%s %s: HTTP %d %s", method, path, status, _message(data))
-        raise Retry
+            await self.api.request(method, path, body, params=params, content_type=content_type,
+                                   timeout=WRITE_TIMEOUT)
+        except (NotFound, Conflict) as err:
+            if verb == "delete":
+                return False  # 404: already gone; 409: the UID precondition failed (replaced since)
+            if verb == "apply_status" and isinstance(err, NotFound):
+                raise Missing from None
+            self._failed(method, path, err)
+        except Forbidden as err:
+            if "NamespaceTerminating" in err.causes:
+                return False  # the namespace is being deleted: expected while its workloads go away
+            self._failed(method, path, err)
+        except ApiError as err:
+            self._failed(method, path, err)
+        self.stats.count(self.stats.writes, verb)
+        return True
+
+    def _failed(self, method: str, path: str, err: ApiError) -> NoReturn:
+        """Count and log a failed write, and have the queue retry it."""
+        self.stats.count(self.stats.errors, str(err.status) if err.status else err.reason)
+        if not err.status:
+            log.warning("%s %s: %s", method, path, err)  # no answer: a line each, as the transport says
+        elif not isinstance(err, (Transient, Conflict)):  # those pass on their own: counted only
+            log.error("%s %s: %s", method, path, err)
+        raise Retry from err
 
     async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:
         namespace, name = split_key(key[1])
@@ -552,9 +546,3 @@ class Reconciler:
                 self._logged.add((uid, message))
                 log.warning("%s: %s", reason, message)
 
-
-def _message(body: bytes) -> str:
-    try:
-        return str(json.loads(body).get("message", ""))
-    except ValueError:
-        return body[:300].decode(errors="replace")

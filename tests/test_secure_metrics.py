@@ -27,6 +27,7 @@ from alerts.rules import Thresholds, rules_file
 from demo.workloads import node_summarizer
 from exporter.auth import Authorizer
 from exporter.tls import CertFiles, server_context
+from kubeindex.api import error_from_body
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
@@ -195,17 +196,17 @@ class FakeApi:
         self.calls: dict[str, int] = {"tokenreviews": 0, "subjectaccessreviews": 0}
         self.fail = False
 
-    async def request(self, method: str, path: str, body: dict, timeout: float) -> tuple[int, bytes]:
+    async def request(self, method: str, path: str, body: dict, timeout: float) -> bytes:
         resource = path.rsplit("/", 1)[1]
         self.calls[resource] += 1
         await asyncio.sleep(0.05)
         if self.fail:
-            return 500, b"etcd is down"
+            raise error_from_body(500, b"etcd is down")
         if resource == "tokenreviews":
             name = body["spec"]["token"].removeprefix("user-")
             ok = body["spec"]["token"].startswith("user-")
-            return 201, json.dumps({"status": {"authenticated": ok, "user": {"username": name}}}).encode()
-        return 201, json.dumps({"status": {"allowed": body["spec"]["user"] == "alice"}}).encode()
+            return json.dumps({"status": {"authenticated": ok, "user": {"username": name}}}).encode()
+        return json.dumps({"status": {"allowed": body["spec"]["user"] == "alice"}}).encode()
 
 
 def _authorizer(api: FakeApi, ttl: float = 60, size: int = 10) -> Authorizer:

@@ -1,0 +1,34 @@
+"""One policy for repeating problems in the log: say a problem when it appears (or its reason
+changes), then at most every LOG_EVERY seconds while it persists, and say when it is over."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .api import LOG_EVERY
+
+
+class ThrottledLog:
+    def __init__(self, logger: logging.Logger, every: float = LOG_EVERY,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger = logger
+        self.every = every
+        self.clock = clock
+        self._said: dict[str, tuple[str, float]] = {}  # topic -> (reason, when) last logged
+
+    def __call__(self, topic: str, reason: str, level: int, message: str, *args: object, **kwargs: object) -> bool:
+        """Log ``message`` unless ``reason`` was said on ``topic`` within ``every`` seconds;
+        True when it was logged."""
+        now = self.clock()
+        last = self._said.get(topic)
+        if last is not None and last[0] == reason and now - last[1] < self.every:
+            return False
+        self._said[topic] = (reason, now)
+        self.logger.log(level, message, *args, **kwargs)  # type: ignore[arg-type]
+        return True
+
+    def clear(self, topic: str) -> bool:
+        """The problem on ``topic`` is over; True when it had been logged (worth saying so)."""
+        return self._said.pop(topic, None) is not None
