@@ -48,8 +48,11 @@ or a read timeout marks the reflector disconnected since that moment, until the 
 An idle healthy watch stays connected however long no event comes.
 
 Errors are logged when their reason first appears and then at most every ``LOG_EVERY`` seconds
-while they persist. Permanent-looking answers (401, 403, 404: RBAC, a missing CRD) are retried
-with a longer backoff cap, as access may be granted or the CRD installed later.
+while they persist (throttle.py). Permanent-looking answers (Forbidden, NotFound: RBAC, a missing
+CRD) are retried with the longer backoff cap, as access may be granted or the CRD installed later.
+
+``run`` is client-go's loop: one pass (``_sync_and_watch``: the sync when due, then the watch)
+after another; a failed pass backs off; a 410 Gone relists at once.
 """
 
 from __future__ import annotations
@@ -59,40 +62,65 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
-import aiohttp
 import msgspec
 
-from .api import JSON, PARTIAL, PARTIAL_LIST, ApiClient, ApiError, sleep_jittered
+from .api import (
+    BACKOFF_CAP,
+    JSON,
+    PARTIAL,
+    PARTIAL_LIST,
+    SLOW_BACKOFF_CAP,
+    ApiError,
+    Forbidden,
+    Gone,
+    NotFound,
+    sleep_jittered,
+    status_error,
+)
+from .clock import REAL, Clock
 from .objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_key
+from .throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PERMANENT = (401, 403, 404)  # answers that repeat until someone changes RBAC or installs a CRD
-PERMANENT_BACKOFF_CAP = 60.0  # seconds; other errors back off up to sleep_jittered's default cap
-LOG_EVERY = 300.0  # seconds between repeats of the same failure in the log
+PERMANENT = (401, 403, 404)  # the statuses of Forbidden and NotFound: repeat until someone acts
 
 
 def _explain(err: Exception) -> str:
-    if isinstance(err, ApiError) and err.status == 404:
+    if isinstance(err, NotFound):
         return "404 not found: the resource is not served (are this project's CRDs installed? kubectl apply -f crds/)"
-    if isinstance(err, ApiError) and err.status in (401, 403):
+    if isinstance(err, Forbidden):
         return f"{err.status} {err.reason}: check the credentials and RBAC ({err.message.strip()})"
-    if isinstance(err, TimeoutError):
-        return "no data within the read timeout (connection presumed dead)"
+    if isinstance(err, ApiError) and not err.status:
+        return err.message  # no answer: the transport's own words
     return f"{type(err).__name__}: {str(err).strip()}"
 
 
-class Gone(Exception):
-    """410: the resourceVersion is too old (compacted); only a relist recovers."""
+def _reason(err: Exception) -> str:
+    """The ``reason`` label of nws_watch_restarts_total for a failed request."""
+    if isinstance(err, ApiError):
+        return f"http_{err.status}" if err.status else err.reason  # "timeout", or the transport's error
+    return type(err).__name__
 
 
-class NotStreamed(Exception):
-    """The server refused a WatchList (auto mode): list instead, at once."""
+class ListWatch(Protocol):
+    """What a reflector needs of the API client (ApiClient; a scripted one in tests)."""
+
+    watch_list_refused: str
+
+    async def may_stream_lists(self) -> bool: ...
+
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = ...,
+                  timeout: float = ...) -> bytes: ...
+
+    def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                     connect_timeout: float = ..., on_open: Callable[[], None] | None = None,
+                     ) -> AsyncIterator[bytes]: ...
 
 
 InitialList = Literal["auto", "watchlist", "list", "cache"]
@@ -144,10 +172,11 @@ class WatchSettings:
 
 
 class Reflector(Generic[T]):
-    def __init__(self, api: ApiClient, name: str, path: str, item_type: type[T], handler: Handler[T],
+    def __init__(self, api: ListWatch, name: str, path: str, item_type: type[T], handler: Handler[T],
                  *, metadata_only: bool = False, settings: WatchSettings | None = None,
-                 stats: SourceStats | None = None, label_selector: str = "") -> None:
+                 stats: SourceStats | None = None, label_selector: str = "", clock: Clock = REAL) -> None:
         self.api = api
+        self.clock = clock
         self.name = name
         self.path = path
         self.handler = handler
@@ -159,15 +188,15 @@ class Reflector(Generic[T]):
         self.failed: set[str] = set()  # keys whose last handler call raised: a relist is due
         self.synced = asyncio.Event()
         self.resource_version = ""
-        self.last_error_status = 0  # HTTP status of the last failed request (0: none, or not HTTP)
+        self.last_error_status = 0  # HTTP status of the last failed request (0: none, or no answer)
         self.last_error = ""  # the server's Status message, or what went wrong
         self.connected = False  # the last request was answered (see the module docstring)
-        self.lost_at = 0.0  # time.monotonic() when the connection was lost (while not connected)
-        self._logged_reason = ""  # the failure last logged ("": none since the last contact)
-        self._logged_at = 0.0
+        self.lost_at = 0.0  # self.clock.monotonic() when the connection was lost (while not connected)
+        self._say = ThrottledLog(log, clock=clock.monotonic)
         self.lists = 0  # LISTs completed
         self._listing = False
         self._need_sync = True  # a LIST or WatchList is due
+        self._streaming = False  # the pass under way began with a WatchList
         self._initial: dict[str, str] | None = None  # key -> version seen while a WatchList's state arrives
         # Requests to hand every object to the handler again; those the pass under way serves; the
         # last one a complete pass (LIST or WatchList) served.
@@ -183,7 +212,7 @@ class Reflector(Generic[T]):
     # -- health -------------------------------------------------------------------------------
 
     def problem(self, grace: float, now: float) -> str | None:
-        """Why this resource is not in sync (None: it is). ``now`` is time.monotonic()."""
+        """Why this resource is not in sync (None: it is). ``now`` is self.clock.monotonic()."""
         if self.last_error_status in (401, 403):
             return f"forbidden ({self.last_error})"
         if self.last_error_status == 404:
@@ -196,30 +225,30 @@ class Reflector(Generic[T]):
 
     def _contact(self) -> None:
         """The API server answered a LIST or WATCH with 200."""
-        if self._logged_reason:
-            log.info("%s: API server reachable again after %.0fs", self.name, time.monotonic() - self.lost_at)
-            self._logged_reason = ""
+        if self._say.clear("failure"):
+            log.info("%s: API server reachable again after %.0fs", self.name, self.clock.monotonic() - self.lost_at)
         self.connected = True
         self.last_error_status = 0
         self.last_error = ""
 
-    def _failure(self, err: Exception, reason: str, listing: bool) -> None:
-        now = time.monotonic()
+    def _failure(self, err: Exception, listing: bool) -> float:
+        """Record and log a failed pass; the cap of the backoff before the next."""
         if self.connected or not self.lost_at:
-            self.lost_at = now
+            self.lost_at = self.clock.monotonic()
         self.connected = False
         self.last_error_status = err.status if isinstance(err, ApiError) else 0
-        self.last_error = err.message.strip() if isinstance(err, ApiError) else _explain(err)
+        self.last_error = err.message.strip() if isinstance(err, ApiError) and err.status else _explain(err)
+        reason = _reason(err)
         self.stats.restart(reason)
-        if reason == self._logged_reason and now - self._logged_at < LOG_EVERY:
-            return  # said already: retry quietly
-        self._logged_reason, self._logged_at = reason, now
         verb = "LIST" if listing else "WATCH"
-        if isinstance(err, (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError)):
-            log.warning("%s: %s %s: %s; retrying with backoff", self.name, verb, self.path, _explain(err))
-        else:
-            log.error("%s: unexpected error in %s %s; relisting after backoff", self.name, verb, self.path,
-                      exc_info=err)
+        if isinstance(err, (ApiError, msgspec.DecodeError)):
+            self._say("failure", reason, logging.WARNING, "%s: %s %s: %s; retrying with backoff", self.name, verb,
+                      self.path, _explain(err))
+        else:  # a bug: start again from a LIST
+            self._need_sync = True
+            self._say("failure", reason, logging.ERROR, "%s: unexpected error in %s %s; relisting after backoff",
+                      self.name, verb, self.path, exc_info=err)
+        return SLOW_BACKOFF_CAP if isinstance(err, (Forbidden, NotFound)) else BACKOFF_CAP
 
     # -- the loop -------------------------------------------------------------------------------
 
@@ -274,51 +303,54 @@ class Reflector(Generic[T]):
         return mode == "watchlist" or (mode == "auto" and await self.api.may_stream_lists())
 
     async def run(self) -> None:
-        attempt = 0
+        attempt = 0  # failed or short passes in a row: the backoff grows with it
         while True:
-            stream = False
             try:
-                if self._need_sync:
-                    self._relist_requested.clear()  # this sync serves any request made before it
-                    stream = await self._streams()
-                    if not stream:
-                        await self._sync_by_list()
-                started = time.monotonic()
-                if not await self._watch_unless_relist(stream):
-                    self._need_sync = True
-                    continue
-                if self._need_sync:  # a WatchList that ended before its state was complete: again
-                    log.warning("%s: WatchList of %s ended before its initial-events-end bookmark; again",
-                                self.name, self.path)
-                    self.stats.restart("incomplete")
-                elif self.failed:
-                    log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
-                    self._need_sync = True
-                if time.monotonic() - started > 1:
-                    attempt = 0  # a watch that ran its course: start the next one at once
-                else:  # closed at once: do not spin
-                    self.stats.restart("closed")
-                    await sleep_jittered(attempt)
-                    attempt += 1
+                ran_its_course = await self._sync_and_watch()
             except Gone:
                 self.stats.restart("gone")
                 log.info("%s: resourceVersion %s expired (410), relisting", self.name, self.resource_version)
+                if self._need_sync:  # the sync itself was answered 410: do not spin on it
+                    await sleep_jittered(attempt, sleep=self.clock.sleep)
+                    attempt += 1
                 self._need_sync = True
-            except NotStreamed:
-                continue  # lists at once
-            except asyncio.CancelledError:
-                raise
+                continue
             except Exception as err:
-                expected = (TimeoutError, aiohttp.ClientError, ApiError, OSError, msgspec.DecodeError)
-                reason = "timeout" if isinstance(err, TimeoutError) else type(err).__name__
-                if isinstance(err, ApiError):
-                    reason = f"http_{err.status}"
-                self._failure(err, reason, self._need_sync and not stream)
-                if not isinstance(err, expected):
-                    self._need_sync = True
-                cap = PERMANENT_BACKOFF_CAP if isinstance(err, ApiError) and err.status in PERMANENT else 10.0
-                await sleep_jittered(attempt, cap=cap)
+                cap = self._failure(err, self._need_sync and not self._streaming)
+                await sleep_jittered(attempt, cap=cap, sleep=self.clock.sleep)
                 attempt += 1
+                continue
+            if ran_its_course:
+                attempt = 0
+            else:  # closed at once: do not spin
+                self.stats.restart("closed")
+                await sleep_jittered(attempt, sleep=self.clock.sleep)
+                attempt += 1
+
+    async def _sync_and_watch(self) -> bool:
+        """One pass: the sync when due (a LIST; a WatchList is the watch itself), then the watch
+        until it ends or a relist is requested. False when it closed at once (back off)."""
+        self._streaming = False
+        if self._need_sync:
+            self._relist_requested.clear()  # this sync serves any request made before it
+            self._streaming = await self._streams()
+            if not self._streaming:
+                await self._sync_by_list()
+        started = self.clock.monotonic()
+        if not await self._watch_unless_relist(self._streaming):
+            self._need_sync = True
+            return True
+        if self._need_sync and self._streaming and self.settings.initial_list == "auto" and \
+                self.api.watch_list_refused:
+            return True  # the WatchList was refused: list at once
+        if self._need_sync:  # a WatchList that ended before its state was complete: again
+            log.warning("%s: WatchList of %s ended before its initial-events-end bookmark; again",
+                        self.name, self.path)
+            self.stats.restart("incomplete")
+        elif self.failed:
+            log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
+            self._need_sync = True
+        return self.clock.monotonic() - started > 1
 
     def _call(self, key: str, call: Callable[[Any], None], arg: Any) -> bool:
         """Run a handler call. A failure is logged with the key and counted, never raised: the
@@ -363,8 +395,8 @@ class Reflector(Generic[T]):
         while True:
             try:
                 body = await self.api.get(self.path, params, accept=accept, timeout=120)
-            except ApiError as err:
-                if err.status == 410 and "continue" in params:
+            except Gone:
+                if "continue" in params:
                     # The snapshot was compacted between two pages: a fresh paged pass (see the
                     # module docstring for why this is correct and bounded).
                     log.info("%s: continue token expired after %d objects; listing again from the first page",
@@ -445,34 +477,29 @@ class Reflector(Generic[T]):
                 if self._initial is not None and count % self.settings.yield_every == 0:
                     await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
         except ApiError as err:
-            if err.status == 410:
-                raise Gone from err
-            if stream and err.status in (400, 422):
-                self._refused(err)
-            raise
+            if not (stream and err.status in (400, 422) and self._refused(err)):
+                raise
         finally:
             self._initial = None
             self._listing = False
 
-    def _refused(self, err: ApiError) -> None:
+    def _refused(self, err: ApiError) -> bool:
         """A WatchList refused (422 Invalid, "sendInitialEvents is forbidden for watch unless the
-        WatchList feature gate is enabled"): in auto mode, list from now on with this server."""
+        WatchList feature gate is enabled"): in auto mode, list from now on with this server (True)."""
         if self.settings.initial_list != "auto":
-            return
+            return False
         if not self.api.watch_list_refused:
             self.api.watch_list_refused = err.message.strip()
             log.warning("the API server refused a WatchList (%s %s); using paged LISTs with this server",
                         err.status, self.api.watch_list_refused)
-        raise NotStreamed from err
+        return True
 
     def _handle(self, line: bytes) -> None:
         event = self._event.decode(line)
         kind = event.type
         if kind == "ERROR":
             status = self._status.decode(event.object)
-            if status.code == 410:
-                raise Gone(status.message)
-            raise ApiError(status.code, status.reason, status.message)
+            raise status_error(status.code, status.reason, status.message)
         if kind == "BOOKMARK":
             self.stats.count(kind)
             bookmark = self._bookmark.decode(event.object).metadata

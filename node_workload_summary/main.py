@@ -29,8 +29,7 @@ from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from reconciler.controller import Reconciler, ReconcilerSettings
-from reconciler.desired import identity
-from reconciler.leader import LeaderElector, LeaseSettings
+from reconciler.leader import LeaderElector, LeaseSettings, identity
 from reconciler.metrics import ReconcilerCollector
 
 from .gcfreeze import Freezer

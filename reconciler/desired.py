@@ -6,7 +6,6 @@ equal to what the API server stores and returns.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -281,7 +280,3 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
     for key in cache.keys() - seen:
         del cache[key]
     return out
-
-
-def identity() -> str:
-    return os.environ.get("POD_NAME") or os.uname().nodename

@@ -7,26 +7,29 @@
   first change goes out at once, a flapping object costs one write per debounce period).
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
+
+Time comes from an injectable ``Clock`` (kubeindex/clock.py): tests step a fake one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
-import time
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from kubeindex.api import backoff
+from kubeindex.api import SLOW_BACKOFF_CAP, backoff
+from kubeindex.clock import REAL, Clock
 
 K = TypeVar("K", bound=Hashable)
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, debounce: float = 1.0, base_delay: float = 0.2, max_delay: float = 60.0) -> None:
+    def __init__(self, debounce: float = 1.0, base_delay: float = 0.2, max_delay: float = SLOW_BACKOFF_CAP,
+                 clock: Clock = REAL) -> None:
         self.debounce = debounce
+        self.clock = clock
         self.base_delay, self.max_delay = base_delay, max_delay
         self._queue: deque[K] = deque()
         self._dirty: set[K] = set()  # queued or to be queued again after processing
@@ -45,7 +48,7 @@ class WorkQueue(Generic[K]):
         written = self._done_at.get(key)
         if written is not None:
             ready = written + self.debounce
-            if time.monotonic() < ready:
+            if self.clock.monotonic() < ready:
                 self._add_at(key, ready)
                 return
             del self._done_at[key]
@@ -60,7 +63,7 @@ class WorkQueue(Generic[K]):
         """Again after an error, with backoff: base * 2^failures, capped."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
-        self._add_at(key, time.monotonic() + backoff(failures, self.base_delay, self.max_delay))
+        self._add_at(key, self.clock.monotonic() + backoff(failures, self.base_delay, self.max_delay))
 
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)
@@ -68,7 +71,7 @@ class WorkQueue(Generic[K]):
     def wrote(self, key: K) -> None:
         """Mark a write of ``key`` now: later adds wait for the debounce."""
         if self.debounce > 0:
-            self._done_at[key] = time.monotonic()
+            self._done_at[key] = self.clock.monotonic()
 
     def done(self, key: K) -> None:
         self._processing.discard(key)
@@ -93,9 +96,7 @@ class WorkQueue(Generic[K]):
                 self._processing.add(key)
                 return key
             self._wake.clear()
-            timeout = self._waiting[0][0] - time.monotonic() if self._waiting else None
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+            await self._wait(self._waiting[0][0] - self.clock.monotonic() if self._waiting else None)
 
     def _add_at(self, key: K, when: float) -> None:
         if self._waiting_at.get(key, float("inf")) <= when:
@@ -106,7 +107,7 @@ class WorkQueue(Generic[K]):
         self._wake.set()
 
     def _promote_waiting(self) -> None:
-        now = time.monotonic()
+        now = self.clock.monotonic()
         while self._waiting and self._waiting[0][0] <= now:
             when, _, key = heapq.heappop(self._waiting)
             if self._waiting_at.get(key) != when:
@@ -119,3 +120,13 @@ class WorkQueue(Generic[K]):
         if len(self._done_at) > 1024:  # drop debounce marks that no longer delay anything
             horizon = now - self.debounce
             self._done_at = {k: t for k, t in self._done_at.items() if t > horizon}
+
+    async def _wait(self, timeout: float | None) -> None:
+        """Until something is added, or ``timeout`` seconds pass on the clock (None: no bound)."""
+        wake = asyncio.ensure_future(self._wake.wait())
+        tasks = {wake} if timeout is None else {wake, asyncio.ensure_future(self.clock.sleep(max(timeout, 0)))}
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()

@@ -1,0 +1,155 @@
+"""Leader election on a fake clock, against a Lease kept in memory with the API server's
+resourceVersion rule (an update with a stale resourceVersion is a 409). Two electors with the
+real client are tested against a real API server in test_reconciler.py and test_neighbours.py."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+
+from kubeindex.api import Conflict, NotFound, Transient
+from reconciler.leader import LeaderElector, LeaseSettings
+from tests.clock import FakeClock
+
+PATH = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+
+
+class LeaseStore:
+    """One namespace's Leases, as the API server keeps them (create, get, update with a
+    resourceVersion precondition); ``down`` makes every request fail as a dead connection would."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict] = {}
+        self.version = 0
+        self.down = False
+
+    async def request(self, method: str, path: str, body: object = None, timeout: float = 30) -> bytes:
+        if self.down:
+            raise Transient(0, "ClientConnectorError", "connection refused")
+        name = path.removeprefix(PATH).strip("/")
+        if method == "GET":
+            if name not in self.leases:
+                raise NotFound(404, "NotFound", f'leases "{name}" not found')
+            return json.dumps(self.leases[name]).encode()
+        lease = copy.deepcopy(body)
+        assert isinstance(lease, dict)
+        name = lease["metadata"]["name"]
+        if method == "POST" and name in self.leases:
+            raise Conflict(409, "AlreadyExists", f'leases "{name}" already exists')
+        current = self.leases.get(name, {}).get("metadata", {}).get("resourceVersion")
+        if method == "PUT" and lease["metadata"].get("resourceVersion") != current:
+            raise Conflict(409, "Conflict", "the object has been modified")
+        self.version += 1
+        lease["metadata"]["resourceVersion"] = str(self.version)
+        self.leases[name] = lease
+        return json.dumps(lease).encode()
+
+    def holder(self) -> str | None:
+        return self.leases["node-workload-summary"]["spec"].get("holderIdentity")
+
+
+def elector(store: LeaseStore, clock: FakeClock, identity: str, changes: list[bool] | None = None) -> LeaderElector:
+    settings = LeaseSettings("default", identity=identity, lease_duration=15, renew_deadline=10, retry_period=2)
+    e = LeaderElector(store, settings, clock=clock)  # type: ignore[arg-type]
+    if changes is not None:
+        e.on_change(changes.append)
+    return e
+
+
+def test_the_first_candidate_takes_a_free_lease_and_renews_it() -> None:
+    async def main() -> None:
+        store, clock, changes = LeaseStore(), FakeClock(), []
+        a = elector(store, clock, "a", changes)
+        await a._step()
+        assert a.is_leader and store.holder() == "a" and changes == [True]
+        transitions = store.leases["node-workload-summary"]["spec"]["leaseTransitions"]
+        await clock.advance(2)
+        await a._step()
+        assert a.is_leader and changes == [True]  # renewed: no new transition
+        assert store.leases["node-workload-summary"]["spec"]["leaseTransitions"] == transitions
+
+    asyncio.run(main())
+
+
+def test_a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() -> None:
+    async def main() -> list[tuple[float, bool]]:
+        store, clock, changes = LeaseStore(), FakeClock(), []
+        a = elector(store, clock, "a", changes)
+        await a._step()
+        store.down = True
+        seen = []
+        for _ in range(6):
+            await clock.advance(2)
+            await a._step()
+            seen.append((clock.now - 1000, a.is_leader))
+        assert "connection refused" in a.last_error
+        assert changes == [True, False]
+        return seen
+
+    assert asyncio.run(main()) == [(2, True), (4, True), (6, True), (8, True), (10, False), (12, False)]
+
+
+def test_a_held_lease_is_taken_only_after_its_record_stood_still_for_the_lease_duration_on_our_clock() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), FakeClock()
+        a, b = elector(store, clock, "a"), elector(store, clock, "b")
+        await a._step()
+        await b._step()  # b sees a's record for the first time: its timer starts now
+        assert not b.is_leader
+        for _ in range(3):  # a renews every 2 s: the record keeps changing
+            await clock.advance(6)
+            await a._step()
+            await b._step()
+            assert not b.is_leader and a.is_leader
+        await clock.advance(15)  # a is gone: its record has stood still for 15 s on b's clock, not more
+        await b._step()
+        assert not b.is_leader
+        await clock.advance(0.5)  # more than leaseDurationSeconds since b first saw this record
+        await b._step()
+        assert b.is_leader and store.holder() == "b"
+        assert store.leases["node-workload-summary"]["spec"]["leaseTransitions"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_leader_that_sees_another_holder_in_the_record_steps_down_at_once() -> None:
+    async def main() -> None:
+        store, clock, changes = LeaseStore(), FakeClock(), []
+        a = elector(store, clock, "a", changes)
+        await a._step()
+        store.leases["node-workload-summary"]["spec"]["holderIdentity"] = "b"  # b took it (a was paused)
+        store.leases["node-workload-summary"]["metadata"]["resourceVersion"] = "99"
+        await clock.advance(2)
+        await a._step()
+        assert not a.is_leader and changes == [True, False]  # at once, not at the renew deadline
+
+    asyncio.run(main())
+
+
+def test_two_candidates_never_both_win() -> None:
+    async def main() -> None:
+        store, clock = LeaseStore(), FakeClock()
+        a, b = elector(store, clock, "a"), elector(store, clock, "b")
+        await asyncio.gather(a._step(), b._step())
+        assert [a.is_leader, b.is_leader].count(True) == 1
+
+    asyncio.run(main())
+
+
+def test_a_replica_out_of_sync_gives_the_lease_up_for_another_to_take_at_once() -> None:
+    async def main() -> None:
+        store, clock, changes = LeaseStore(), FakeClock(), []
+        a = elector(store, clock, "a", changes)
+        await a._step()
+        a.may_lead = lambda: ["pods: no contact with the API server for 61s"]
+        await clock.advance(2)
+        await a._step()
+        assert not a.is_leader and changes == [True, False]
+        assert store.holder() is None
+        assert store.leases["node-workload-summary"]["spec"]["leaseDurationSeconds"] == 1
+        b = elector(store, clock, "b")
+        await b._step()  # no holder: taken at once, without waiting out the lease
+        assert b.is_leader
+
+    asyncio.run(main())

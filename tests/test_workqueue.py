@@ -1,0 +1,102 @@
+"""The work queue's timing rules on a fake clock: debounce, backoff, forget, the earlier due time."""
+
+from __future__ import annotations
+
+import asyncio
+
+from reconciler.workqueue import WorkQueue
+from tests.clock import FakeClock, settle
+
+
+async def _due(q: WorkQueue[str], clock: FakeClock, key: str, by: float) -> float:
+    """Seconds of fake time until ``key`` is handed out (stepping 0.1 s at a time, at most ``by``)."""
+    started = clock.now
+    getter = asyncio.ensure_future(q.get())
+    await settle()
+    while not getter.done():
+        assert clock.now - started < by, f"{key} not handed out within {by} s"
+        await clock.advance(0.1)
+    assert getter.result() == key
+    q.done(key)
+    return round(clock.now - started, 6)
+
+
+def test_debounce_holds_a_rewritten_key_and_merges_its_adds() -> None:
+    async def main() -> tuple[float, float, int]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=2.0, clock=clock)
+        q.add("k")
+        first = await _due(q, clock, "k", 1)  # the first change goes out at once
+        q.wrote("k")
+        for _ in range(5):
+            q.add("k")  # a flapping object: one write after the debounce, not five
+        second = await _due(q, clock, "k", 5)
+        return first, second, len(q)
+
+    assert asyncio.run(main()) == (0, 2.0, 0)
+
+
+def test_failures_grow_the_next_delay_up_to_the_cap_and_forget_resets_it() -> None:
+    async def main() -> list[float]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=0, base_delay=0.5, max_delay=3.0, clock=clock)
+        delays = []
+        for _ in range(5):
+            q.retry("k")
+            delays.append(await _due(q, clock, "k", 10))
+        q.forget("k")
+        q.retry("k")
+        delays.append(await _due(q, clock, "k", 10))
+        return delays
+
+    assert asyncio.run(main()) == [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]
+
+
+def test_the_earlier_due_time_wins() -> None:
+    async def main() -> tuple[float, float]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=5.0, base_delay=1.0, clock=clock)
+        for key in ("a", "b"):
+            q.add(key)
+            await _due(q, clock, key, 1)
+            q.wrote(key)  # an add now waits until the debounce is over: 5 s
+        q.add("a")
+        q.retry("a")  # due in 1 s: earlier, so it wins
+        q.retry("b")
+        q.add("b")  # due in 5 s: later, so the retry's time stays
+        return await _due(q, clock, "a", 6), await _due(q, clock, "b", 6)
+
+    a, b = asyncio.run(main())
+    assert a == 1.0
+    assert b == 0  # due at the same moment as "a": handed out right after it
+
+
+def test_a_key_added_while_processed_is_queued_again_after_done() -> None:
+    async def main() -> list[str]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=0, clock=clock)
+        q.add("k")
+        key = await q.get()
+        q.add("k")  # changed while a worker has it: not handed to a second worker
+        getter = asyncio.ensure_future(q.get())
+        await settle()
+        handed = [key] + ([getter.result()] if getter.done() else [])
+        q.done("k")
+        await settle()
+        return handed + ([getter.result()] if getter.done() else [])
+
+    assert asyncio.run(main()) == ["k", "k"]
+
+
+def test_clear_drops_waiting_keys() -> None:
+    async def main() -> str:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=0, clock=clock)
+        q.add("a")
+        q.retry("b")
+        q.clear()
+        assert len(q) == 0
+        q.add("c")
+        return await q.get()
+
+    assert asyncio.run(main()) == "c"
