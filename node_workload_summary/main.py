@@ -13,7 +13,8 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import uvloop
@@ -23,7 +24,7 @@ from exporter.auth import Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, CertificateError, load_pem, self_signed_hosts, self_signed_pem, server_context
-from kubeindex.api import ApiClient, ConfigError, load_connection
+from kubeindex.api import ApiClient, ConfigError, Connection, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import WatchSettings
@@ -108,7 +109,26 @@ async def within(seconds: float, what: str, step: Awaitable[object]) -> None:
         log.warning("shutdown: %s failed: %r", what, err)
 
 
-async def serve(settings: Settings) -> None:
+@dataclass
+class Service:
+    """Everything one process runs, built and not yet started."""
+
+    settings: Settings
+    connection: Connection
+    api: ApiClient
+    lease_api: ApiClient
+    sources: Sources
+    elector: LeaderElector | None
+    reconciler: Reconciler | None
+    runner: web.AppRunner
+    probe_runner: web.AppRunner | None
+    tls: ssl.SSLContext | None
+    cert_files: CertFiles | None
+    tasks: list[asyncio.Task] = field(default_factory=list)
+
+
+def build(settings: Settings) -> Service:
+    """The components, wired: watches -> index -> exporter and reconciler. Nothing runs yet."""
     connection = load_connection(settings.kubeconfig, settings.context)
     if settings.workload_pod_labels:
         log.warning("--workload-pod-labels is deprecated: list the keys in a WorkloadSummarizer's "
@@ -120,10 +140,6 @@ async def serve(settings: Settings) -> None:
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
                           initial_list=settings.initial_list)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     api = ApiClient(connection)
     # The Lease has a pool of its own: past about 50 owner kinds the watches hold every connection
     # of the main pool, and renewals waiting for one would lose the lease.
@@ -151,53 +167,82 @@ async def serve(settings: Settings) -> None:
     runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources, authorizer, probes=not apart),
                            access_log=None)
     probe_runner = web.AppRunner(make_app(None, sources), access_log=None) if apart else None
-    tasks: list[asyncio.Task] = []
+    return Service(settings, connection, api, lease_api, sources, elector, reconciler, runner, probe_runner, tls,
+                   cert_files)
+
+
+async def start(service: Service, crashed: Callable[[asyncio.Task], None]) -> None:
+    """Listen, then start the loops (``crashed`` is called when one of them fails) and the watches."""
+    settings = service.settings
+    await service.runner.setup()
+    # Bound before anything talks to the API server: a taken port is then the one thing said.
+    site = await listen(service.runner, settings.listen_address, settings.port, service.tls)
+    probe_site = None
+    if service.probe_runner is not None and settings.probe_port is not None:
+        await service.probe_runner.setup()
+        probe_site = await listen(service.probe_runner, settings.listen_address, settings.probe_port,
+                                  flag="--probe-port")
+    log.info("%s serving on %s (API server %s; exporter %s, reconciler %s)", build_info(), site.name,
+             service.connection.host, "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
+    if probe_site is not None:
+        log.info("probes (/healthz, /readyz) on %s", probe_site.name)
+    if service.tls is not None:
+        log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s",
+                 f"certificate from {settings.metrics_cert_file}" if service.cert_files else "self-signed certificate",
+                 settings.metrics_auth_cache_ttl)
+    loops: list[tuple[str, Awaitable[None]]] = []
+    if service.cert_files is not None:
+        loops.append(("certificate reload", service.cert_files.watch()))
+    if service.elector is not None:
+        loops.append(("leader election", service.elector.run()))
+    if service.reconciler is not None:
+        loops.append(("reconciler", service.reconciler.run()))
+    # Once synced, the index's objects leave the garbage collector's full walks (gcfreeze.py).
+    loops.append(("garbage collection", Freezer().run(service.sources.ready)))
+    for name, loop in loops:
+        task = asyncio.ensure_future(loop)
+        task.set_name(name)
+        task.add_done_callback(crashed)
+        service.tasks.append(task)
+    await service.sources.start()
+
+
+async def stop(service: Service) -> None:
+    """Each step bounded, in the order that loses nothing: the lease first (a stopped elector
+    holds nothing to release), then the loops, the watches, the servers, the connections."""
+    if service.elector is not None and service.tasks:
+        await within(LEASE_RELEASE_SECONDS, "releasing the lease", service.elector.release())
+    for task in service.tasks:
+        task.cancel()
+    names = ", ".join(task.get_name() for task in service.tasks)
+    await within(STEP_SECONDS, f"stopping {names}", asyncio.gather(*service.tasks, return_exceptions=True))
+    await within(STEP_SECONDS, "stopping the watches", service.sources.stop())
+    await within(STEP_SECONDS, "stopping the HTTP server", service.runner.cleanup())
+    if service.probe_runner is not None:
+        await within(STEP_SECONDS, "stopping the probe server", service.probe_runner.cleanup())
+    await within(STEP_SECONDS, "closing API connections",
+                 asyncio.gather(service.api.close(), service.lease_api.close()))
+
+
+async def serve(settings: Settings) -> None:
+    """Build, start, run until SIGTERM/SIGINT (or a loop fails), stop."""
+    service = build(settings)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
 
     def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
         if not task.cancelled() and task.exception() is not None:
             log.error("%s failed: %r; exiting", task.get_name(), task.exception())
-            stop.set()
+            stopping.set()
 
     try:
-        await runner.setup()
-        # Bound before anything talks to the API server: a taken port is then the one thing said.
-        site = await listen(runner, settings.listen_address, settings.port, tls)
-        probe_site = None
-        if probe_runner is not None and settings.probe_port is not None:
-            await probe_runner.setup()
-            probe_site = await listen(probe_runner, settings.listen_address, settings.probe_port, flag="--probe-port")
-        log.info("%s serving on %s (API server %s; exporter %s, reconciler %s)", build_info(), site.name,
-                 connection.host, "on" if settings.exporter else "off", "on" if settings.reconciler else "off")
-        if probe_site is not None:
-            log.info("probes (/healthz, /readyz) on %s", probe_site.name)
-        if tls is not None:
-            log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s",
-                     f"certificate from {settings.metrics_cert_file}" if cert_files else "self-signed certificate",
-                     settings.metrics_auth_cache_ttl)
-        if cert_files is not None:
-            tasks.append(asyncio.create_task(cert_files.watch(), name="certificate reload"))
-        if elector is not None:
-            tasks.append(asyncio.create_task(elector.run(), name="leader election"))
-        if reconciler is not None:
-            tasks.append(asyncio.create_task(reconciler.run(), name="reconciler"))
-        # Once synced, the index's objects leave the garbage collector's full walks (gcfreeze.py).
-        tasks.append(asyncio.create_task(Freezer().run(sources.ready), name="garbage collection"))
-        for task in tasks:
-            task.add_done_callback(crashed)
-        await sources.start()
-        await stop.wait()
+        await start(service, crashed)
+        await stopping.wait()
         log.info("shutting down")
     finally:
-        if elector is not None and tasks:  # before the elector stops: a stopped elector holds nothing to release
-            await within(LEASE_RELEASE_SECONDS, "releasing the lease", elector.release())
-        for task in tasks:
-            task.cancel()
-        await within(STEP_SECONDS, "stopping the reconciler", asyncio.gather(*tasks, return_exceptions=True))
-        await within(STEP_SECONDS, "stopping the watches", sources.stop())
-        await within(STEP_SECONDS, "stopping the HTTP server", runner.cleanup())
-        if probe_runner is not None:
-            await within(STEP_SECONDS, "stopping the probe server", probe_runner.cleanup())
-        await within(STEP_SECONDS, "closing API connections", asyncio.gather(api.close(), lease_api.close()))
+        await stop(service)
 
 
 def main(argv: list[str] | None = None) -> int:

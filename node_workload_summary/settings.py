@@ -15,9 +15,13 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import TypeAliasType
 
 from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, PROBLEM_CONDITIONS
-from kubeindex.reflector import InitialList
+from kubeindex.reflector import InitialList, WatchSettings
+from reconciler.controller import ReconcilerSettings
+from reconciler.leader import LeaseSettings
 
 ENV_PREFIX = "NWS_"
+# The defaults live in the settings objects the flags feed; the flags read them from there.
+WATCH, LEASE, WRITES = WatchSettings(), LeaseSettings(namespace=""), ReconcilerSettings()
 MIN_SECONDS = 1.0
 JITTER_FACTOR = 1.2  # client-go's leader election refuses renewDeadline <= 1.2 x retryPeriod
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -87,17 +91,17 @@ class Settings(BaseSettings):
         "with allocatable below capacity for one of them is Degraded, the difference counted in "
         "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
     max_owner_depth: Count = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
-    page_size: Count = Field(500, ge=1, description="Objects per page of the initial and recovery LISTs.")
+    page_size: Count = Field(WATCH.page_size, ge=1, description="Objects per page of the initial and recovery LISTs.")
     initial_list: InitialList = Field(
-        "auto", description="How the initial state (and every relist after 410 Gone) is read: watchlist (a "
+        WATCH.initial_list, description="How the initial state (and every relist after 410 Gone) is read: watchlist (a "
         "streaming WatchList, consistent), list (paged LISTs, consistent), cache (resourceVersion=0: any age, "
         "unpaginated; for comparison only), auto (watchlist, or list with a server that refuses it).")
-    watch_timeout_min: WholeSeconds = Field(300, ge=1, description="Lower bound of the randomized watch "
+    watch_timeout_min: WholeSeconds = Field(WATCH.timeout_min, ge=1, description="Lower bound of the randomized watch "
                                             "timeoutSeconds.")
-    watch_timeout_max: WholeSeconds = Field(600, ge=1, description="Upper bound of the randomized watch "
+    watch_timeout_max: WholeSeconds = Field(WATCH.timeout_max, ge=1, description="Upper bound of the randomized watch "
                                             "timeoutSeconds (at least --watch-timeout-min).")
     read_timeout: Seconds = Field(
-        180.0, gt=0, description="Seconds without any byte on a watch before the connection is "
+        WATCH.read_timeout, gt=0, description="Seconds without any byte on a watch before the connection is "
         "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
     sync_loss_grace: Seconds = Field(
         60.0, gt=0, description="Seconds a watch may stay unable to reach the API server before /readyz "
@@ -109,18 +113,23 @@ class Settings(BaseSettings):
                                   "than one replica).")
     lease_namespace: Name | None = Field(None, description="Namespace of the Lease. Unset: the pod's own "
                                          "namespace in a cluster, else default.")
-    lease_name: Name = Field("node-workload-summary", description="Name of the Lease.")
-    lease_duration: WholeSeconds = Field(15, description="Whole seconds (at least 1) a lease lasts without "
-                                         "renewal before another replica may take it.")
-    renew_deadline: Seconds = Field(10.0, description="Seconds (at least 1, less than --lease-duration) the "
-                                    "leader keeps writing without a successful renewal.")
-    retry_period: Seconds = Field(2.0, description="Seconds (at least 1, less than --renew-deadline / 1.2) "
-                                  "between lease acquire/renew attempts.")
+    lease_name: Name = Field(LEASE.name, description="Name of the Lease.")
+    lease_duration: WholeSeconds = Field(
+        int(LEASE.lease_duration), description="Whole seconds (at least 1) a lease lasts without renewal before "
+        "another replica may take it.")
+    renew_deadline: Seconds = Field(
+        LEASE.renew_deadline, description="Seconds (at least 1, less than --lease-duration) the leader keeps "
+        "writing without a successful renewal.")
+    retry_period: Seconds = Field(
+        LEASE.retry_period, description="Seconds (at least 1, less than --renew-deadline / 1.2) between lease "
+        "acquire/renew attempts.")
     identity: Name | None = Field(None, description="This replica's name in the Lease. Unset: $POD_NAME or "
                                   "the host name.")
-    write_debounce: Seconds = Field(1.0, ge=0, description="Minimum seconds between two writes of one summary "
-                                    "object (the first change is written at once).")
-    writes_per_second: Rate = Field(50.0, gt=0, description="Global limit on API writes per second.")
+    write_debounce: Seconds = Field(
+        WRITES.debounce, ge=0, description="Minimum seconds between two writes of one summary object (the first "
+        "change is written at once).")
+    writes_per_second: Rate = Field(WRITES.writes_per_second, gt=0,
+                                    description="Global limit on API writes per second.")
     metrics_secure: bool = Field(False, description="Serve /metrics over HTTPS to callers whose bearer token "
                                  "passes a TokenReview and a SubjectAccessReview for get on /metrics (needs "
                                  "--probe-port).")
