@@ -32,9 +32,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from localkube.cluster import LocalCluster, Options, free_port, set_parent_death_signal
+from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
-from .populate import populate_cluster
+from .populate import POOL_LABEL, populate_cluster
 from .sync import _status_kb
 
 RESULTS = Path(__file__).parent / "results"
@@ -210,13 +211,11 @@ def run(args: argparse.Namespace) -> dict:
 
 def measure_ksm(cluster: LocalCluster, args: argparse.Namespace) -> dict:
     """A start of kube-state-metrics, ready at its first complete scrape."""
-    from .ksm import KubeStateMetrics, ksm_complete  # bench.ksm imports this module
-
-    ksm = KubeStateMetrics(cluster)
+    ksm = KubeStateMetrics(cluster, node_labels=(POOL_LABEL,))  # bench/ksm.py's flags
     expected = {"kube_node_info": args.nodes, "kube_pod_info": args.nodes * args.pods_per_node,
                 "kube_deployment_created": args.workloads, "kube_replicaset_created": args.workloads}
     return start_and_measure(cluster, ksm.argv, ksm.metrics_url,
-                             ready_check=lambda: ksm_complete(ksm.metrics_url, expected)[0])
+                             ready_check=lambda: ksm.complete(expected)[0])
 
 
 def summary(runs: list[dict], modes: list[str]) -> dict:

@@ -45,8 +45,9 @@ from pathlib import Path
 from alerts.replicas import CLUSTER, one
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.objects import API_PATH
-from localkube.build import KUBE_STATE_METRICS, ensure_binaries
-from localkube.cluster import LocalCluster, Options, Process, free_port
+from localkube.build import KUBE_STATE_METRICS
+from localkube.cluster import LocalCluster, Options
+from localkube.ksm import RESOURCES, KubeStateMetrics, build
 from localkube.prometheus import Prometheus
 from localkube.service import Service, parse, select, value, wait_for
 
@@ -58,7 +59,6 @@ from .sync import _status_kb
 
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-KSM_RESOURCES = "nodes,pods,deployments,replicasets,statefulsets,jobs"
 SUMMARIZER = "pool"
 # The KSM families the questions read.
 KSM_FAMILIES_READ = ("kube_node_labels", "kube_node_status_condition", "kube_pod_owner", "kube_replicaset_owner",
@@ -187,12 +187,6 @@ def count_series(text: bytes) -> int:
     return lines - comments - blanks
 
 
-def family_count(text: bytes, family: str) -> int:
-    """Series of one family (labelled) in a text exposition."""
-    needle = f"{family}{{".encode()
-    return text.count(b"\n" + needle) + text.startswith(needle)
-
-
 # ---------------------------------------------------------------------------------------------
 # Measuring
 
@@ -222,59 +216,6 @@ def scrape_cost(url: str, runs: int = 3) -> dict:
     return out
 
 
-class KubeStateMetrics:
-    """kube-state-metrics, built from its Go module, against the local control plane."""
-
-    def __init__(self, cluster: LocalCluster, resources: str = KSM_RESOURCES, pool_label: str = POOL_LABEL) -> None:
-        self.cluster = cluster
-        self.port, self.telemetry_port = free_port(), free_port()
-        binary = ensure_binaries((KUBE_STATE_METRICS,))["kube-state-metrics"]
-        self.argv = [str(binary), f"--kubeconfig={cluster.kubeconfig}", "--host=127.0.0.1",
-                     f"--port={self.port}", "--telemetry-host=127.0.0.1", f"--telemetry-port={self.telemetry_port}",
-                     f"--resources={resources}", f"--metric-labels-allowlist=nodes=[{pool_label}]",
-                     "--enable-gzip-encoding"]
-        self.process = Process(f"kube-state-metrics-{self.port}", self.argv, cluster.workdir / "logs")
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
-
-    @property
-    def readyz_url(self) -> str:
-        return f"http://127.0.0.1:{self.telemetry_port}/readyz"
-
-    @property
-    def pid(self) -> int:
-        pid = self.process.pid
-        assert pid is not None
-        return pid
-
-    def start(self) -> KubeStateMetrics:
-        self.process.start()
-        return self
-
-    def stop(self) -> None:
-        self.process.stop()
-
-
-def ksm_complete(url: str, expected: dict[str, int]) -> tuple[bool, dict[str, int]]:
-    """A scrape of KSM that shows every object: ``expected`` is {family: series}."""
-    try:
-        _, body, _ = fetch(url)
-    except OSError:
-        return False, {}
-    seen = {family: family_count(body, family) for family in expected}
-    return seen == expected, seen
-
-
-def _ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status == 200
-    except OSError:
-        return False
-
-
 def ksm_sync(ksm: KubeStateMetrics, expected: dict[str, int], timeout: float = 1800) -> dict:
     """Start KSM; the seconds to /readyz 200 (telemetry port) and to the end of its first
     complete scrape, scraping back to back."""
@@ -283,11 +224,11 @@ def ksm_sync(ksm: KubeStateMetrics, expected: dict[str, int], timeout: float = 1
     readyz = None
     seen: dict[str, int] = {}
     while time.monotonic() - started < timeout:
-        if not ksm.process.running():
-            raise RuntimeError(f"kube-state-metrics exited:\n{ksm.process.log_tail()}")
-        if readyz is None and _ok(ksm.readyz_url):
+        if not ksm.running():
+            raise RuntimeError(f"kube-state-metrics exited:\n{ksm.log_tail()}")
+        if readyz is None and ksm.ready():
             readyz = time.monotonic() - started
-        done, seen = ksm_complete(ksm.metrics_url, expected)
+        done, seen = ksm.complete(expected)
         if done:
             return {"readyz_seconds": round(readyz if readyz is not None else time.monotonic() - started, 2),
                     "complete_scrape_seconds": round(time.monotonic() - started, 2)}
@@ -446,7 +387,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
         say(f"populated in {size['populate_seconds']} s; {len(size['not_ready'])} nodes not Ready; "
             "starting the service ...")
         svc = Service(cluster)
-        ksm = KubeStateMetrics(cluster)
+        ksm = KubeStateMetrics(cluster, node_labels=(POOL_LABEL,))
         prom = None
         try:
             ours: dict = {"sync": service_sync(svc)}
@@ -667,8 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", action="store_true",
                         help="keep the other sizes already in bench/results/<out>.json (replace only those run)")
     args = parser.parse_args(argv)
-    ensure_binaries((KUBE_STATE_METRICS,))  # before any control plane: a cold build takes minutes
-    meta = {"ksm_version": KUBE_STATE_METRICS.version, "ksm_resources": KSM_RESOURCES,
+    build()  # before any control plane: a cold build takes minutes
+    meta = {"ksm_version": KUBE_STATE_METRICS.version, "ksm_resources": RESOURCES,
             "scrape_interval": args.scrape_interval, "churn_seconds": args.churn_seconds,
             "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3]}
     kept: dict[int, dict] = {}

@@ -184,8 +184,8 @@ PROMETHEUS_OPERATOR = Component(
 )
 
 
-# Not in COMPONENTS, and built by no test: only bench/ksm.py and bench/apiserver_bill.py run
-# kube-state-metrics, to measure the service beside what users run today.
+# Not in COMPONENTS, and built by no test: localkube/ksm.py runs kube-state-metrics for
+# bench/ksm.py and bench/apiserver_bill.py, to measure the service beside what users run today.
 KUBE_STATE_METRICS = Component(
     "kube-state-metrics",
     "k8s.io/kube-state-metrics/v2",

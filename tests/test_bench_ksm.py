@@ -1,6 +1,7 @@
 """bench/ksm.py's pure parts, with no kube-state-metrics build and no cluster: the PromQL of both
 sides evaluated by promtool on fixed series (one small cluster seen by two replicas of ours and
-by KSM), the row-by-row agreement check on fixed Prometheus answers, and the report."""
+by KSM), the row-by-row agreement check on fixed Prometheus answers, the report, and the count of
+a family that tells localkube/ksm.py's KSM has every object."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from bench.ksm import (
     Question,
     agreement,
     count_series,
-    family_count,
     ksm_label,
     markdown,
     not_ready_nodes,
@@ -25,6 +25,7 @@ from bench.ksm import (
     rows,
     summarise,
 )
+from localkube.ksm import family_count
 
 POOL = "label_cloud_google_com_gke_nodepool"
 
