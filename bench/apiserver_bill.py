@@ -25,7 +25,6 @@ import json
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -35,24 +34,12 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
+from .common import CRDS, RESULTS, Sampler, cpu_seconds, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
-from .sync import _status_kb
 
-RESULTS = Path(__file__).parent / "results"
-CRDS = Path(__file__).parent.parent / "crds"
 MODES = ("watchlist", "list", "cache")
 KSM = "ksm"  # not an --initial-list mode: kube-state-metrics started instead of the service
-TICKS = 100  # clock ticks per second (USER_HZ)
 READY_TIMEOUT = 600.0
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
 
 
 def written_bytes(pid: int) -> int:
@@ -95,27 +82,6 @@ def _get(url: str, cluster: LocalCluster | None = None) -> tuple[int, str]:
         return 0, str(err)
 
 
-class Sampler(threading.Thread):
-    """Peak VmRSS of some processes, every 100 ms, until stopped."""
-
-    def __init__(self, pids: dict[str, int]) -> None:
-        super().__init__(daemon=True)
-        self.pids = pids
-        self.peak = {name: 0 for name in pids}
-        self._done = threading.Event()
-
-    def run(self) -> None:
-        while not self._done.is_set():
-            for name, pid in self.pids.items():
-                self.peak[name] = max(self.peak[name], _status_kb(pid, "VmRSS"))
-            self._done.wait(0.1)
-
-    def stop(self) -> dict[str, int]:
-        self._done.set()
-        self.join()
-        return self.peak
-
-
 def settle(cluster: LocalCluster, pids: dict[str, int], least: float, idle: float = 0.05) -> None:
     """Wait at least ``least`` seconds (the Go runtime collects at least every 2 minutes; a
     shorter wait still lets the last run's garbage go), then until the control plane is idle:
@@ -135,7 +101,7 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
     is_ready = ready_check or (lambda: _get(ready_url)[0] == 200)
     pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
     assert all(pids.values())
-    base_rss = {name: _status_kb(pid, "VmRSS") for name, pid in pids.items()}  # type: ignore[arg-type]
+    base_rss = {name: status_kb(pid, "VmRSS") for name, pid in pids.items()}  # type: ignore[arg-type]
     base_cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}  # type: ignore[arg-type]
     base_counters = apiserver_counters(cluster)
     base_written = written_bytes(pids["apiserver"])  # type: ignore[arg-type]

@@ -11,15 +11,14 @@ import json
 import random
 import sys
 import time
-from pathlib import Path
 
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import Node, Pod, WorkloadType
 from kubeindex.reflector import Handler, Reflector
 
+from .common import RESULTS
 from .populate import node_manifest, node_status, pod_manifest
 
-RESULTS = Path(__file__).parent / "results"
 PHASES = ["Pending", "Running", "Running", "Running", "Succeeded"]
 
 

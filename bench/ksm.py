@@ -51,14 +51,10 @@ from localkube.ksm import RESOURCES, KubeStateMetrics, build
 from localkube.prometheus import Prometheus
 from localkube.service import Service, parse, select, value, wait_for
 
-from .apiserver_bill import cpu_seconds
+from .common import CRDS, RESULTS, cpu_seconds, say, status_kb
 from .plot import pyplot
-from .populate import POOL_LABEL, _post, _run, pod_manifest, populate
-from .scale import _churn, say
-from .sync import _status_kb
+from .populate import POOL_LABEL, churn, create, pod_manifest, populate, run_all
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 SUMMARIZER = "pool"
 # The KSM families the questions read.
 KSM_FAMILIES_READ = ("kube_node_labels", "kube_node_status_condition", "kube_pod_owner", "kube_replicaset_owner",
@@ -268,13 +264,13 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
             body = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
                     "spec": {"selector": {"matchLabels": {"app": name}}, "serviceName": name,
                              "replicas": pods_each, "template": template}}
-            owners.append(("apps/v1", kind, await _post(api, "/apis/apps/v1/namespaces/bench/statefulsets", body)))
+            owners.append(("apps/v1", kind, await create(api, "/apis/apps/v1/namespaces/bench/statefulsets", body)))
         else:
             body = {"apiVersion": "batch/v1", "kind": kind, "metadata": {"name": name},
                     "spec": {"parallelism": pods_each, "completions": pods_each, "template": template}}
-            owners.append(("batch/v1", kind, await _post(api, "/apis/batch/v1/namespaces/bench/jobs", body)))
+            owners.append(("batch/v1", kind, await create(api, "/apis/batch/v1/namespaces/bench/jobs", body)))
 
-    await _run([lambda k=k, i=i: make(k, i) for k, n in kinds.items() for i in range(n)], concurrency, "owners")
+    await run_all([lambda k=k, i=i: make(k, i) for k, n in kinds.items() for i in range(n)], concurrency, "owners")
     owners.sort(key=lambda o: o[2]["metadata"]["name"])
 
     def make_pod(p: int, owner: tuple[str, str, dict], k: int):
@@ -282,7 +278,7 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
         name = obj["metadata"]["name"]
         manifest = pod_manifest(f"{name}-{k}", f"node-{p % nodes:05d}", obj, name)
         manifest["metadata"]["ownerReferences"][0] |= {"apiVersion": version, "kind": kind}
-        return _post(api, "/api/v1/namespaces/bench/pods", manifest)
+        return create(api, "/api/v1/namespaces/bench/pods", manifest)
 
     tasks = []
     p = first_pod
@@ -290,7 +286,7 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
         for k in range(pods_each):
             tasks.append(lambda p=p, owner=owner, k=k: make_pod(p, owner, k))
             p += 1
-    await _run(tasks, concurrency, "pods of StatefulSets and Jobs")
+    await run_all(tasks, concurrency, "pods of StatefulSets and Jobs")
     return len(tasks)
 
 
@@ -380,7 +376,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
     result: dict = {k: v for k, v in size.items() if k != "not_ready"} | {"not_ready_nodes": len(size["not_ready"])}
     options = Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])
     with LocalCluster(options) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         say(f"{nodes} nodes / {pods} pods / {result['workloads']} workloads: populating ...")
         expected = setup(cluster, size)
         result["populate_seconds"] = size["populate_seconds"]
@@ -410,11 +406,11 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
             t0 = time.monotonic()
 
-            async def churn() -> int:
+            async def churn_pods() -> int:
                 async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-                    return await _churn(api, pod_names, args.churn_seconds)
+                    return await churn(api, pod_names, args.churn_seconds)
 
-            updates = asyncio.run(churn())
+            updates = asyncio.run(churn_pods())
             elapsed = time.monotonic() - t0
             for side, k in ((ours, "ours"), (theirs, "ksm")):
                 side["churn_cpu_seconds"] = round(cpu_seconds(pids[k]) - cpu0[k], 2)
@@ -431,7 +427,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             say(f"Prometheus: ours {ours['prometheus']}; kube-state-metrics {theirs['prometheus']}")
             result["questions"] = ask(prom, at, args.query_runs)
             for side, pid in ((ours, pids["ours"]), (theirs, pids["ksm"])):
-                side["peak_rss_mb"] = round(_status_kb(pid, "VmHWM") / 1024, 1)
+                side["peak_rss_mb"] = round(status_kb(pid, "VmHWM") / 1024, 1)
             result["ours"], result["ksm"] = ours, theirs
         finally:
             if prom is not None:

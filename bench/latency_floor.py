@@ -22,21 +22,15 @@ import time
 from pathlib import Path
 
 from localkube.cluster import LocalCluster, Options
-from localkube.service import Service, parse, select
+from localkube.service import Service
 
+from .common import CRDS, ROOT, clean, revision, running_from, sayer, writes
 from .populate import populate_cluster
-from .scale import _ms, clean, not_ready_latency, percentile, revision, running_from
+from .scale import _ms, not_ready_latency, percentile
 
-ROOT = Path(__file__).resolve().parent.parent
+say = sayer("floor")
+
 TRACE = Path(__file__).resolve().parent / "trace"
-
-
-def say(msg: str) -> None:
-    print(f"[floor] {msg}", file=sys.stderr, flush=True)
-
-
-def writes(svc: Service) -> float:
-    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
 
 
 def settle(svc: Service, summaries: int, quiet: float = 5, timeout: float = 900) -> float:
@@ -192,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     with LocalCluster(Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])) \
             as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         say(f"{args.nodes} nodes / {pods} pods: populating ...")
         populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, max(1, pods // 50))
         for _ in range(args.repeat):

@@ -40,7 +40,6 @@ from typing import Any
 
 import msgspec
 
-from bench.plot import pyplot
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.objects import API_PATH, Node, Pod
 from localkube.cluster import LocalCluster, Options
@@ -49,8 +48,9 @@ from localkube.service import Service, select, value
 from reconciler.names import is_dns1123_subdomain
 from tests.reference import Owner, World, recompute
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
+from .common import CRDS, RESULTS
+from .plot import pyplot
+
 NS = "bench"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
@@ -64,7 +64,8 @@ METRIC_FAMILIES = ("nws_nodegroup_nodes", "nws_nodegroup_nodes_by_condition", "n
 Expected = dict[tuple[str, ...], float]
 
 
-def say(started: float, msg: str) -> None:
+def log(started: float, msg: str) -> None:
+    """A line of the run's log, on stdout, stamped with the minutes and seconds since ``started``."""
     elapsed = int(time.monotonic() - started)
     print(f"[neighbours] {elapsed // 60:02d}:{elapsed % 60:02d} {msg}", flush=True)
 
@@ -256,7 +257,7 @@ class Bench:
                 self.deaths.append({"t": round(self.elapsed(), 1), "identity": r.identity,
                                     "code": r.svc.proc.returncode, "log": str(r.svc.log),
                                     "tail": r.svc.log_text().splitlines()[-30:]})
-                say(self.started, f"replica {r.identity} DIED with {r.svc.proc.returncode}; log {r.svc.log}")
+                log(self.started, f"replica {r.identity} DIED with {r.svc.proc.returncode}; log {r.svc.log}")
 
     # -- churn --
 
@@ -467,9 +468,9 @@ class Bench:
         self.actions.append({"t": round(self.elapsed(), 1), "kind": kind, "what": what, "action_s": round(took, 2),
                              "ok": record["ok"], "converged_s": record["converged_s"]})
         if record["ok"]:
-            say(self.started, f"{what}; converged in {record['converged_s']:.1f} s")
+            log(self.started, f"{what}; converged in {record['converged_s']:.1f} s")
         else:
-            say(self.started, f"{what}; NOT converged in {self.args.timeout:g} s: {record['failed']}")
+            log(self.started, f"{what}; NOT converged in {self.args.timeout:g} s: {record['failed']}")
 
     # -- writes per minute --
 
@@ -485,7 +486,7 @@ class Bench:
         self.minutes.append({"minute": minute, "quiet": quiet, "writes": writes, "changed": self.changed,
                              "expected_action_writes": self.expected_writes, "bound": bound,
                              "ok": writes <= bound})
-        say(self.started, f"minute {minute}{' (quiet)' if quiet else ''}: {writes:g} writes, "
+        log(self.started, f"minute {minute}{' (quiet)' if quiet else ''}: {writes:g} writes, "
                           f"{self.changed} summary changes, bound {bound}" + ("" if writes <= bound else " EXCEEDED"))
         self.changed = self.expected_writes = 0
 
@@ -512,7 +513,7 @@ class Bench:
                     with self.lock:
                         record = self.check("periodic")
                     if not record["ok"]:
-                        say(self.started, f"check NOT converged in {self.args.timeout:g} s: {record['failed']}")
+                        log(self.started, f"check NOT converged in {self.args.timeout:g} s: {record['failed']}")
                     next_check = self.elapsed() + self.args.check_seconds
                 time.sleep(0.1)
             self.close_minute(minute, quiet_minute)
@@ -631,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the replicas' and the control plane's logs are copied at the end")
     args = parser.parse_args(argv)
     with LocalCluster(Options()) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         proxy, kubeconfig = through_proxy(cluster)
         bench = Bench(cluster, proxy, kubeconfig, args, rng=random.Random(args.seed))
         try:

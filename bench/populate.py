@@ -1,15 +1,17 @@
-"""Fill a control plane with nodes in groups and pods of Deployment -> ReplicaSet chains,
-concurrently through the API (the API server, not the client, is the bottleneck)."""
+"""Fill a control plane with nodes in groups and pods of Deployment -> ReplicaSet chains, and churn
+their pods, concurrently through the API (the API server, not the client, is the bottleneck)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from kubeindex.api import ApiClient, Conflict, Transient, load_connection
+from kubeindex.api import ApiClient, ApiError, Conflict, Transient, load_connection
 from kubeindex.objects import API_VERSION
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -75,13 +77,14 @@ def pod_manifest(name: str, node: str, rs: dict, app: str, lean: bool = False) -
     }
 
 
-async def _run(tasks, concurrency: int, label: str) -> None:
+async def run_all(tasks: Sequence[Callable[[], Awaitable[object]]], concurrency: int, label: str) -> None:
+    """Await every task's coroutine, ``concurrency`` at a time, with progress on stderr."""
     sem = asyncio.Semaphore(concurrency)
     done = 0
     started = time.monotonic()
     total = len(tasks)
 
-    async def one(make):
+    async def one(make: Callable[[], Awaitable[object]]) -> None:
         nonlocal done
         async with sem:
             await make()
@@ -93,7 +96,8 @@ async def _run(tasks, concurrency: int, label: str) -> None:
     await asyncio.gather(*(one(t) for t in tasks))
 
 
-async def _post(api: ApiClient, path: str, body: dict) -> dict:
+async def create(api: ApiClient, path: str, body: dict) -> dict:
+    """POST ``body``, retried under load; the object created (or already there)."""
     for attempt in range(8):
         try:
             return json.loads(await api.request("POST", path, body, timeout=120))
@@ -110,28 +114,28 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
     """``nodes``, ``pods``, ``workloads`` in all; ``grow_from``: the (nodes, pods, workloads)
     already there (a cluster grown size by size): the new pods go to the new nodes and workloads."""
     first_node, first_pod, first_workload = grow_from
-    await _post(api, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
-    await _post(api, f"/apis/{API_VERSION}/nodesummarizers", {
+    await create(api, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
+    await create(api, f"/apis/{API_VERSION}/nodesummarizers", {
         "apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": "pool"},
         "spec": {"labelKey": POOL_LABEL}})
-    await _post(api, f"/apis/{API_VERSION}/workloadsummarizers", {
+    await create(api, f"/apis/{API_VERSION}/workloadsummarizers", {
         "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
         "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
 
     async def make_node(i: int) -> None:
-        await _post(api, "/api/v1/nodes", node_manifest(i, groups))
+        await create(api, "/api/v1/nodes", node_manifest(i, groups))
         await api.request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", node_status(i),
                           content_type="application/merge-patch+json")
 
-    await _run([lambda i=i: make_node(i) for i in range(first_node, nodes)], concurrency, "nodes")
+    await run_all([lambda i=i: make_node(i) for i in range(first_node, nodes)], concurrency, "nodes")
     replicasets: list[dict] = []
 
     async def make_workload(w: int) -> None:
         template = {"metadata": {"labels": {"app": f"app-{w}"}}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
-        d = await _post(api, "/apis/apps/v1/namespaces/bench/deployments", {
+        d = await create(api, "/apis/apps/v1/namespaces/bench/deployments", {
             "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": f"app-{w}"},
             "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
-        rs = await _post(api, "/apis/apps/v1/namespaces/bench/replicasets", {
+        rs = await create(api, "/apis/apps/v1/namespaces/bench/replicasets", {
             "apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": f"app-{w}-abc123", "ownerReferences": [{
                 "apiVersion": "apps/v1", "kind": "Deployment", "name": f"app-{w}", "uid": d["metadata"]["uid"],
@@ -139,17 +143,17 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
             "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
         replicasets.append(rs)
 
-    await _run([lambda w=w: make_workload(w) for w in range(first_workload, workloads)], concurrency, "workloads")
+    await run_all([lambda w=w: make_workload(w) for w in range(first_workload, workloads)], concurrency, "workloads")
     replicasets.sort(key=lambda r: r["metadata"]["name"])
 
-    def make_pod(p: int):
+    def make_pod(p: int) -> Awaitable[dict]:
         rs = replicasets[(p - first_pod) % len(replicasets)]
         app = rs["metadata"]["name"].rsplit("-", 1)[0]
         node = first_node + (p - first_pod) % (nodes - first_node)
-        return _post(api, "/api/v1/namespaces/bench/pods",
+        return create(api, "/api/v1/namespaces/bench/pods",
                      pod_manifest(f"{app}-{p:06d}", f"node-{node:05d}", rs, app, lean))
 
-    await _run([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")
+    await run_all([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")
 
 
 def populate_cluster(kubeconfig: Path, nodes: int, groups: int, pods: int, workloads: int,
@@ -162,3 +166,28 @@ def populate_cluster(kubeconfig: Path, nodes: int, groups: int, pods: int, workl
     started = time.monotonic()
     asyncio.run(run())
     return time.monotonic() - started
+
+
+async def churn(api: ApiClient, pods: list[str], seconds: float, concurrency: int = 64) -> int:
+    """Flip pod phases (namespace bench) as fast as the API server takes them, for ``seconds``;
+    returns the number of updates."""
+    done = 0
+    deadline = time.monotonic() + seconds
+    sem = asyncio.Semaphore(concurrency)
+
+    async def one(i: int) -> None:
+        nonlocal done
+        async with sem:
+            if time.monotonic() > deadline:
+                return
+            phase = "Running" if (i // len(pods)) % 2 else "Pending"  # each visit flips the pod
+            with contextlib.suppress(ApiError):  # counted when done: a refused write (429) is not churn
+                await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
+                                  {"status": {"phase": phase}}, content_type="application/merge-patch+json")
+                done += 1
+
+    i = 0
+    while time.monotonic() < deadline:
+        await asyncio.gather(*(one(i + k) for k in range(concurrency * 4)))
+        i += concurrency * 4
+    return done

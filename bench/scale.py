@@ -26,31 +26,22 @@ import asyncio
 import contextlib
 import http.client
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
-from kubeindex.api import ApiClient, ApiError, load_connection
+from kubeindex.api import ApiClient, load_connection
 from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
+from .common import CRDS, RESULTS, ROOT, clean, revision, running_from, say, status_kb, writes
 from .plot import pyplot
-from .populate import populate
-from .sync import _status_kb, list_floor
-
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+from .populate import churn, populate
+from .sync import list_floor
 
 
 def kubectl_cost(cluster: LocalCluster, *args: str, runs: int = 3) -> dict:
@@ -216,74 +207,8 @@ def disruption_latency(cluster: LocalCluster, svc: Service, nodes: list[str], gr
             "metric_ms": [round(f * 1000) for f in flips]}
 
 
-async def _churn(api: ApiClient, pods: list[str], seconds: float, concurrency: int = 64) -> int:
-    """Flip pod phases as fast as the API server takes them; returns the number of updates."""
-    done = 0
-    deadline = time.monotonic() + seconds
-    sem = asyncio.Semaphore(concurrency)
-
-    async def one(i: int) -> None:
-        nonlocal done
-        async with sem:
-            if time.monotonic() > deadline:
-                return
-            phase = "Running" if (i // len(pods)) % 2 else "Pending"  # each visit flips the pod
-            with contextlib.suppress(ApiError):  # counted when done: a refused write (429) is not churn
-                await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
-                                  {"status": {"phase": phase}}, content_type="application/merge-patch+json")
-                done += 1
-
-    i = 0
-    while time.monotonic() < deadline:
-        await asyncio.gather(*(one(i + k) for k in range(concurrency * 4)))
-        i += concurrency * 4
-    return done
-
-
-def writes(svc: Service) -> float:
-    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
-
-
 def events(svc: Service) -> float:
     return sum(select(parse(svc.get("/metrics")[1]), "nws_watch_events_total", resource="pods").values())
-
-
-@contextlib.contextmanager
-def running_from(code: Path) -> Iterator[None]:
-    """Processes started inside run the service's code from ``code`` (a checkout)."""
-    cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
-    os.chdir(code)
-    os.environ["PYTHONPATH"] = str(code)
-    try:
-        yield
-    finally:
-        os.chdir(cwd)
-        if path is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = path
-
-
-def revision(code: Path) -> str:
-    return subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-
-
-def clean(cluster: LocalCluster) -> None:
-    """Delete the summaries a previous service run wrote, so the next one starts as the first did
-    (one DELETE of the collection per namespace: `kubectl delete --all` takes one request each)."""
-    api = API_PATH
-    _, listed = cluster.request("/api/v1/namespaces")
-    assert isinstance(listed, dict)
-    for ns in [item["metadata"]["name"] for item in listed["items"]]:
-        cluster.request(f"{api}/namespaces/{ns}/workloadsummaries", "DELETE")
-    cluster.request(f"{api}/nodesummaries", "DELETE")
-
-    def gone() -> bool:
-        return all(not body["items"] for _, body in (cluster.request(f"{api}/{plural}?limit=1")
-                                                    for plural in ("workloadsummaries", "nodesummaries")))
-
-    wait_for(gone, timeout=900, interval=1)
 
 
 def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.Namespace) -> list[dict]:
@@ -291,7 +216,7 @@ def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.
     runs = []
     with LocalCluster(Options(controller_manager=False,
                               extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         say(f"{nodes} nodes / {pods} pods: populating ...")
 
         async def setup() -> dict:
@@ -339,7 +264,7 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
     wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers", timeout=300)
                          .stdout.splitlines()) == workloads, timeout=max(600, workloads / 5), interval=1)
     result["summaries_written_seconds"] = round(time.monotonic() - started, 1)
-    result["peak_rss_at_summaries_written_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
+    result["peak_rss_at_summaries_written_mb"] = round(status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
     say("read costs ...")
     read = result["read"] = {
         "nodesummaries": kubectl_cost(cluster, "nodesummaries"),
@@ -366,11 +291,11 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
     pod_names = [item["metadata"]["name"] for item in listed["items"]]
     e0, w0, t0 = events(svc), writes(svc), time.monotonic()
 
-    async def churn() -> int:
+    async def churn_pods() -> int:
         async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
-            return await _churn(api, pod_names, args.churn_seconds)
+            return await churn(api, pod_names, args.churn_seconds)
 
-    updates = asyncio.run(churn())
+    updates = asyncio.run(churn_pods())
     elapsed = time.monotonic() - t0
     time.sleep(2)
     result["churn"] = {"api_updates_per_second": round(updates / elapsed),
@@ -381,7 +306,7 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
     _, text = svc.get("/metrics")
     result["scrape"] = {"seconds": round(time.perf_counter() - t, 4), "bytes": len(text.encode()),
                         "series": sum(1 for line in text.splitlines() if line and not line.startswith("#"))}
-    result["peak_rss_mb"] = round(_status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
+    result["peak_rss_mb"] = round(status_kb(svc.proc.pid, "VmHWM") / 1024, 1)
     result["rss_kb_per_pod"] = round(result["peak_rss_mb"] * 1024 / pods, 2)
     svc.stop()
     return result

@@ -20,7 +20,6 @@ import json
 import os
 import sys
 import time
-from pathlib import Path
 
 import prometheus_client
 
@@ -31,13 +30,11 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state
 
+from .common import CRDS, RESULTS, status_kb
 from .index_events import build, pod_json
 from .plot import pyplot
 from .populate import pod_manifest, populate
-from .sync import _status_kb
 
-RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).resolve().parent.parent
 PODS = "/api/v1/namespaces/bench/pods"
 
 
@@ -63,7 +60,7 @@ async def soak(cluster: LocalCluster, svc: Service, args: argparse.Namespace) ->
 
         def sample(replaced: int) -> None:
             metrics = parse(svc.get("/metrics")[1])
-            rss = _status_kb(svc.proc.pid, "VmRSS") / 1024  # type: ignore[union-attr]
+            rss = status_kb(svc.proc.pid, "VmRSS") / 1024  # type: ignore[union-attr]
             elapsed = time.monotonic() - started
             samples.append({"t": round(elapsed), "rss_mb": round(rss, 2),
                             "pods": value(metrics, "nws_watch_objects", resource="pods"),
@@ -126,7 +123,7 @@ def offline(args: argparse.Namespace) -> None:
         if replaced % 100_000 == 0:
             graph = index.graph
             print(json.dumps({
-                "replaced": replaced, "rss_mb": round(_status_kb(os.getpid(), "VmRSS") / 1024, 2),
+                "replaced": replaced, "rss_mb": round(status_kb(os.getpid(), "VmRSS") / 1024, 2),
                 "allocated_blocks": sys.getallocatedblocks(), "pods": len(index.pods), "store": len(pods.store),
                 "vertices": len(graph.vertices), "children": sum(map(len, graph.children.values())),
                 "node_pods": sum(len(n.pods) for n in index.nodes.values()),
@@ -182,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         offline(args)
         return 0
     with LocalCluster(Options()) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
 
         async def setup() -> None:
             async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:

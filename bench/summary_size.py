@@ -30,15 +30,10 @@ from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 
+from .common import CRDS, ROOT, clean, revision, running_from, sayer
 from .populate import populate_cluster
-from .scale import clean, revision, running_from
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def say(msg: str) -> None:
-    print(f"[size] {msg}", file=sys.stderr, flush=True)
-
+say = sayer("size")
 
 TABLE = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json"  # what `kubectl get` asks for
 
@@ -125,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     pods = args.nodes * args.pods_per_node
     runs = []
     with LocalCluster(Options(controller_manager=False)) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         say(f"{args.nodes} nodes / {pods} pods ...")
         populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, max(1, pods // 50), concurrency=32)
         for code in args.code:

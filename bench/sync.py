@@ -11,23 +11,13 @@ import asyncio
 import json
 import sys
 import time
-from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value, wait_for
 
+from .common import CRDS, RESULTS, say, status_kb
 from .populate import populate
-
-RESULTS = Path(__file__).parent / "results"
-CRDS = Path(__file__).parent.parent / "crds"
-
-
-def _status_kb(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
 
 
 async def _floor(api: ApiClient, path: str, page_size: int) -> tuple[float, int]:
@@ -68,12 +58,10 @@ async def _setup_and_floor(cluster: LocalCluster, args: argparse.Namespace) -> d
 def run(args: argparse.Namespace) -> dict:
     with LocalCluster(Options(extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
         cluster.install_crds(CRDS)
-        print(f"[bench] populating {args.nodes} nodes / {args.pods} pods / {args.workloads} workloads",
-              file=sys.stderr, flush=True)
+        say(f"populating {args.nodes} nodes / {args.pods} pods / {args.workloads} workloads")
         result = {"nodes": args.nodes, "pods": args.pods, "groups": args.groups, "workloads": args.workloads}
         result |= asyncio.run(_setup_and_floor(cluster, args))
-        print(f"[bench] LIST floor: {result['list_floor_seconds']}s for {result['list_floor_bytes'] / 1e6:.1f} MB",
-              file=sys.stderr, flush=True)
+        say(f"LIST floor: {result['list_floor_seconds']}s for {result['list_floor_bytes'] / 1e6:.1f} MB")
         exporter = Service(cluster)
         started = time.monotonic()
         exporter.start()
@@ -91,8 +79,8 @@ def run(args: argparse.Namespace) -> dict:
             "ready_seconds": round(ready, 2),
             "initial_sync_seconds": value(samples, "nws_initial_sync_duration_seconds"),
             "ready_vs_floor": round(ready / result["list_floor_seconds"], 2),
-            "peak_rss_mb": round(_status_kb(pid, "VmHWM") / 1024, 1),
-            "rss_mb": round(_status_kb(pid, "VmRSS") / 1024, 1),
+            "peak_rss_mb": round(status_kb(pid, "VmHWM") / 1024, 1),
+            "rss_mb": round(status_kb(pid, "VmRSS") / 1024, 1),
             "scrape_bytes": len(text.encode()),
             "scrape_series": sum(1 for line in text.splitlines() if line and not line.startswith("#")),
             "scrape_seconds": round(scrape_seconds, 4),

@@ -26,17 +26,14 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
-from .apiserver_bill import Sampler
+from .common import CRDS, RESULTS, ROOT, Sampler, clean, sayer, status_kb
 from .plot import pyplot
 from .populate import populate_cluster
-from .scale import RESULTS, ROOT, clean, measure
-from .sync import _status_kb, list_floor
+from .scale import measure
+from .sync import list_floor
 
 MB = 1024 * 1024
-
-
-def say(msg: str) -> None:
-    print(f"[tier] {msg}", file=sys.stderr, flush=True)
+say = sayer("tier")
 
 
 def control_plane(cluster: LocalCluster) -> dict:
@@ -44,7 +41,7 @@ def control_plane(cluster: LocalCluster) -> dict:
     pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
     with urllib.request.urlopen(f"{cluster.etcd_url}/metrics", timeout=30) as resp:
         samples = parse(resp.read().decode())
-    out = {f"{name}_rss_mb": round(_status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}  # type: ignore[arg-type]
+    out = {f"{name}_rss_mb": round(status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}  # type: ignore[arg-type]
     out["etcd_db_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_bytes") or 0) / MB)
     out["etcd_db_in_use_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_use_in_bytes") or 0) / MB)
     return out
@@ -84,7 +81,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     have = (0, 0, 0)
     options = Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])
     with LocalCluster(options) as cluster:
-        cluster.install_crds(ROOT / "crds")
+        cluster.install_crds(CRDS)
         for nodes in args.nodes:
             pods = nodes * args.pods_per_node
             want = (nodes, pods, max(1, pods // args.pods_per_workload))
@@ -103,7 +100,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             row["kubectl"] = {"nodes": kubectl_read(cluster, "nodes"), "pods": kubectl_read(cluster, "pods", "-A")}
             say(json.dumps(row["kubectl"]))
             pids = {"apiserver": cluster.processes["kube-apiserver"].pid}
-            base = _status_kb(pids["apiserver"], "VmRSS")  # type: ignore[arg-type]
+            base = status_kb(pids["apiserver"], "VmRSS")  # type: ignore[arg-type]
             sampler = Sampler(pids)  # type: ignore[arg-type]
             sampler.start()
             try:

@@ -1,0 +1,119 @@
+"""What the benchmarks share: where results go, progress output, and the process, service and
+checkout helpers several of them use. Nothing here measures by itself; no bench module is
+imported here, so any bench can import it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from kubeindex.objects import API_PATH
+from localkube.cluster import LocalCluster
+from localkube.service import Service, parse, select, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout
+RESULTS = ROOT / "bench" / "results"  # every bench's reports, by default
+CRDS = ROOT / "crds"
+TICKS = 100  # clock ticks per second (USER_HZ) in /proc/<pid>/stat
+
+
+def sayer(tag: str) -> Callable[[str], None]:
+    """A progress printer: ``[tag] message`` on stderr, so that stdout keeps the results."""
+    def say(msg: str) -> None:
+        print(f"[{tag}] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+say = sayer("bench")
+
+
+# -- processes, from /proc ------------------------------------------------------------------------
+
+def status_kb(pid: int, field: str) -> int:
+    """A kB field of /proc/<pid>/status (VmRSS, VmHWM, ...); 0 when absent."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+
+
+class Sampler(threading.Thread):
+    """Peak VmRSS of some processes, every 100 ms, until stopped: VmHWM cannot be reset, so a
+    peak during one phase of a long-lived process is sampled."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.pids = pids
+        self.peak = {name: 0 for name in pids}
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.is_set():
+            for name, pid in self.pids.items():
+                self.peak[name] = max(self.peak[name], status_kb(pid, "VmRSS"))
+            self._done.wait(0.1)
+
+    def stop(self) -> dict[str, int]:
+        self._done.set()
+        self.join()
+        return self.peak
+
+
+# -- the service and its summaries ----------------------------------------------------------------
+
+def writes(svc: Service) -> float:
+    """The reconciler's writes so far (every verb)."""
+    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
+
+
+def clean(cluster: LocalCluster) -> None:
+    """Delete the summaries a previous service run wrote, so the next one starts as the first did
+    (one DELETE of the collection per namespace: `kubectl delete --all` takes one request each)."""
+    api = API_PATH
+    _, listed = cluster.request("/api/v1/namespaces")
+    assert isinstance(listed, dict)
+    for ns in [item["metadata"]["name"] for item in listed["items"]]:
+        cluster.request(f"{api}/namespaces/{ns}/workloadsummaries", "DELETE")
+    cluster.request(f"{api}/nodesummaries", "DELETE")
+
+    def gone() -> bool:
+        return all(not body["items"] for _, body in (cluster.request(f"{api}/{plural}?limit=1")
+                                                    for plural in ("workloadsummaries", "nodesummaries")))
+
+    wait_for(gone, timeout=900, interval=1)
+
+
+# -- checkouts (a before/after comparison on one control plane) -----------------------------------
+
+@contextlib.contextmanager
+def running_from(code: Path) -> Iterator[None]:
+    """Processes started inside run the service's code from ``code`` (a checkout)."""
+    cwd, path = os.getcwd(), os.environ.get("PYTHONPATH")
+    os.chdir(code)
+    os.environ["PYTHONPATH"] = str(code)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+        if path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = path
+
+
+def revision(code: Path) -> str:
+    """The short commit a checkout is at."""
+    return subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
