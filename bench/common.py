@@ -1,5 +1,5 @@
-"""What the benchmarks share: where results go, progress output, and the process, service and
-checkout helpers several of them use. Nothing here measures by itself; no bench module is
+"""What the benchmarks share: where results go, progress output, one percentile, and the process,
+service and checkout helpers several of them use. Nothing here measures by itself; no bench module is
 imported here, so any bench can import it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from kubeindex.objects import API_PATH
@@ -31,6 +31,32 @@ def sayer(tag: str) -> Callable[[str], None]:
 
 
 say = sayer("bench")
+
+
+# -- percentiles -----------------------------------------------------------------------------------
+
+def percentile(values: Iterable[float], q: float) -> float | None:
+    """The ``q`` quantile (0 to 1) of ``values`` by nearest rank: the sorted values' item at index
+    round(q * (n - 1)), so 0 is the least and 1 the greatest. None for no values: nothing was
+    measured (every check failed, no round ran), which a 0 would report as instant."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"quantile {q} is not between 0 and 1")
+    ordered = sorted(values)
+    if not ordered:
+        return None
+    return ordered[round(q * (len(ordered) - 1))]
+
+
+def percentile_ms(seconds: Iterable[float], q: float, digits: int | None = None) -> float | None:
+    """percentile() of durations in seconds, in milliseconds rounded to ``digits`` decimals (whole
+    milliseconds by default); None for no values."""
+    value = percentile(seconds, q)
+    return None if value is None else round(value * 1000, digits)
+
+
+def p50_p99_ms(seconds: list[float]) -> tuple[float | None, float | None]:
+    """The median and the 99th percentile of durations in seconds, in whole milliseconds."""
+    return percentile_ms(seconds, 0.5), percentile_ms(seconds, 0.99)
 
 
 # -- processes, from /proc ------------------------------------------------------------------------

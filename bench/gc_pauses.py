@@ -30,6 +30,8 @@ from .index_events import build
 
 
 def _at(values: list[float], q: float) -> float:
+    """Milliseconds at rank int(n * q) (the higher neighbour; 0.0 for a run of no ticks): not
+    bench.common.percentile's nearest rank, so that new runs compare with the recorded ones."""
     values = sorted(values)
     return round(values[min(len(values) - 1, int(len(values) * q))] * 1000, 1) if values else 0.0
 

@@ -24,9 +24,9 @@ from pathlib import Path
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service
 
-from .common import CRDS, ROOT, clean, revision, running_from, sayer, writes
+from .common import CRDS, ROOT, clean, p50_p99_ms, percentile_ms, revision, running_from, sayer, writes
 from .populate import populate_cluster
-from .scale import _ms, not_ready_latency, percentile
+from .scale import not_ready_latency
 
 say = sayer("floor")
 
@@ -81,11 +81,16 @@ def breakdown(marks: list[dict], trace: list[dict], node: str) -> dict:
     for stage in stages:
         values = [r[stage] for r in rounds if r[stage] is not None]
         if values:
-            p50, p99 = _ms(values)
-            out[f"{stage}_ms"] = {"p50": p50, "p99": p99, "max": round(max(values) * 1000, 1)}
+            out[f"{stage}_ms"] = _spread_ms(values)
     out["per_round_ms"] = [{k: (round(v * 1000, 1) if isinstance(v, float) else v) for k, v in r.items()}
                            for r in rounds]
     return out
+
+
+def _spread_ms(seconds: list[float]) -> dict:
+    """p50, p99 (whole ms) and max (0.1 ms) of some durations, at least one."""
+    p50, p99 = p50_p99_ms(seconds)
+    return {"p50": p50, "p99": p99, "max": round(max(seconds) * 1000, 1)}
 
 
 def whole_run(trace: list[dict], since: float) -> dict:
@@ -97,7 +102,7 @@ def whole_run(trace: list[dict], since: float) -> dict:
         ds = [r["d"] for r in gcs if r["gen"] == gen]
         if ds:
             by_gen[str(gen)] = {"count": len(ds), "max_ms": round(max(ds) * 1000, 1),
-                                "p99_ms": round(percentile(ds, 0.99) * 1000, 1),
+                                "p99_ms": percentile_ms(ds, 0.99, 1),
                                 "total_ms": round(sum(ds) * 1000)}
     lags = [r["d"] for r in phase if r["k"] == "lag"]
     # What each stall overlapped: a stall is the loop late for its 5 ms sleep, so anything that ran
@@ -117,7 +122,7 @@ def whole_run(trace: list[dict], since: float) -> dict:
     for kind in ("render", "refresh", "lag"):
         own = [r["cpu"] for r in phase if r["k"] == kind and "cpu" in r]
         if own:
-            cpu[f"{kind}_cpu_ms"] = {"p50": _ms(own)[0], "p99": _ms(own)[1], "max": round(max(own) * 1000, 1)}
+            cpu[f"{kind}_cpu_ms"] = _spread_ms(own)
     waiting = [r for r in phase if r["k"] == "lag" and "cpu" in r and r["cpu"] < r["d"] / 2]
     if waiting:
         cpu["stalls_mostly_waiting_for_a_core"] = len(waiting)
@@ -126,14 +131,12 @@ def whole_run(trace: list[dict], since: float) -> dict:
         "gc": by_gen,
         "stalls_over_10ms": len(lags), "stall_max_ms": round(max(lags, default=0) * 1000, 1),
         "stall_ms_by_overlap": {k: round(v * 1000) for k, v in sorted(causes.items(), key=lambda kv: -kv[1])},
-        "stall_p99_ms": round(percentile(lags, 0.99) * 1000, 1) if lags else 0,
+        "stall_p99_ms": percentile_ms(lags, 0.99, 1) if lags else 0,
         "renders": len(renders),
-        "render_ms": {"p50": _ms([r["d"] for r in renders])[0], "p99": _ms([r["d"] for r in renders])[1]}
-        if renders else {},
+        "render_ms": dict(zip(("p50", "p99"), p50_p99_ms([r["d"] for r in renders]), strict=True)) if renders else {},
         "render_bytes": renders[-1]["bytes"] if renders else 0,
         "refresh_passes_over_1ms": len(refresh),
-        "refresh_ms": {"p50": _ms(refresh)[0], "p99": _ms(refresh)[1], "max": round(max(refresh) * 1000, 1)}
-        if refresh else {},
+        "refresh_ms": _spread_ms(refresh) if refresh else {},
         **cpu,
     }
 

@@ -48,7 +48,7 @@ from localkube.service import Service, select, value
 from reconciler.names import is_dns1123_subdomain
 from tests.reference import Owner, World, recompute
 
-from .common import CRDS, RESULTS
+from .common import CRDS, RESULTS, percentile
 from .plot import pyplot
 
 NS = "bench"
@@ -553,17 +553,12 @@ def populate(bench: Bench) -> None:
 
 # -- results ---------------------------------------------------------------------------------------
 
-def p(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))] if values else 0.0
-
-
 def summarize(bench: Bench) -> dict[str, Any]:
     by_reason: dict[str, list[dict]] = {}
     for c in bench.checks:
         by_reason.setdefault(c["reason"], []).append(c)
     rows = {reason: {"checks": len(cs), "failed": sum(not c["ok"] for c in cs),
-                     "p50_s": p([c["converged_s"] for c in cs if c["ok"]], 0.5),
+                     "p50_s": percentile([c["converged_s"] for c in cs if c["ok"]], 0.5),
                      "max_s": max((c["converged_s"] for c in cs if c["ok"]), default=0.0)}
             for reason, cs in sorted(by_reason.items())}
     busy = [m["writes"] for m in bench.minutes if not m["quiet"]]
@@ -574,13 +569,18 @@ def summarize(bench: Bench) -> dict[str, Any]:
             "by_reason": rows}
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
+
+
 def write_markdown(bench: Bench, summary: dict[str, Any], path: Path) -> None:
     lines = [f"# neighbours: {bench.args.minutes:g} minutes, {bench.args.nodes} nodes, {bench.args.pods} pods, "
              f"{len(bench.replicas)} replicas in all", "",
              f"{summary['checks']} checks, {summary['failed_checks']} failed; "
              f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} replica deaths.", "",
              "| check after | checks | not converged in 10 s | converged p50 | max |", "|---|---|---|---|---|"]
-    lines += [f"| {reason} | {r['checks']} | {r['failed']} | {r['p50_s']:.2f} s | {r['max_s']:.2f} s |"
+    # p50_s is None where no check after that action converged.
+    lines += [f"| {reason} | {r['checks']} | {r['failed']} | {seconds(r['p50_s'])} | {r['max_s']:.2f} s |"
               for reason, r in summary["by_reason"].items()]
     lines += ["", "| minute | quiet | summary changes | action writes expected | writes | bound | ok |",
               "|---|---|---|---|---|---|---|"]

@@ -38,7 +38,7 @@ from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
-from .common import CRDS, RESULTS, ROOT, clean, revision, running_from, say, status_kb, writes
+from .common import CRDS, RESULTS, ROOT, clean, p50_p99_ms, revision, running_from, say, status_kb, writes
 from .plot import pyplot
 from .populate import churn, populate
 from .sync import list_floor
@@ -53,11 +53,6 @@ def kubectl_cost(cluster: LocalCluster, *args: str, runs: int = 3) -> dict:
         times.append(time.perf_counter() - started)
         size = len(out.encode())
     return {"seconds": round(statistics.median(times), 3), "bytes": size}
-
-
-def percentile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 class PlainWatch:
@@ -112,10 +107,6 @@ class PlainWatch:
         self._conn.close()
 
 
-def _ms(values: list[float]) -> list[int]:
-    return [round(percentile(values, q) * 1000) for q in (0.5, 0.99)]
-
-
 def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str, rounds: int) -> dict:
     """API change (a node's Ready condition flips) -> /metrics, and -> the NodeSummary status; and
     the floor: when a plain watch on nodes (PlainWatch) saw the same change."""
@@ -154,7 +145,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
     finally:
         floor.close()
     over = [m - f for m, f in zip(to_metric, to_floor, strict=True)]
-    (m50, m99), (s50, s99), (f50, f99), (o50, o99) = (_ms(v) for v in (to_metric, to_summary, to_floor, over))
+    (m50, m99), (s50, s99), (f50, f99), (o50, o99) = (p50_p99_ms(v) for v in (to_metric, to_summary, to_floor, over))
     return {"metric_p50_ms": m50, "metric_p99_ms": m99, "summary_p50_ms": s50, "summary_p99_ms": s99,
             "floor_p50_ms": f50, "floor_p99_ms": f99, "over_floor_p50_ms": o50, "over_floor_p99_ms": o99,
             "metric_ms": [round(t * 1000) for t in to_metric], "floor_ms": [round(t * 1000) for t in to_floor],
@@ -201,7 +192,7 @@ def disruption_latency(cluster: LocalCluster, svc: Service, nodes: list[str], gr
             wait_for(shows, timeout=30, interval=0.005)
             flips.append(time.monotonic() - started)
             time.sleep(1.1)
-    p50, p99 = (round(percentile(flips, q) * 1000) for q in (0.5, 0.99))
+    p50, p99 = p50_p99_ms(flips)
     return {"flips": len(flips), "pods_per_node": min(pods_per_node), "taint": taint,
             "metric_p50_ms": p50, "metric_p99_ms": p99, "metric_max_ms": round(max(flips) * 1000),
             "metric_ms": [round(f * 1000) for f in flips]}
