@@ -15,7 +15,8 @@ on first use; bench/ksm.py's flags), ready at its first complete scrape: every n
 Deployment and ReplicaSet in it (its /readyz says only that its self-metrics registry is not empty).
 
     python -m bench.apiserver_bill --nodes 1000 --repeat 2
-    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm --out apiserver-bill-ksm
+    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm \
+        --out bench/results/apiserver-bill-ksm.json
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
-from .common import CRDS, RESULTS, Sampler, cpu_seconds, say, status_kb
+from .common import CRDS, Sampler, add_out, cpu_seconds, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
@@ -241,13 +242,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="--initial-list modes of the service; ksm: kube-state-metrics")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
-    parser.add_argument("--out", default="apiserver-bill")
+    add_out(parser, "apiserver-bill.json", (".md",))
     args = parser.parse_args(argv)
     result = run(args)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     text = markdown(result)
-    (RESULTS / f"{args.out}.md").write_text(text)
+    args.out.with_suffix(".md").write_text(text)
     print(text)
     return 0
 

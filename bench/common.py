@@ -1,9 +1,10 @@
-"""What the benchmarks share: where results go, progress output, one percentile, and the process,
-service and checkout helpers several of them use. Nothing here measures by itself; no bench module is
+"""What the benchmarks share: where results go (--out), progress output, one percentile, and the
+process, service and checkout helpers several of them use. Nothing here measures by itself; no bench module is
 imported here, so any bench can import it."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -20,6 +21,27 @@ ROOT = Path(__file__).resolve().parent.parent  # the checkout
 RESULTS = ROOT / "bench" / "results"  # every bench's reports, by default
 CRDS = ROOT / "crds"
 TICKS = 100  # clock ticks per second (USER_HZ) in /proc/<pid>/stat
+
+
+# What a bench writes beside its JSON results, under the same name.
+BESIDE = {".md": "the Markdown table", ".png": "the plot"}
+
+
+def json_path(text: str) -> Path:
+    """--out's type: a .json path, so that the .md and .png beside it cannot overwrite it."""
+    path = Path(text)
+    if path.suffix != ".json":
+        raise argparse.ArgumentTypeError(f"{text}: not a .json path (e.g. /tmp/{path.name or 'run'}.json)")
+    return path
+
+
+def add_out(parser: argparse.ArgumentParser, name: str, beside: tuple[str, ...] = ()) -> None:
+    """--out, one meaning in every bench: the JSON file of the results, ``bench/results/<name>``
+    by default; ``beside``: the files (.md, .png) written next to it under the same name."""
+    parts = ["the results to PATH.json", *(f"{BESIDE[suffix]} to PATH{suffix}" for suffix in beside)]
+    what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    parser.add_argument("--out", type=json_path, default=RESULTS / name, metavar="PATH.json",
+                        help=f"write {what} (default: bench/results/{name})")
 
 
 def sayer(tag: str) -> Callable[[str], None]:

@@ -18,7 +18,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import prometheus_client
 
@@ -26,6 +25,7 @@ from exporter.metrics import Renderer
 from node_workload_summary.gcfreeze import Freezer
 from reconciler.desired import Naming, TypeInfo, desired_state
 
+from .common import add_out
 from .index_events import build
 
 
@@ -111,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--rate", type=float, default=400, help="pod events per second")
     parser.add_argument("--repeat", type=int, default=1)
-    parser.add_argument("--variant", choices=["plain", "freeze"], help="one run of one variant, in this process")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--variant", choices=["plain", "freeze"],
+                        help="one run of one variant, in this process (prints, writes no file)")
+    add_out(parser, "gc-pauses.json")
     args = parser.parse_args(argv)
     if args.variant:
         print(json.dumps(asyncio.run(_run(args))))
@@ -127,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
             out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
             runs.append(json.loads(out) | {"load_average_before": load})
             print(json.dumps(runs[-1]), flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(runs, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(runs, indent=2) + "\n")
     return 0
 
 

@@ -16,7 +16,7 @@ from kubeindex.index import ClusterIndex
 from kubeindex.objects import Node, Pod, WorkloadType
 from kubeindex.reflector import Handler, Reflector
 
-from .common import RESULTS
+from .common import add_out
 from .populate import node_manifest, node_status, pod_manifest
 
 PHASES = ["Pending", "Running", "Running", "Running", "Succeeded"]
@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--workloads", type=int, default=300)
     parser.add_argument("--events", type=int, default=150000)
+    add_out(parser, "index-events.json")
     args = parser.parse_args(argv)
     index, pods, lines = build(args)
     size = sum(map(len, lines)) / len(lines)
@@ -90,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"events": len(lines), "avg_event_bytes": round(size), "cpu_seconds": round(cpu, 3),
               "events_per_second": round(len(lines) / cpu), "pods": len(index.pods), "nodes": len(index.nodes),
               "workloads": len(index.workloads)}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "index-events.json").write_text(json.dumps(result, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     for key, val in result.items():
         print(f"{key:>18}: {val}")
     return 0

@@ -20,10 +20,11 @@ StatefulSets and Jobs whose pods have them as direct owners):
    `stats=all`: result, agreement (row by row), median time, samples touched;
 6. peak RSS (VmHWM) of both.
 
-Writes bench/results/ksm.{json,md,png} (`--out` renames them). Heavy sizes take the bench lock:
+Writes bench/results/ksm.{json,md,png} (`--out` puts them elsewhere). Heavy sizes take the bench
+lock:
 
     flock /tmp/nws-bench.lock python -m bench.ksm --nodes 500 2000 5000
-    python -m bench.ksm --nodes 50 --churn-seconds 20 --scrape-interval 5s --out ksm-small
+    python -m bench.ksm --nodes 50 --churn-seconds 20 --scrape-interval 5s --out /tmp/ksm-small.json
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from localkube.ksm import RESOURCES, KubeStateMetrics, build
 from localkube.prometheus import Prometheus
 from localkube.service import Service, parse, select, value, wait_for
 
-from .common import CRDS, RESULTS, cpu_seconds, say, status_kb
+from .common import CRDS, add_out, cpu_seconds, say, status_kb
 from .plot import pyplot
 from .populate import POOL_LABEL, churn, create, pod_manifest, populate, run_all
 
@@ -571,15 +572,15 @@ def plot(results: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def report(results: list[dict], out: str, meta: dict) -> None:
-    RESULTS.mkdir(exist_ok=True)
+def report(results: list[dict], out: Path, meta: dict) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     for r in results:
         r["ratios"] = ratios(r)
-    (RESULTS / f"{out}.json").write_text(json.dumps({"meta": meta, "sizes": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"meta": meta, "sizes": results}, indent=2) + "\n")
     text = markdown(results)
-    (RESULTS / f"{out}.md").write_text(text)
+    out.with_suffix(".md").write_text(text)
     print(text, flush=True)
-    plot(results, RESULTS / f"{out}.png")
+    plot(results, out.with_suffix(".png"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -600,17 +601,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="Prometheus's scrape interval for both (and KSM's scrape timeout)")
     parser.add_argument("--scrape-runs", type=int, default=3, help="scrapes per encoding for the scrape costs")
     parser.add_argument("--query-runs", type=int, default=3, help="runs of each query (median time)")
-    parser.add_argument("--out", default="ksm", help="bench/results/<out>.{json,md,png}")
+    add_out(parser, "ksm.json", (".md", ".png"))
     parser.add_argument("--merge", action="store_true",
-                        help="keep the other sizes already in bench/results/<out>.json (replace only those run)")
+                        help="keep the other sizes already in --out (replace only those run)")
     args = parser.parse_args(argv)
     build()  # before any control plane: a cold build takes minutes
     meta = {"ksm_version": KUBE_STATE_METRICS.version, "ksm_resources": RESOURCES,
             "scrape_interval": args.scrape_interval, "churn_seconds": args.churn_seconds,
             "load_average_at_start": Path("/proc/loadavg").read_text().split()[:3]}
     kept: dict[int, dict] = {}
-    if args.merge and (RESULTS / f"{args.out}.json").exists():
-        kept = {r["nodes"]: r for r in json.loads((RESULTS / f"{args.out}.json").read_text())["sizes"]}
+    if args.merge and args.out.exists():
+        kept = {r["nodes"]: r for r in json.loads(args.out.read_text())["sizes"]}
     for n in args.nodes:
         kept[n] = measure_size(n, args) | {"meta": meta}
         kept[n]["load_average_after"] = Path("/proc/loadavg").read_text().split()[:3]

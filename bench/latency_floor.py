@@ -24,7 +24,7 @@ from pathlib import Path
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service
 
-from .common import CRDS, ROOT, clean, p50_p99_ms, percentile_ms, revision, running_from, sayer, writes
+from .common import CRDS, ROOT, add_out, clean, p50_p99_ms, percentile_ms, revision, running_from, sayer, writes
 from .populate import populate_cluster
 from .scale import not_ready_latency
 
@@ -182,10 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="rounds over --code")
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run, in turn")
     parser.add_argument("--service-args", nargs="*", default=[], help="more flags for the service")
-    parser.add_argument("--out", type=Path, help="write every run here (JSON)")
+    add_out(parser, "latency-floor.json")  # every run, rewritten after each
     parser.add_argument("--keep-trace", type=Path, help="copy each run's trace (JSON lines) into this directory")
     args = parser.parse_args(argv)
     pods = args.nodes * args.pods_per_node
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     runs: list[dict] = []
     with LocalCluster(Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])) \
             as cluster:
@@ -201,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 r = runs[-1]
                 say(json.dumps({k: r[k] for k in ("code", "load_average", "phase")}))
                 say(json.dumps({k: v for k, v in r["breakdown"].items() if k != "per_round_ms"}))
-                if args.out:
-                    args.out.write_text(json.dumps(runs, indent=2) + "\n")
+                args.out.write_text(json.dumps(runs, indent=2) + "\n")
     for r in runs:
         lat, b = r["latency"], r["breakdown"]
         print(f"{r['code']} ({r['checkout']}), load {' '.join(r['load_average'])}: NotReady -> /metrics "

@@ -18,7 +18,8 @@ notice a silent connection). Every minute the replicas' writes (nws_reconciler_w
 the summaries changed in that minute plus the neighbours' expected writes plus --slack; every
 --quiet-every-th minute has no churn and no actions, so it must have about no writes.
 
-Writes bench/results/neighbours.{json,md,png}; exit code 1 if any check failed.
+Writes bench/results/neighbours.{json,md,png} (`--out` puts them elsewhere); exit code 1 if any
+check failed.
 
     nice -n 10 python -m bench.neighbours --minutes 20
 """
@@ -48,7 +49,7 @@ from localkube.service import Service, select, value
 from reconciler.names import is_dns1123_subdomain
 from tests.reference import Owner, World, recompute
 
-from .common import CRDS, RESULTS, percentile
+from .common import CRDS, add_out, percentile
 from .plot import pyplot
 
 NS = "bench"
@@ -630,6 +631,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--logs", type=Path, default=Path("/tmp/neighbours-logs"),
                         help="where the replicas' and the control plane's logs are copied at the end")
+    add_out(parser, "neighbours.json", (".md", ".png"))
     args = parser.parse_args(argv)
     with LocalCluster(Options()) as cluster:
         cluster.install_crds(CRDS)
@@ -647,15 +649,15 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(args.logs, ignore_errors=True)
             shutil.copytree(cluster.workdir / "logs", args.logs)
     summary = summarize(bench)
-    RESULTS.mkdir(exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "summary": summary, "minutes": bench.minutes, "actions": bench.actions, "deaths": bench.deaths,
               "replicas": [{"identity": r.identity, "proxied": r.proxied, "gone": r.gone, "writes": r.writes}
                            for r in bench.replicas],
               "checks": bench.checks}
-    (RESULTS / "neighbours.json").write_text(json.dumps(result, indent=1) + "\n")
-    write_markdown(bench, summary, RESULTS / "neighbours.md")
-    plot(bench, RESULTS / "neighbours.png")
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    write_markdown(bench, summary, args.out.with_suffix(".md"))
+    plot(bench, args.out.with_suffix(".png"))
     print(f"[neighbours] {summary['checks']} checks, {summary['failed_checks']} failed; "
           f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} deaths; "
           f"logs in {args.logs}", flush=True)

@@ -1,6 +1,6 @@
 """Scale sweep: for each cluster size, what users pay today (kubectl get nodes / pods) against the
 summaries, and the service's own costs: sync vs. the bare LIST floor, memory, churn, latency,
-writes, scrape. Writes bench/results/scale.{json,md,png}.
+writes, scrape. Writes bench/results/scale.{json,md,png} (`--out` puts them elsewhere).
 
     python -m bench.scale --nodes 500 2000 5000 --pods-per-node 30
 
@@ -38,7 +38,7 @@ from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
-from .common import CRDS, RESULTS, ROOT, clean, p50_p99_ms, revision, running_from, say, status_kb, writes
+from .common import CRDS, ROOT, add_out, clean, p50_p99_ms, revision, running_from, say, status_kb, writes
 from .plot import pyplot
 from .populate import churn, populate
 from .sync import list_floor
@@ -308,10 +308,10 @@ def ratios(read: dict) -> None:
     read["pods_over_workloads_bytes"] = round(read["pods"]["bytes"] / read["workloads"]["bytes"])
 
 
-def merged(runs: list[dict]) -> list[dict]:
+def merged(runs: list[dict], out: Path) -> list[dict]:
     """scale.json's rows: per size, the last run of the current checkout, in place of the size's
     row already there; the reads skipped by `--only service` carried over from that row."""
-    old = {r["nodes"]: r for r in json.loads((RESULTS / "scale.json").read_text())}
+    old = {r["nodes"]: r for r in json.loads(out.read_text())}
     for run in runs:
         previous = old.get(run["nodes"], {})
         if "pods" not in run["read"] and "pods" in previous.get("read", {}):
@@ -322,9 +322,9 @@ def merged(runs: list[dict]) -> list[dict]:
     return [old[n] for n in sorted(old)]
 
 
-def report(results: list[dict]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "scale.json").write_text(json.dumps(results, indent=2) + "\n")
+def report(results: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
     rows = ["| nodes | pods | nodes JSON / nodesummaries JSON | pods JSON / workloads JSON | sync / LIST floor | "
             "peak RSS (MB, KB/pod) | NotReady -> metric p50/p99 | floor p50/p99, ours minus floor | "
             "-> NodeSummary p50/p99 | "
@@ -353,7 +353,7 @@ def report(results: list[dict]) -> None:
             f"| {r['idle_writes']:.0f} "
             f"| {ch['api_updates_per_second']}, {ch['writes_per_minute']} "
             f"| {sc['series']} series, {sc['bytes'] / 1e3:.0f} KB, {sc['seconds'] * 1000:.1f} ms |")
-    (RESULTS / "scale.md").write_text("\n".join(rows) + "\n")
+    out.with_suffix(".md").write_text("\n".join(rows) + "\n")
     print("\n".join(rows))
     plt = pyplot()
     if plt is None:
@@ -385,7 +385,7 @@ def report(results: list[dict]) -> None:
     for a in axes.flat:
         a.set_xlabel("pods")
     fig.tight_layout()
-    fig.savefig(RESULTS / "scale.png", dpi=100)
+    fig.savefig(out.with_suffix(".png"), dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,9 +409,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve /metrics plain, or with --metrics-secure (the bench scrapes with a token "
                              "bound to the metrics-reader role); several: each in turn")
     parser.add_argument("--repeat", type=int, default=1, help="rounds over --code (and --metrics)")
+    add_out(parser, "scale.json", (".md", ".png"))
     parser.add_argument("--merge", action="store_true",
-                        help="replace only the sizes run in scale.json (the current checkout's last run)")
-    parser.add_argument("--compare", type=Path, help="write every run (each checkout, each round) here")
+                        help="replace only the sizes run in --out (the current checkout's last run)")
+    parser.add_argument("--compare", type=Path, metavar="PATH.json",
+                        help="also write every run (each checkout, each round) to PATH.json")
     args = parser.parse_args(argv)
     args.code = [c.resolve() for c in args.code]
     results, runs = [], []
@@ -422,11 +424,11 @@ def main(argv: list[str] | None = None) -> int:
             args.compare.write_text(json.dumps(runs, indent=2) + "\n")
         mine = [r for r in runs if r["checkout"] == str(ROOT) and r["metrics"] == args.metrics[0]]
         if args.merge:
-            results = merged(mine)
+            results = merged(mine, args.out)
         else:
             results = [[r for r in mine if r["nodes"] == size][-1] for size in sorted({r["nodes"] for r in mine})]
         if results:
-            report(results)
+            report(results, args.out)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Soak: pod churn at a constant population until a number of pods has been replaced; the
 service's RSS must stay flat after warm-up. Every second up to K pods are deleted and K new ones
 (new names, new UIDs) created; the service's RSS is sampled. Writes bench/results/soak.{json,png}
-with the RSS at the end of warm-up, at the end, and the growth in bytes per replaced pod after
-warm-up (least-squares slope of RSS against pods replaced).
+(`--out` puts them elsewhere) with the RSS at the end of warm-up, at the end, and the growth in
+bytes per replaced pod after warm-up (least-squares slope of RSS against pods replaced).
 
     python -m bench.soak --replaced 500000 --churn 200 --nodes 200 --pods 6000
 
@@ -30,7 +30,7 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state
 
-from .common import CRDS, RESULTS, status_kb
+from .common import CRDS, add_out, status_kb
 from .index_events import build, pod_json
 from .plot import pyplot
 from .populate import pod_manifest, populate
@@ -159,7 +159,7 @@ def plot(samples: list[dict], summary: dict, args: argparse.Namespace) -> None:
                  f"replaced/s\n{summary['bytes_per_replaced_pod']:+.2f} B per replaced pod after warm-up")
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(RESULTS / "soak.png", dpi=100)
+    fig.savefig(args.out.with_suffix(".png"), dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=6000)
     parser.add_argument("--churn", type=int, default=200, help="pods replaced per second (at most)")
     parser.add_argument("--sample-seconds", type=float, default=15)
-    parser.add_argument("--offline", action="store_true", help="no API server: the watch path and the index only")
+    parser.add_argument("--offline", action="store_true",
+                        help="no API server: the watch path and the index only (prints, writes no file)")
+    add_out(parser, "soak.json", (".png",))
     args = parser.parse_args(argv)
     if args.offline:
         offline(args)
@@ -192,9 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             svc.stop()
     summary = summarize(samples, args.warmup or args.replaced // 5)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps({"args": vars(args), "summary": summary, "samples": samples},
-                                                  indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"args": vars(args) | {"out": str(args.out)}, "summary": summary,
+                                    "samples": samples}, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     plot(samples, summary, args)
     return 0

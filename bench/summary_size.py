@@ -30,7 +30,7 @@ from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 
-from .common import CRDS, ROOT, clean, revision, running_from, sayer
+from .common import CRDS, ROOT, add_out, clean, revision, running_from, sayer
 from .populate import populate_cluster
 
 say = sayer("size")
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--code", type=Path, nargs="+", default=[ROOT], help="checkouts to run, in turn")
-    parser.add_argument("--out", type=Path, help="write the results here (JSON)")
+    add_out(parser, "summary-size.json")
     args = parser.parse_args(argv)
     pods = args.nodes * args.pods_per_node
     runs = []
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(measure(cluster, code.resolve(), args.groups, max(1, pods // 50)))
             summary = {k: v for k, v in runs[-1].items() if k not in ("sample", "managed_fields")}
             say(json.dumps(summary))
-    if args.out:
-        args.out.write_text(json.dumps(runs, indent=2) + "\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(runs, indent=2) + "\n")
     for r in runs:
         print(f"{r['code']}: {r['objects']} NodeSummaries; per object {r['object_bytes_median']:.0f} B "
               f"({r['object_bytes_without_managed_fields_median']:.0f} B without managedFields); list "

@@ -16,7 +16,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value, wait_for
 
-from .common import CRDS, RESULTS, say, status_kb
+from .common import CRDS, RESULTS, add_out, say, status_kb
 from .populate import populate
 
 
@@ -99,10 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=10)
     parser.add_argument("--workloads", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=64)
+    add_out(parser, "sync-<nodes>n-<pods>p.json")
+    parser.set_defaults(out=None)  # named after the size: known once parsed
     args = parser.parse_args(argv)
+    out = args.out or RESULTS / f"sync-{args.nodes}n-{args.pods}p.json"
     result = run(args)
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"sync-{args.nodes}n-{args.pods}p.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for key, val in result.items():
         print(f"{key:>24}: {val}")

@@ -4,7 +4,7 @@ kube-apiserver's and etcd's memory, etcd's database, a bare paginated LIST, kube
 bytes, its own peak RSS), and the service as `bench.scale` measures it (sync, RSS, NotReady ->
 /metrics against the plain-watch floor, churn, scrape), with kube-apiserver's peak during the
 service's run. Then the slope of each between the last two sizes and where it would be at
---project nodes. Writes bench/results/tier.{json,md,png}.
+--project nodes. Writes bench/results/tier.{json,md,png} (`--out` puts them elsewhere).
 
     python -m bench.tier --nodes 5000 10000 20000 --pods-per-node 15
 
@@ -21,12 +21,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
-from .common import CRDS, RESULTS, ROOT, Sampler, clean, sayer, status_kb
+from .common import CRDS, ROOT, Sampler, add_out, clean, sayer, status_kb
 from .plot import pyplot
 from .populate import populate_cluster
 from .scale import measure
@@ -77,7 +78,7 @@ def bare_list(cluster: LocalCluster) -> dict:
 def run(args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     if args.append:  # sizes measured before (their cluster grown by an earlier run), smaller than these
-        rows = [r for r in json.loads((RESULTS / "tier.json").read_text())["rows"] if r["nodes"] < args.nodes[0]]
+        rows = [r for r in json.loads(args.out.read_text())["rows"] if r["nodes"] < args.nodes[0]]
     have = (0, 0, 0)
     options = Options(controller_manager=False, extra_apiserver_args=["--max-requests-inflight=4000"])
     with LocalCluster(options) as cluster:
@@ -165,9 +166,9 @@ def projections(rows: list[dict], target_nodes: int) -> list[dict]:
 
 
 def write(rows: list[dict], args: argparse.Namespace) -> None:
-    RESULTS.mkdir(exist_ok=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     projected = projections(rows, args.project)
-    (RESULTS / "tier.json").write_text(json.dumps({"rows": rows, "project_nodes": args.project,
+    args.out.write_text(json.dumps({"rows": rows, "project_nodes": args.project,
                                                    "projections": projected}, indent=2) + "\n")
     lines = ["| nodes / pods | populate (requests/s) | kube-apiserver RSS: after populate, peak with the service | "
              "etcd RSS, DB (in use) | bare LIST | `get nodes` | `get pods -A` (kubectl RSS) | service: sync, "
@@ -199,12 +200,12 @@ def write(rows: list[dict], args: argparse.Namespace) -> None:
             limit = p.get("limit_text", "")
             reached = f"{p['meets_limit_at_nodes']:,} nodes" if p.get("meets_limit_at_nodes") else ""
             lines.append(f"| {p['curve']} | {p['slope_per_1000_nodes']:,} | {p['projected']:,} | {limit} | {reached} |")
-    (RESULTS / "tier.md").write_text("\n".join(lines) + "\n")
+    args.out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    plot(rows)
+    plot(rows, args.out.with_suffix(".png"))
 
 
-def plot(rows: list[dict]) -> None:
+def plot(rows: list[dict], path: Path) -> None:
     plt = pyplot()
     if plt is None:
         return
@@ -232,7 +233,7 @@ def plot(rows: list[dict]) -> None:
     for a in axes:
         a.set_xlabel(f"nodes ({rows[0]['pods'] // rows[0]['nodes']} pods each)")
     fig.tight_layout()
-    fig.savefig(RESULTS / "tier.png", dpi=100)
+    fig.savefig(path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--pods-per-workload", type=int, default=50)
     parser.add_argument("--full-pods", action="store_true", help="2 KB pods, as bench.scale makes")
+    add_out(parser, "tier.json", (".md", ".png"))
     parser.add_argument("--append", action="store_true",
-                        help="keep tier.json's rows for smaller sizes (the first size is then populated at once)")
+                        help="keep --out's rows for smaller sizes (the first size is then populated at once)")
     parser.add_argument("--project", type=int, default=65000, help="project each curve to this many nodes")
     # bench.scale.measure's knobs
     parser.add_argument("--idle-seconds", type=float, default=30)

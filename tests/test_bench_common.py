@@ -1,11 +1,15 @@
-"""bench/common.py's percentile, the one every bench reports with: nearest rank, and None (not an
-IndexError, not a 0 that reads as instant) when nothing was measured."""
+"""bench/common.py: the percentile every bench reports with (nearest rank, and None, not an
+IndexError nor a 0 that reads as instant, when nothing was measured), and the --out every bench
+script has."""
 
 from __future__ import annotations
 
+import argparse
+from pathlib import Path
+
 import pytest
 
-from bench.common import p50_p99_ms, percentile, percentile_ms
+from bench.common import RESULTS, add_out, p50_p99_ms, percentile, percentile_ms
 
 
 def test_nearest_rank() -> None:
@@ -38,3 +42,13 @@ def test_a_quantile_outside_zero_to_one_is_refused() -> None:
         percentile([1.0], 99)
     with pytest.raises(ValueError):
         percentile([1.0], -0.5)
+
+
+def test_out_is_a_json_path_with_its_table_and_plot_beside_it() -> None:
+    parser = argparse.ArgumentParser()
+    add_out(parser, "x.json", (".md", ".png"))
+    assert parser.parse_args([]).out == RESULTS / "x.json"
+    assert parser.parse_args(["--out", "/tmp/run.7.json"]).out.with_suffix(".md") == Path("/tmp/run.7.md")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "run"])  # a name, as --out once meant in two benches
+    assert "the Markdown table to PATH.md and the plot to PATH.png" in " ".join(parser.format_help().split())

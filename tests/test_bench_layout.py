@@ -1,6 +1,7 @@
-"""bench/ stays a tool: no bench module reaches into another's private (underscore) names, and the
+"""bench/ stays a tool: no bench module reaches into another's private (underscore) names, the
 bench modules import one another without a cycle (what they share is in bench/common.py and
-bench/populate.py). Read from the source with ast: nothing is imported or run."""
+bench/populate.py), and every bench script takes its --out from bench.common.add_out. Read from
+the source with ast: nothing is imported or run."""
 
 from __future__ import annotations
 
@@ -73,12 +74,33 @@ def bench_sources() -> dict[str, str]:
     return {path.stem: path.read_text() for path in sorted(BENCH.glob("*.py")) if path.stem != "__init__"}
 
 
+def scripts(sources: dict[str, str]) -> list[str]:
+    """The modules run as `python -m bench.<name>`: those with an `if __name__ == "__main__"`."""
+    return sorted(module for module, source in sources.items()
+                  if any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+                         for node in ast.parse(source).body))
+
+
+def calls(source: str, function: str) -> list[ast.Call]:
+    return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
+            and ast.unparse(node.func).split(".")[-1] == function]
+
+
 def test_no_bench_module_takes_another_ones_private_names() -> None:
     assert private_names(bench_sources()) == []
 
 
 def test_bench_modules_import_each_other_without_a_cycle() -> None:
     assert cycles(bench_sources()) == []
+
+
+def test_every_bench_script_has_the_one_out_flag() -> None:
+    sources = bench_sources()
+    assert len(scripts(sources)) >= 11
+    for module in scripts(sources):
+        assert len(calls(sources[module], "add_out")) == 1, module
+        own = [c for c in calls(sources[module], "add_argument") if "'--out'" in ast.unparse(c)]
+        assert not own, f"bench.{module} defines --out itself"
 
 
 def test_the_checks_see_what_they_look_for() -> None:
