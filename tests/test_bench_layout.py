@@ -1,11 +1,13 @@
 """bench/ stays a tool: no bench module reaches into another's private (underscore) names, the
 bench modules import one another without a cycle (what they share is in bench/common.py and
-bench/populate.py), and every bench script takes its --out from bench.common.add_out. Read from
-the source with ast: nothing is imported or run."""
+bench/populate.py), every bench script takes its --out from bench.common.add_out, and each is
+listed in the README's layout and in docs/benchmarks.md's table. Read from the source with ast:
+nothing is imported or run."""
 
 from __future__ import annotations
 
 import ast
+import re
 
 from tests.conftest import ROOT
 
@@ -101,6 +103,23 @@ def test_every_bench_script_has_the_one_out_flag() -> None:
         assert len(calls(sources[module], "add_out")) == 1, module
         own = [c for c in calls(sources[module], "add_argument") if "'--out'" in ast.unparse(c)]
         assert not own, f"bench.{module} defines --out itself"
+
+
+def readme_bench_entry() -> str:
+    """The README layout's bench/ entry: its line and the indented lines after it."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("bench/ "))
+    rest = lines[start + 1:]
+    end = next((i for i, line in enumerate(rest) if not line.startswith(" ")), len(rest))
+    return " ".join([lines[start], *rest[:end]])
+
+
+def test_every_bench_script_is_listed() -> None:
+    names = scripts(bench_sources())
+    entry = readme_bench_entry()
+    table = set(re.findall(r"^\| `(\w+)` \|", (ROOT / "docs" / "benchmarks.md").read_text(), re.M))
+    assert [n for n in names if not re.search(rf"\b{n}\b", entry)] == [], "missing from the README's layout"
+    assert table == set(names), "docs/benchmarks.md's table of benches"
 
 
 def test_the_checks_see_what_they_look_for() -> None:
