@@ -15,7 +15,7 @@ on first use; bench/ksm.py's flags), ready at its first complete scrape: every n
 Deployment and ReplicaSet in it (its /readyz says only that its self-metrics registry is not empty).
 
     python -m bench.apiserver_bill --nodes 1000 --repeat 2
-    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm \
+    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm \\
         --out bench/results/apiserver-bill-ksm.json
 """
 

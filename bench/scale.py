@@ -9,13 +9,13 @@ in turn (PYTHONPATH and working directory set to it), alternately, summaries del
 `--only service` skips what does not depend on the service (`kubectl get nodes` and `get pods -A`):
 
     git worktree add /tmp/before <commit>
-    python -m bench.scale --nodes 5000 --only service --code /tmp/before . --repeat 2 \
+    python -m bench.scale --nodes 5000 --only service --code /tmp/before . --repeat 2 \\
         --merge --compare bench/results/scale.node-state.json
 
 The same for /metrics served plain and with --metrics-secure (HTTPS, every scrape with a bearer
 token checked by TokenReview + SubjectAccessReview, decisions cached), alternately:
 
-    python -m bench.scale --nodes 5000 --only service --metrics plain secure --repeat 2 \
+    python -m bench.scale --nodes 5000 --only service --metrics plain secure --repeat 2 \\
         --compare bench/results/scale.secure-metrics.json
 """
 
