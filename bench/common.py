@@ -1,6 +1,6 @@
 """What the benchmarks share: where results go (--out), progress output, one percentile, and the
-process, service and checkout helpers several of them use. Nothing here measures by itself; no bench module is
-imported here, so any bench can import it."""
+process, service and checkout helpers several of them use. Nothing here measures by itself, and
+no bench module is imported here, so any bench can import it."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def add_out(parser: argparse.ArgumentParser, name: str, beside: tuple[str, ...] 
     """--out, one meaning in every bench: the JSON file of the results, ``bench/results/<name>``
     by default; ``beside``: the files (.md, .png) written next to it under the same name."""
     parts = ["the results to PATH.json", *(f"{BESIDE[suffix]} to PATH{suffix}" for suffix in beside)]
-    what = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    what = f"{', '.join(parts[:-1])} and {parts[-1]}" if len(parts) > 1 else parts[0]
     parser.add_argument("--out", type=json_path, default=RESULTS / name, metavar="PATH.json",
                         help=f"write {what} (default: bench/results/{name})")
 
@@ -77,7 +77,7 @@ def percentile_ms(seconds: Iterable[float], q: float, digits: int | None = None)
 
 
 def p50_p99_ms(seconds: list[float]) -> tuple[float | None, float | None]:
-    """The median and the 99th percentile of durations in seconds, in whole milliseconds."""
+    """p50 and p99 (percentile()) of durations in seconds, in whole milliseconds."""
     return percentile_ms(seconds, 0.5), percentile_ms(seconds, 0.99)
 
 
