@@ -1,0 +1,120 @@
+"""The import picture, read from the source with ast (nothing is imported): data flows one way,
+sources -> index -> exporter / reconciler, wired by node_workload_summary; the modules import one
+another without a cycle; no test module imports another test module or conftest; nothing takes
+another module's private (underscore) name; docs/architecture.md names every product module."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PRODUCT = ("kubeindex", "exporter", "reconciler", "node_workload_summary")
+TOOLS = ("localkube", "dashboards", "alerts", "deploy", "demo", "bench", "tests")
+# Which product package may import which: the service's one-way flow.
+ALLOWED = {
+    "kubeindex": {"kubeindex"},
+    "exporter": {"exporter", "kubeindex"},
+    "reconciler": {"reconciler", "kubeindex"},
+    "node_workload_summary": set(PRODUCT),
+}
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file, for every first-party module."""
+    found = {}
+    for package in PRODUCT + TOOLS:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "generated" in path.parts or "results" in path.parts:
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            found[name] = path
+    return found
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> list[tuple[str, str]]:
+    """(module, imported name or "") for each first-party import of a module, at any depth."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: list[tuple[str, str]] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, "") for alias in node.names if alias.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    out.append((f"{base}.{alias.name}", ""))  # a submodule
+                elif base in known:
+                    out.append((base, alias.name))
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {module for module, _ in imports(name, path, known) if module != name}
+            for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    found: list[list[str]] = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for other in sorted(edges.get(module, ())):
+            if state.get(other) == "open":
+                found.append([*path[path.index(other):], other])
+            elif other not in state:
+                visit(other, [*path, other])
+        state[module] = "done"
+
+    for module in sorted(edges):
+        if module not in state:
+            visit(module, [module])
+    return found
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_the_modules_import_one_another_without_a_cycle() -> None:
+    edges = graph()
+    # A package's __init__ importing its own modules is no cycle of meaning: leave those edges out.
+    edges = {m: {o for o in others if not (m == top(m) and top(o) == m)} for m, others in edges.items()}
+    assert cycles(edges) == []
+
+
+def test_data_flows_one_way_and_the_service_never_imports_the_tooling() -> None:
+    wrong = [f"{module} imports {other}" for module, others in graph().items() if top(module) in PRODUCT
+             for other in others if top(other) not in ALLOWED[top(module)]]
+    assert wrong == []
+
+
+def test_no_test_module_imports_another_or_conftest() -> None:
+    wrong = [f"{module} imports {other}" for module, others in graph().items() if top(module) == "tests"
+             for other in others if other.startswith("tests.test_") or other == "tests.conftest"]
+    assert wrong == []
+
+
+def test_no_module_takes_another_modules_private_name() -> None:
+    known = modules()
+    wrong = [f"{name} takes {imported} from {module}" for name, path in known.items()
+             for module, imported in imports(name, path, known)
+             if imported.startswith("_") and not imported.startswith("__") and top(module) != top(name)]
+    assert wrong == []
+
+
+def test_the_architecture_page_names_every_product_module() -> None:
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([a-z_]+/[a-z_]+\.py)`", page))
+    product = {str(p.relative_to(ROOT)) for name, p in modules().items()
+               if top(name) in PRODUCT and p.name != "__init__.py"}
+    assert product - named == set(), "modules the page does not name"
+    every = {str(p.relative_to(ROOT)) for p in modules().values()}
+    assert named - every == set(), "the page names modules that are gone"
