@@ -31,11 +31,11 @@ from kubeindex.index import (
     READY_STATES,
     UNHEALTHY_STATES,
     ClusterIndex,
-    FlavorAgg,
     GroupAgg,
     GroupKey,
     WorkloadAgg,
 )
+from kubeindex.kueue import FlavorAgg
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
 from kubeindex.quantity import NANO
 
@@ -390,7 +390,7 @@ class Renderer:
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------
 
     def _flavor_chunks(self) -> list[tuple[str, ...]]:
-        flavors = self.index.flavors
+        flavors = self.index.kueue.flavors
         for name in self._flavors.keys() - flavors.keys():
             del self._flavors[name]
         return [self._cached_flavor(flavors[name]) for name in sorted(flavors)]

@@ -110,9 +110,9 @@ class Sources:
         # Optional kinds: need -> (projection, handler); watched whenever served.
         self.optional: dict[Need, tuple[type, Handler]] = {
             (KUEUE_GROUP, "ResourceFlavor", KUEUE_VERSION):
-                (ResourceFlavor, Handler(index.upsert_flavor, index.delete_flavor)),
+                (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
             (KUEUE_GROUP, "ClusterQueue", KUEUE_VERSION):
-                (ClusterQueue, Handler(index.upsert_cluster_queue, index.delete_cluster_queue)),
+                (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self._discovered: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known
