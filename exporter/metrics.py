@@ -271,13 +271,7 @@ class SeriesCap(Generic[K]):
 def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
     total = GroupAgg(summarizer, OTHER)
     for g in groups:
-        total.nodes += g.nodes
-        total.unschedulable += g.unschedulable
-        for mine, theirs in ((total.conditions, g.conditions), (total.allocatable, g.allocatable),
-                             (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested),
-                             (total.states, g.states), (total.accelerators_unhealthy, g.accelerators_unhealthy)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0) + v
+        total.add_sums(g)
     return total
 
 

@@ -8,8 +8,8 @@ change takes a new generation stamp, so consumers redo only what changed.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TypeVar
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
 
 K = TypeVar("K")
 Vector = tuple[tuple[str, int], ...]  # sorted (resource, nano-units), interned (index._intern)
@@ -44,10 +44,14 @@ def bump(target: dict[K, int], key: K, sign: int) -> None:
     add(target, ((key, 1),), sign)
 
 
+NOT_SUMMED: dict[str, Any] = {"summed": False}  # field metadata: what adding node sets up leaves alone
+
+
 @dataclass(eq=False, kw_only=True)
 class NodeSetAgg:
     """Sums over a set of nodes and the pods bound to them: what node groups and Kueue flavors
-    both show (one arithmetic, node_into and pod_into, for both)."""
+    both show (one arithmetic, node_into and pod_into, for both). A new field is its line here
+    and its share of a node in node_into: add_sums picks it up."""
 
     nodes: int = 0
     conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
@@ -56,10 +60,25 @@ class NodeSetAgg:
     capacity: dict[str, int] = field(default_factory=dict)
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the set's nodes
     requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
-    node_names: set[str] = field(default_factory=set)
+    node_names: set[str] = field(default_factory=set, metadata=NOT_SUMMED)  # for a NodeSummary only
     states: dict[str, int] = field(default_factory=dict)  # index.NODE_STATES -> nodes
     accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
-    generation: int = 0
+    generation: int = field(default=0, metadata=NOT_SUMMED)
+
+    def add_sums(self, other: NodeSetAgg) -> None:
+        """Add another node set's counts and count maps to this one's (the exporter's `other`
+        node group: the groups beyond the series cap, summed)."""
+        for name in SUMMED:
+            theirs = getattr(other, name)
+            if isinstance(theirs, dict):
+                mine = getattr(self, name)
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            else:
+                setattr(self, name, getattr(self, name) + theirs)
+
+
+SUMMED = tuple(f.name for f in fields(NodeSetAgg) if f.metadata.get("summed", True))
 
 
 class NodeEntry:

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests
+from kubeindex.nodeset import SUMMED, NodeSetAgg, node_into
 from kubeindex.objects import (
     Container,
     Node,
@@ -626,3 +627,22 @@ def test_stamp_changes_with_every_change_the_summaries_are_made_of() -> None:
     assert index.stamp == quiet
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.stamp != quiet
+
+
+def test_node_sets_add_up_field_by_field() -> None:
+    """The exporter's `other` node group is a sum of node groups (NodeSetAgg.add_sums): the same
+    as one node set holding all their nodes, for every field that adds up, present or future."""
+    scenario = Scenario(random.Random(1))
+    for _ in range(300):
+        scenario.step()
+    index = scenario.index
+    index.set_node_summarizer("s-pool", "pool")
+    groups = [g for (s, _), g in index.groups.items() if s == "s-pool"]
+    summed, direct = NodeSetAgg(), NodeSetAgg()
+    for g in groups:
+        summed.add_sums(g)
+    for entry in index.nodes.values():
+        if any(s == "s-pool" for s, _ in entry.groups):
+            node_into(direct, entry, +1)
+    assert len(groups) > 1 and direct.accelerators_unhealthy and direct.pods
+    assert {f: getattr(summed, f) for f in SUMMED} == {f: getattr(direct, f) for f in SUMMED}
