@@ -31,12 +31,12 @@ from kubeindex.index import (
     READY_STATES,
     UNHEALTHY_STATES,
     ClusterIndex,
-    GroupAgg,
-    GroupKey,
+    NodeGroupAgg,
+    NodeGroupKey,
     WorkloadAgg,
 )
 from kubeindex.kueue import FlavorAgg
-from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
+from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
 from kubeindex.quantity import NANO
 
 PREFIX = "nws_"
@@ -97,7 +97,7 @@ def _resources(values: dict[str, int]) -> Iterator[Sample]:
 
 # -- node groups ---------------------------------------------------------------------------------
 
-NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
+NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_nodes", "gauge",
                            "Nodes in the node group (nodes of a NodeSummarizer with one label value)."),
                     lambda g: [("", g.nodes)]),
@@ -163,7 +163,7 @@ class WorkloadSeries:
     nodes that are not Ready (no distinct count for the summed "other" workload)."""
 
     pods: dict[str, int]
-    group_nodes: dict[GroupKey, int]
+    nodes_by_node_group: dict[NodeGroupKey, int]
     pods_by_node_state: dict[str, int]
     unhealthy_nodes: int | None
 
@@ -176,7 +176,8 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                                for p in PHASES if p in ALWAYS_PHASES or w.pods.get(p))),
     FamilyGenerator(Family("workload_nodes", "gauge",
                            "Distinct nodes of each node group that the workload's pods run on."),
-                    lambda w: ((_labels(summarizer=s, group=g), n) for (s, g), n in sorted(w.group_nodes.items()))),
+                    lambda w: ((_labels(summarizer=s, group=g), n)
+                               for (s, g), n in sorted(w.nodes_by_node_group.items()))),
     FamilyGenerator(Family("workload_pods_by_node_state", "gauge",
                            "Pods of the root workload on nodes that are not Ready, by node state, while non-zero."),
                     lambda w: ((_labels(state=s), w.pods_by_node_state[s])
@@ -197,7 +198,7 @@ def chunks(table: tuple[FamilyGenerator[A], ...], base: str, aggregate: A) -> tu
     return tuple(out)
 
 
-def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def kind_labels(types: Iterable[GroupKind]) -> dict[GroupKind, str]:
     """The `kind` label per configured (group, kind): the bare kind, or `Kind.group` where two
     configured groups share a kind (batch Job and batch.volcano.sh Job), so series never collide."""
     types = list(types)
@@ -268,9 +269,9 @@ class SeriesCap(Generic[K]):
         return overflow
 
 
-def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
-    total = GroupAgg(summarizer, OTHER)
-    for g in groups:
+def _sum_node_groups(summarizer: str, node_groups: Iterable[NodeGroupAgg]) -> NodeGroupAgg:
+    total = NodeGroupAgg(summarizer, OTHER)
+    for g in node_groups:
         total.add_sums(g)
     return total
 
@@ -285,77 +286,79 @@ class Renderer:
         self.build_info = build_info or {"version": "unknown"}  # nws_build_info's labels
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
-        self.group_caps: dict[str, SeriesCap[GroupKey]] = {}  # per summarizer
-        self._overflowed_groups: set[GroupKey] = set()
-        self._groups_epoch = 0  # moves whenever _overflowed_groups does
-        self._groups: dict[GroupKey, tuple[int, tuple[str, ...]]] = {}
-        self._other_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
+        self.node_group_caps: dict[str, SeriesCap[NodeGroupKey]] = {}  # per summarizer
+        self._overflowed_node_groups: set[NodeGroupKey] = set()
+        self._node_groups_epoch = 0  # moves whenever _overflowed_node_groups does
+        self._node_groups: dict[NodeGroupKey, tuple[int, tuple[str, ...]]] = {}
+        self._other_node_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
         self._flavors: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.last_render_seconds = 0.0
 
     # -- node groups under the cap -------------------------------------------------------------
 
-    def _group_chunks(self) -> list[tuple[str, ...]]:
-        by_summarizer: dict[str, list[GroupAgg]] = {s: [] for s in self.index.node_summarizers}
-        for agg in self.index.groups.values():
+    def _node_group_chunks(self) -> list[tuple[str, ...]]:
+        by_summarizer: dict[str, list[NodeGroupAgg]] = {s: [] for s in self.index.node_summarizers}
+        for agg in self.index.node_groups.values():
             by_summarizer.setdefault(agg.summarizer, []).append(agg)
-        for gone in self.group_caps.keys() - by_summarizer.keys():
+        for gone in self.node_group_caps.keys() - by_summarizer.keys():
             self._forget_summarizer(gone)
         out = []
-        overflowed: set[GroupKey] = set()
+        overflowed: set[NodeGroupKey] = set()
         for summarizer, aggs in by_summarizer.items():
-            cap = self.group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
+            cap = self.node_group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
             overflow = set(cap.assign((a.summarizer, a.value) for a in aggs))
-            out.extend(self._cached_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
+            out.extend(self._cached_node_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
             if overflow:
                 overflowed |= overflow
-                out.append(self._cached_other_group(summarizer, cap, [self.index.groups[k] for k in overflow]))
-        for key in self._groups.keys() - self.index.groups.keys():
-            del self._groups[key]
-        if overflowed != self._overflowed_groups:
-            self._overflowed_groups = overflowed
-            self._groups_epoch += 1
+                folded = [self.index.node_groups[k] for k in overflow]
+                out.append(self._cached_other_node_group(summarizer, cap, folded))
+        for key in self._node_groups.keys() - self.index.node_groups.keys():
+            del self._node_groups[key]
+        if overflowed != self._overflowed_node_groups:
+            self._overflowed_node_groups = overflowed
+            self._node_groups_epoch += 1
         return out
 
     def _forget_summarizer(self, summarizer: str) -> None:
-        del self.group_caps[summarizer]
-        self._other_groups.pop(summarizer, None)
+        del self.node_group_caps[summarizer]
+        self._other_node_groups.pop(summarizer, None)
 
-    def _cached_group(self, agg: GroupAgg) -> tuple[str, ...]:
+    def _cached_node_group(self, agg: NodeGroupAgg) -> tuple[str, ...]:
         key = (agg.summarizer, agg.value)
-        hit = self._groups.get(key)
+        hit = self._node_groups.get(key)
         if hit is None or hit[0] != agg.generation:
-            hit = self._groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
+            hit = self._node_groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
                 summarizer=agg.summarizer, group=agg.value), agg))
         return hit[1]
 
-    def _cached_other_group(self, summarizer: str, cap: SeriesCap[GroupKey], aggs: list[GroupAgg]) -> tuple[str, ...]:
+    def _cached_other_node_group(self, summarizer: str, cap: SeriesCap[NodeGroupKey],
+                                 aggs: list[NodeGroupAgg]) -> tuple[str, ...]:
         # Generation stamps grow monotonically across the index: (set epoch, newest stamp) changes
         # whenever the sum does, and checking it costs no dict arithmetic.
         stamp = (cap.epoch, max(a.generation for a in aggs))
-        hit = self._other_groups.get(summarizer)
+        hit = self._other_node_groups.get(summarizer)
         if hit is None or hit[0] != stamp:
-            total = _sum_groups(summarizer, aggs)
-            hit = self._other_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
+            total = _sum_node_groups(summarizer, aggs)
+            hit = self._other_node_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
                 summarizer=summarizer, group=OTHER), total))
         return hit[1]
 
     # -- workloads under the cap ---------------------------------------------------------------
 
     def _series(self, agg: WorkloadAgg) -> WorkloadSeries:
-        group_nodes = agg.group_nodes
-        if self._overflowed_groups and group_nodes:
-            folded: dict[GroupKey, int] = {}
-            for key, n in group_nodes.items():
-                key = (key[0], OTHER) if key in self._overflowed_groups else key
+        nodes_by_node_group = agg.nodes_by_node_group
+        if self._overflowed_node_groups and nodes_by_node_group:
+            folded: dict[NodeGroupKey, int] = {}
+            for key, n in nodes_by_node_group.items():
+                key = (key[0], OTHER) if key in self._overflowed_node_groups else key
                 folded[key] = folded.get(key, 0) + n
-            group_nodes = folded
-        return WorkloadSeries(agg.pods, group_nodes, agg.pods_by_node_state, agg.unhealthy_nodes)
+            nodes_by_node_group = folded
+        return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes)
 
-    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, ...]:
+    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind)
-        stamp = (agg.generation, kind, self._groups_epoch)
+        stamp = (agg.generation, kind, self._node_groups_epoch)
         hit = self._workloads.get(agg.uid)
         if hit is None or hit[0] != stamp:
             base = _labels(namespace=agg.namespace, workload=agg.name, kind=kind)
@@ -400,10 +403,10 @@ class Renderer:
     def render(self, openmetrics_format: bool = False) -> bytes:
         started = time.perf_counter()
         out: list[str] = []
-        groups = self._group_chunks()  # first: workloads fold node groups by its outcome
+        node_groups = self._node_group_chunks()  # first: workloads fold node groups by its outcome
         workloads, overflow = self._workload_chunks()
         flavors = self._flavor_chunks()
-        for table, rendered in ((NODEGROUP_FAMILIES, groups), (WORKLOAD_FAMILIES, workloads),
+        for table, rendered in ((NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads),
                                 (FLAVOR_FAMILIES, flavors)):
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))
@@ -418,10 +421,10 @@ class Renderer:
     def own_families(self, overflow: int = 0) -> list[tuple[Family, list[Sample]]]:
         index = self.index
         counts: dict[str, int] = {}
-        for summarizer, _ in index.groups:
+        for summarizer, _ in index.node_groups:
             counts[summarizer] = counts.get(summarizer, 0) + 1
         summarizers = sorted(index.node_summarizers)
-        caps = self.group_caps
+        caps = self.node_group_caps
         return [
             (F_UNRESOLVED, [(_labels(reason=r), index.unresolved.get(r, 0)) for r in UNRESOLVED_REASONS]),
             (F_BROKEN, [(_labels(reason=r), index.chain_broken.get(r, 0)) for r in BROKEN_REASONS]),

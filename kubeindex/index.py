@@ -1,10 +1,10 @@
 """The cluster index: nodes, pods and owners in, node-group and root-workload aggregates out.
 
 All updates are incremental. A pod event subtracts the pod's previous contribution and adds the
-new one (O(groups of its node)); a node event moves the node's own facts and the running sums of
-its pods between groups (O(resources), O(pods on the node) only when its groups or its state
-change); an owner event costs O(depth) plus the pods whose root workload really changed (see
-owners.py).
+new one (O(node groups of its node)); a node event moves the node's own facts and the running
+sums of its pods between node groups (O(resources), O(pods on the node) only when its node groups
+or its state change); an owner event costs O(depth) plus the pods whose root workload really
+changed (see owners.py).
 
 Each node has one state (NODE_STATES, see node_state for the precedence); workloads count their
 pods and distinct nodes on nodes in a state other than Ready.
@@ -38,7 +38,7 @@ from .objects import (
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
 
-GroupKey = tuple[str, str]  # (summarizer name, label value)
+NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 TERMINATED = frozenset({"Succeeded", "Failed"})
 READY_STATES = ("Ready", "NotReady", "Unknown")
@@ -56,7 +56,7 @@ ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu", "aws
 
 
 @dataclass(eq=False)
-class GroupAgg(NodeSetAgg):
+class NodeGroupAgg(NodeSetAgg):
     """One node group: the nodes of one NodeSummarizer that carry one value of its label."""
 
     summarizer: str
@@ -75,10 +75,10 @@ class WorkloadAgg:
     is_object: bool = True  # False for a workload named by a pod label: kind is the label key, name its value
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
     node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
-    group_nodes: dict[GroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
+    nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
     pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
     unhealthy_nodes: int = 0  # distinct nodes not Ready
-    group_unhealthy_nodes: dict[GroupKey, int] = field(default_factory=dict)  # the same per node group
+    unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
     generation: int = 0
 
 
@@ -213,28 +213,28 @@ class NodeHealth:
         return READY
 
 
-# What a node gives the workloads with pods on it: its groups, and its state when not Ready
+# What a node gives the workloads with pods on it: its node groups, and its state when not Ready
 # (None also for a node not seen, or deleted, while pods still name it).
-Placement = tuple[tuple[GroupKey, ...], str | None]
+Placement = tuple[tuple[NodeGroupKey, ...], str | None]
 NOWHERE: Placement = ((), None)
 
 
 def _node_in_workload(agg: WorkloadAgg, placement: Placement, pods: int, distinct: bool, sign: int) -> None:
     """Add (sign +1) or remove a node's share of a workload: ``pods`` of its pods there and, when
     ``distinct`` (the workload starts or stops using the node), the node in the distinct counts."""
-    groups, unhealthy = placement
+    node_groups, unhealthy = placement
     if distinct:
-        add(agg.group_nodes, ((g, 1) for g in groups), sign)
+        add(agg.nodes_by_node_group, ((g, 1) for g in node_groups), sign)
     if unhealthy is None:
         return
     if distinct:
         agg.unhealthy_nodes += sign
-        add(agg.group_unhealthy_nodes, ((g, 1) for g in groups), sign)
+        add(agg.unhealthy_nodes_by_node_group, ((g, 1) for g in node_groups), sign)
     add(agg.pods_by_node_state, ((unhealthy, pods),), sign)
 
 
 def _placement(entry: NodeEntry) -> Placement:
-    return entry.groups, (entry.state if entry.present and entry.state != READY else None)
+    return entry.node_groups, (entry.state if entry.present and entry.state != READY else None)
 
 
 class ClusterIndex:
@@ -245,7 +245,7 @@ class ClusterIndex:
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
-        self.groups: dict[GroupKey, GroupAgg] = {}
+        self.node_groups: dict[NodeGroupKey, NodeGroupAgg] = {}
         self.kueue = KueueIndex(self.nodes)  # Kueue flavors: fed the same node and pod events
         self.workloads: dict[str, WorkloadAgg] = {}
         self.node_summarizers: dict[str, str] = {}  # name -> labelKey
@@ -349,7 +349,7 @@ class ClusterIndex:
 
     # ---------------------------------------------------------------------------- nodes
 
-    def _groups_for(self, labels: dict[str, str]) -> tuple[GroupKey, ...]:
+    def _node_groups_for(self, labels: dict[str, str]) -> tuple[NodeGroupKey, ...]:
         return tuple((s, labels[k]) for s, k in self.node_summarizers.items() if k in labels)
 
     def upsert_node(self, node: Node) -> None:
@@ -357,8 +357,8 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
-        for g in entry.groups:
-            self._node_into_group(entry, g, -1)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, -1)
         self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present = True
@@ -371,9 +371,9 @@ class ClusterIndex:
         unhealthy = self.health.accelerators_unhealthy(allocatable, capacity)
         entry.accelerators_unhealthy = _intern(unhealthy)
         entry.state = self.health.state(node, entry.ready, bool(unhealthy))
-        entry.groups = self._groups_for(entry.labels)
-        for g in entry.groups:
-            self._node_into_group(entry, g, +1)
+        entry.node_groups = self._node_groups_for(entry.labels)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, +1)
         self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
 
@@ -381,11 +381,11 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None or not entry.present:
             return
-        for g in entry.groups:
-            self._node_into_group(entry, g, -1)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, -1)
         self.kueue.node_out(entry)
         before = _placement(entry)
-        entry.present, entry.groups, entry.labels = False, (), {}
+        entry.present, entry.node_groups, entry.labels = False, (), {}
         self._move_node_workloads(entry, before, NOWHERE)
         if not entry.pods:
             del self.nodes[name]
@@ -394,27 +394,27 @@ class ClusterIndex:
         for entry in self.nodes.values():
             if not entry.present:
                 continue
-            new = self._groups_for(entry.labels)
-            if new == entry.groups:
+            new = self._node_groups_for(entry.labels)
+            if new == entry.node_groups:
                 continue
             before = _placement(entry)
-            for g in entry.groups:
-                self._node_into_group(entry, g, -1)
-            entry.groups = new
+            for g in entry.node_groups:
+                self._node_into_node_group(entry, g, -1)
+            entry.node_groups = new
             for g in new:
-                self._node_into_group(entry, g, +1)
+                self._node_into_node_group(entry, g, +1)
             self._move_node_workloads(entry, before, _placement(entry))
 
-    def _node_into_group(self, entry: NodeEntry, key: GroupKey, sign: int) -> None:
-        agg = self.groups.get(key)
+    def _node_into_node_group(self, entry: NodeEntry, key: NodeGroupKey, sign: int) -> None:
+        agg = self.node_groups.get(key)
         if agg is None:
-            agg = self.groups[key] = GroupAgg(*key)
+            agg = self.node_groups[key] = NodeGroupAgg(*key)
         node_into(agg, entry, sign)
         if agg.nodes == 0:
-            del self.groups[key]
+            del self.node_groups[key]
 
     def _move_node_workloads(self, entry: NodeEntry, old: Placement, new: Placement) -> None:
-        """The node's groups or state changed: every workload with pods on it moves its counts."""
+        """The node's node groups or state changed: every workload with pods on it moves its counts."""
         if old == new:
             return
         for uid in {self.pods[k].workload for k in entry.pods}:
@@ -493,8 +493,8 @@ class ClusterIndex:
             node.pods.add(entry.key)
         else:
             node.pods.discard(entry.key)
-        for g in node.groups:
-            pod_into(self.groups[g], entry.phase, entry.requests, sign)
+        for g in node.node_groups:
+            pod_into(self.node_groups[g], entry.phase, entry.requests, sign)
         self.kueue.pod(node, entry.phase, entry.requests, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]

@@ -85,7 +85,7 @@ class NodeEntry:
     """One node as the index keeps it: its own facts, where it belongs, and the running sums of
     the pods bound to it (so it can move between node sets in O(resources))."""
 
-    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "groups", "labels", "name",
+    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "labels", "name", "node_groups",
                  "pod_phases", "pod_requests", "pods", "present", "ready", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
@@ -98,7 +98,7 @@ class NodeEntry:
         self.capacity: Vector = ()
         self.accelerators_unhealthy: Vector = ()
         self.state = "Unknown"
-        self.groups: tuple[tuple[str, str], ...] = ()  # the index.GroupKey of each node group it is in
+        self.node_groups: tuple[tuple[str, str], ...] = ()  # the index.NodeGroupKey of each node group it is in
         self.flavors: tuple[str, ...] = ()  # Kueue flavors whose nodeLabels it matches (kueue.py)
         self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
         self.pod_requests: dict[str, int] = {}

@@ -500,7 +500,7 @@ class Reconciler:
 
     def _node_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
         name, label = obj.metadata.name, obj.spec.labelKey
-        count = sum(1 for summarizer, _ in self.index.groups if summarizer == name)
+        count = sum(1 for summarizer, _ in self.index.node_groups if summarizer == name)
         if count:
             return ("True", "Summarizing", f"{count} node groups from the values of node label {label}"), \
                 {"groupCount": count}

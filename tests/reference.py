@@ -160,10 +160,10 @@ def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
     groups = {
         k: (g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
             dict(g.pods), dict(g.requested), sorted(g.node_names))
-        for k, g in index.groups.items()
+        for k, g in index.node_groups.items()
     }
     workloads = {
-        uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.group_nodes))
+        uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.nodes_by_node_group))
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)
@@ -200,7 +200,7 @@ def node_state(world: World, node: Node) -> str:
 
 def recompute_health(world: World) -> tuple[dict, dict]:
     """Per node group (states, accelerators_unhealthy); per workload (pods_by_node_state,
-    unhealthy_nodes, group_unhealthy_nodes), for every group and workload recompute() finds."""
+    unhealthy_nodes, unhealthy_nodes_by_node_group), for every group and workload recompute() finds."""
     groups, workloads, _, _ = recompute(world)
     states = {name: node_state(world, node) for name, node in world.nodes.items()}
     node_groups = {name: [(s, node.metadata.labels[k]) for s, k in world.node_summarizers.items()
@@ -235,7 +235,7 @@ def recompute_health(world: World) -> tuple[dict, dict]:
 
 def health_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
     return (
-        {k: (dict(g.states), dict(g.accelerators_unhealthy)) for k, g in index.groups.items()},
-        {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.group_unhealthy_nodes))
+        {k: (dict(g.states), dict(g.accelerators_unhealthy)) for k, g in index.node_groups.items()},
+        {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.unhealthy_nodes_by_node_group))
          for uid, w in index.workloads.items()},
     )

@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, WorkloadAgg
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType
 from kubeindex.quantity import NANO, format_quantity, parse_nano
 from reconciler.controller import Summary, SummaryMeta, claim_of
@@ -265,7 +265,7 @@ def _old_quantity(resource: str, nano: int) -> str:
     return str(value)
 
 
-def old_shape(agg: GroupAgg) -> dict[str, Any]:
+def old_shape(agg: NodeGroupAgg) -> dict[str, Any]:
     """A NodeSummary status in the first v1alpha1 shape, computed from the aggregate as it was."""
     not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
     status = {
@@ -324,7 +324,7 @@ def test_every_field_of_the_old_shape_is_computed_from_the_new(specs: list[dict[
         for j, (phase, cpu) in enumerate(spec["pods"]):
             index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"n-{i}", phase=phase, cpu=cpu))
     (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
-    agg = index.groups[("pool", "a")]
+    agg = index.node_groups[("pool", "a")]
     assert old_from_new(summary.status) == old_shape(agg)
     for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):  # and exactly, where the
         for resource, text in summary.status.get(field, {}).items():  # old one rounded
@@ -350,5 +350,5 @@ def test_a_node_summary_status_fits_its_budget() -> None:
             index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"gke-pool-a-{i}", cpu="500m"))
     (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
     size = len(json.dumps(summary.status, separators=(",", ":")))
-    old = len(json.dumps(old_shape(index.groups[("pool", "pool-a")]), separators=(",", ":")))
+    old = len(json.dumps(old_shape(index.node_groups[("pool", "pool-a")]), separators=(",", ":")))
     assert size <= STATUS_BUDGET < old, (size, old)

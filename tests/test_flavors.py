@@ -184,7 +184,7 @@ def test_a_flavor_is_the_nodes_matching_all_its_node_labels() -> None:
     assert sorted(f["gpu-a"].node_names) == ["gpu-1"]
     assert sorted(f["everything"].node_names) == ["cpu-1", "gpu-1", "gpu-2"] and f["everything"].pods == {"Running": 2}
     assert f["none"].nodes == 0 and f["none"].allocatable == {}
-    assert set(index.groups) == {("pool", "gpu"), ("pool", "cpu")}  # no group per flavor
+    assert set(index.node_groups) == {("pool", "gpu"), ("pool", "cpu")}  # no group per flavor
 
 
 def test_node_changes_pod_churn_and_flavor_edits_move_the_sums() -> None:
