@@ -357,7 +357,7 @@ class Renderer:
         return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes)
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
-        kind = kinds.get((agg.group, agg.kind), agg.kind)
+        kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
         stamp = (agg.generation, kind, self._node_groups_epoch)
         hit = self._workloads.get(agg.uid)
         if hit is None or hit[0] != stamp:

@@ -65,14 +65,15 @@ class NodeGroupAgg(NodeSetAgg):
 
 @dataclass(eq=False)
 class WorkloadAgg:
-    """One root workload: a configured owner with no configured owner above it, or a pod label."""
+    """One root workload: a configured owner with no configured owner above it, or the pods of a
+    namespace that carry one value (``name``) of a configured pod label key (``label_key``)."""
 
     uid: str
     namespace: str
     name: str
-    group: str
-    kind: str
-    is_object: bool = True  # False for a workload named by a pod label: kind is the label key, name its value
+    group: str  # an owner's API group ("" for the core group); "" for a label workload
+    kind: str  # an owner's kind; "" for a label workload
+    label_key: str = ""  # a label workload's pod label key; "" for an owner
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
     node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
     nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
@@ -80,6 +81,11 @@ class WorkloadAgg:
     unhealthy_nodes: int = 0  # distinct nodes not Ready
     unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
     generation: int = 0
+
+    @property
+    def is_object(self) -> bool:
+        """An owner (an API object that can own its summary), not a pod label's value."""
+        return not self.label_key
 
 
 class PodEntry:
@@ -469,7 +475,7 @@ class ClusterIndex:
             label, value = labels[0]
             uid = f"label:{label}:{namespace}/{value}"
             if uid not in self.workloads:
-                self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", label, is_object=False)
+                self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", "", label_key=label)
             return uid, res.status
         return None, res.status
 

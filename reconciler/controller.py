@@ -528,7 +528,7 @@ class Reconciler:
     def _counts_for(self, w: WorkloadAgg, kinds: set[tuple[str, str]], label_keys: set[str]) -> bool:
         if w.is_object:
             return (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos
-        return w.kind in label_keys  # a label workload: kind is its label key
+        return w.label_key in label_keys
 
     @staticmethod
     def _listed(spec: Any) -> dict[tuple[str, str], str]:

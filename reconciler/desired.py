@@ -107,7 +107,7 @@ def label_claim(namespace: str, label_key: str, value: str) -> Claim:
 def claim_for(agg: WorkloadAgg) -> Claim:
     if agg.is_object:
         return workload_claim(agg.namespace, agg.group, agg.kind, agg.name)
-    return label_claim(agg.namespace, agg.kind, agg.name)
+    return label_claim(agg.namespace, agg.label_key, agg.name)
 
 
 def _not_ready(agg: NodeGroupAgg) -> int:
@@ -209,7 +209,7 @@ def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names:
         ref = {"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}
         metadata["ownerReferences"] = [ref]
     else:  # no object to own it: the reconciler deletes it when the label's last pod is gone
-        ref = {"labelKey": agg.kind, "labelValue": agg.name}
+        ref = {"labelKey": agg.label_key, "labelValue": agg.name}
     body = {"apiVersion": API_VERSION, "kind": "WorkloadSummary", "metadata": metadata, "spec": {"workloadRef": ref}}
     return Desired("workloadsummaries", agg.namespace, name, body, status)
 
@@ -217,7 +217,7 @@ def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names:
 def _type_of(agg: WorkloadAgg, type_infos: Mapping[GroupKind, TypeInfo],
              label_infos: Mapping[str, TypeInfo]) -> TypeInfo | None:
     """How a workload is written; None: it is not (a kind not usable now, a flag-only label key)."""
-    return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.kind)
+    return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.label_key)
 
 
 Cache = dict[object, tuple[tuple, Desired]]

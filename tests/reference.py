@@ -107,8 +107,8 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
     unresolved: Counter = Counter()
     broken: Counter = Counter()
 
-    def workload(uid: str, namespace: str, name: str, group: str, kind: str) -> dict:
-        return workloads.setdefault(uid, {"id": (namespace, name, group, kind), "pods": Counter(),
+    def workload(uid: str, namespace: str, name: str, group: str, kind: str, label_key: str = "") -> dict:
+        return workloads.setdefault(uid, {"id": (namespace, name, group, kind, label_key), "pods": Counter(),
                                           "nodes": {}})
 
     for owner in world.owners.values():
@@ -129,7 +129,7 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             if label:
                 ns = pod.metadata.namespace
                 top = f"label:{label[0]}:{ns}/{label[1]}"
-                workload(top, ns, label[1], "", label[0])
+                workload(top, ns, label[1], "", "", label[0])
         if top is None:
             unresolved[status] += 1
             continue
@@ -163,7 +163,7 @@ def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
         for k, g in index.node_groups.items()
     }
     workloads = {
-        uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.nodes_by_node_group))
+        uid: ((w.namespace, w.name, w.group, w.kind, w.label_key), dict(w.pods), dict(w.nodes_by_node_group))
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)

@@ -216,7 +216,7 @@ def test_pod_label_names_the_workload_where_no_owner_does() -> None:
         index.upsert_pod(make_pod(f"v{i}", f"v{i}", labels={"volcano.sh/job-name": "sim"}))
     index.upsert_pod(make_pod("bare", "bare"))
     (wl,) = index.workloads.values()
-    assert (wl.name, wl.kind, wl.pods) == ("sim", "volcano.sh/job-name", {"Running": 2})
+    assert (wl.name, wl.label_key, wl.pods) == ("sim", "volcano.sh/job-name", {"Running": 2})
     assert index.unresolved == {NONE: 1}
     for i in range(2):
         index.delete_pod(f"ns/v{i}")
@@ -232,7 +232,7 @@ def labels_of(*keys: str) -> list[PodLabelWorkload]:
 
 def label_workloads(index: ClusterIndex) -> dict[tuple[str, str], dict[str, int]]:
     """(label key, value) -> pods by phase, of the workloads named by a pod label."""
-    return {(w.kind, w.name): w.pods for w in index.workloads.values() if not w.is_object}
+    return {(w.label_key, w.name): w.pods for w in index.workloads.values() if not w.is_object}
 
 
 def test_label_workloads_follow_live_summarizer_edits() -> None:
@@ -292,7 +292,7 @@ def test_a_label_workload_goes_with_its_last_pod() -> None:
     index.set_workload_summarizer("gangs", [], labels_of(VOLCANO))
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "sim"}))
     index.upsert_pod(make_pod("b", "b", labels={VOLCANO: "sim"}, namespace="other"))
-    assert {(w.namespace, w.name, w.kind) for w in index.workloads.values()} == {
+    assert {(w.namespace, w.name, w.label_key) for w in index.workloads.values()} == {
         ("ns", "sim", VOLCANO), ("other", "sim", VOLCANO)}  # one per namespace and value
     stamp = index.stamp
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "renamed"}))  # its label changed: it moves
