@@ -32,6 +32,7 @@ from .objects import (
     Taint,
     WorkloadType,
     key_of,
+    label_workload_type,
     object_key,
     split_key,
 )
@@ -167,6 +168,11 @@ class LabelWorkloadInfo:
     summarizer: str
     label_key: str
     short_type: str | None = None
+
+
+def label_workload_uid(label_key: str, namespace: str, value: str) -> str:
+    """The index's key of a label workload (owners are keyed by their UID, which has no '/')."""
+    return f"{label_workload_type(label_key)}:{namespace}/{value}"
 
 
 LabelMatches = tuple[tuple[str, str], ...]  # a pod's (key, value) of the configured label keys, in key order
@@ -473,7 +479,7 @@ class ClusterIndex:
             return res.workload, res.status
         if labels and res.status not in FAILURES:
             label, value = labels[0]
-            uid = f"label:{label}:{namespace}/{value}"
+            uid = label_workload_uid(label, namespace, value)
             if uid not in self.workloads:
                 self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", "", label_key=label)
             return uid, res.status

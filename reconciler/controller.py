@@ -30,7 +30,7 @@ import msgspec
 
 from kubeindex.api import ApiClient
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import API_VERSION, group_of, key_of, split_key
+from kubeindex.objects import API_VERSION, LABEL_WORKLOAD_PREFIX, group_of, key_of, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
@@ -533,9 +533,9 @@ class Reconciler:
     @staticmethod
     def _listed(spec: Any) -> dict[tuple[str, str], str]:
         """What a WorkloadSummarizer lists, each as the status names it: kinds by (group, kind),
-        label keys by ("label/", key) (no API group has a '/')."""
+        label keys by (LABEL_WORKLOAD_PREFIX, key), which no (group, kind) equals."""
         return {**{(t.group, t.kind): t.kind for t in spec.workloadTypes},
-                **{("label/", p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
+                **{(LABEL_WORKLOAD_PREFIX, p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
 
     def _overlaps(self, obj: Any) -> str:
         mine = self._listed(obj.spec)

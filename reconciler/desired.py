@@ -20,7 +20,7 @@ from kubeindex.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
-from kubeindex.objects import API_VERSION, GROUP, key_of
+from kubeindex.objects import API_VERSION, GROUP, key_of, label_workload_type
 from kubeindex.owners import GroupKind
 from kubeindex.quantity import format_quantity
 
@@ -101,7 +101,7 @@ def workload_claim(namespace: str, group: str, kind: str, name: str) -> Claim:
 def label_claim(namespace: str, label_key: str, value: str) -> Claim:
     """A label workload's claim. Its identity starts with `label/`: an owner's starts with its API
     group, which has no '/', so the two never share an identity (nor a hashed name)."""
-    return Claim(namespace, f"label/{label_key}\x00{value}", value)
+    return Claim(namespace, f"{label_workload_type(label_key)}\x00{value}", value)
 
 
 def claim_for(agg: WorkloadAgg) -> Claim:
@@ -198,7 +198,7 @@ def _refs(agg: WorkloadAgg, summary_names: dict[NodeGroupKey, str]) -> list[dict
 
 def label_type(info: LabelWorkloadInfo) -> TypeInfo:
     """How a label workload is shown: longType `label/<key>`, shortType its entry's or `label`."""
-    return TypeInfo("", info.short_type or LABEL_SHORT_TYPE, f"label/{info.label_key}")
+    return TypeInfo("", info.short_type or LABEL_SHORT_TYPE, label_workload_type(info.label_key))
 
 
 def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[NodeGroupKey, str]) -> Desired:

@@ -14,6 +14,7 @@ from kubeindex.index import (
     TERMINATED,
     ClusterIndex,
     effective_requests,
+    label_workload_uid,
 )
 from kubeindex.objects import Node, Pod
 from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
@@ -128,7 +129,7 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             label = _label(world, pod)
             if label:
                 ns = pod.metadata.namespace
-                top = f"label:{label[0]}:{ns}/{label[1]}"
+                top = label_workload_uid(label[0], ns, label[1])
                 workload(top, ns, label[1], "", "", label[0])
         if top is None:
             unresolved[status] += 1
@@ -218,7 +219,7 @@ def recompute_health(world: World) -> tuple[dict, dict]:
         top, status = walk(world, pod.metadata.uid)
         label = _label(world, pod) if top is None and status == NONE else None
         if label:
-            top = f"label:{label[0]}:{pod.metadata.namespace}/{label[1]}"
+            top = label_workload_uid(label[0], pod.metadata.namespace, label[1])
         if top is None:
             continue
         by_state, nodes, per_group = workload_health[top]
