@@ -238,6 +238,12 @@ def group_of(api_version: str) -> str:
 
 # -- How a workload's type is written --------------------------------------------------------------
 
+def long_type(group: str, kind: str, version: str) -> str:
+    """`<kind in lower case>.<group>/<version>`, e.g. jobset.jobset.x-k8s.io/v1alpha2, or
+    replicationcontroller/v1 in the core group: a WorkloadSummary's longType, a kind in messages."""
+    return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+
+
 # A label workload's type stands where an owner's API group and kind would: no API group has a
 # '/', so the two never meet (in a claim identity, a hashed name, a summarizer's listing).
 LABEL_WORKLOAD_PREFIX = "label/"

@@ -57,6 +57,7 @@ from .objects import (
     ResourceFlavor,
     WorkloadSummarizer,
     group_of,
+    long_type,
     object_key,
 )
 from .owners import POD, GroupKind
@@ -78,7 +79,7 @@ def describe(need: Need) -> str:
     """`job.batch/v2` for a version, else the kind and its group: `JobSet (jobset.x-k8s.io)`."""
     group, kind, version = need
     if version:
-        return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+        return long_type(group, kind, version)
     return f"{kind} ({group or 'core'})"
 
 

@@ -30,7 +30,7 @@ import msgspec
 
 from kubeindex.api import ApiClient
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import API_VERSION, LABEL_WORKLOAD_PREFIX, group_of, key_of, split_key
+from kubeindex.objects import API_VERSION, LABEL_WORKLOAD_PREFIX, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
@@ -43,7 +43,6 @@ from .desired import (
     TypeInfo,
     desired_state,
     label_claim,
-    long_type,
     node_claim,
     short_type,
     workload_claim,

@@ -51,11 +51,6 @@ def short_type(group: str, kind: str, configured: str | None) -> str:
     return configured or SHORT_TYPES.get((group, kind), kind.lower())
 
 
-def long_type(group: str, kind: str, version: str) -> str:
-    """`<kind in lower case>.<group>/<version>`, e.g. jobset.jobset.x-k8s.io/v1alpha2."""
-    return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
-
-
 def names_prefix(names: set[str]) -> str:
     """Longest common prefix of the node names, then '*' (the LCP of a set is that of its min and max)."""
     if not names:

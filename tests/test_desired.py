@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
-from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType
+from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import NANO, format_quantity, parse_nano
+from kubeindex.sources import describe
 from reconciler.controller import Summary, SummaryMeta, claim_of
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
@@ -20,7 +21,6 @@ from reconciler.desired import (
     TypeInfo,
     desired_state,
     label_claim,
-    long_type,
     names_prefix,
     node_claim,
     short_type,
@@ -83,6 +83,8 @@ def test_short_and_long_types() -> None:
     assert short_type("apps", "Deployment", "web") == "web"
     assert long_type("jobset.x-k8s.io", "JobSet", "v1alpha2") == "jobset.jobset.x-k8s.io/v1alpha2"
     assert long_type("", "ReplicationController", "v1") == "replicationcontroller/v1"
+    # Messages name a kind at a version the same way (docs/troubleshooting.md).
+    assert describe(("batch", "Job", "v2")) == "job.batch/v2" and describe(("", "Pod", None)) == "Pod (core)"
 
 
 def test_names_prefix() -> None:
