@@ -1,8 +1,10 @@
 """The /metrics exposition, rendered from the index's aggregates.
 
-Families are tables of FamilyGenerator rows, one table per kind of aggregate (node group,
-workload), in the manner of kube-state-metrics: a row holds the family's name, type and help and
-a function from the aggregate to its samples, so a new family is one row.
+Families are tables of FamilyGenerator rows, in the manner of kube-state-metrics: one table per
+kind of aggregate (NODEGROUP_FAMILIES, WORKLOAD_FAMILIES, FLAVOR_FAMILIES) and one for the
+renderer's own bookkeeping (RENDERER_FAMILIES). A row holds the family's name, type and help and a
+function from the aggregate to its samples, so a new family is one row (and its line in
+docs/metrics.md, which tests/test_docs.py checks).
 
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
 lines cached under the aggregate's generation stamp, so only what changed since the last scrape
@@ -210,25 +212,55 @@ def kind_labels(types: Iterable[GroupKind]) -> dict[GroupKind, str]:
 
 # -- the renderer's own families (each one a single sample or a small, bounded set) -----------
 
-F_UNRESOLVED = Family("pods_without_workload", "gauge",
-                      "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep.")
-F_BROKEN = Family("pods_owner_chain_broken", "gauge",
-                  "Pods counted for a workload although an owner above it is missing, by reason.")
-F_CAP = Family("workload_series_limit", "gauge", "The cap on workloads with series of their own.")
-F_WORKLOADS = Family("workloads", "gauge", "Root workloads known to the index.")
-F_OVERFLOW = Family("workload_series_overflow", "gauge",
-                    "Workloads beyond the cap, folded into the workload=other series.")
-F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into the other series.")
-F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
-F_GROUP_CAP = Family("nodegroup_series_limit", "gauge",
-                     "The cap on node groups with series of their own, per summarizer.")
-F_GROUP_OVERFLOW = Family("nodegroup_series_overflow", "gauge",
-                          "Node groups beyond the cap, folded into the group=other series, per summarizer.")
-F_GROUP_DROPPED = Family("nodegroup_series_dropped", "counter",
-                         "Node groups that were ever folded into the other series, per summarizer.")
-F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
-F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version, the source revision and Python's "
-                "version.")
+def _node_groups_per_summarizer(r: Renderer) -> list[Sample]:
+    counts: dict[str, int] = {}
+    for summarizer, _ in r.index.node_groups:
+        counts[summarizer] = counts.get(summarizer, 0) + 1
+    return [(_labels(summarizer=s), counts.get(s, 0)) for s in sorted(r.index.node_summarizers)]
+
+
+def _per_summarizer_cap(value: Callable[[SeriesCap[NodeGroupKey]], int]) -> Callable[[Renderer], list[Sample]]:
+    """A sample per configured summarizer from its node-group cap (0 before its first render)."""
+    def samples(r: Renderer) -> list[Sample]:
+        caps = r.node_group_caps
+        return [(_labels(summarizer=s), value(caps[s]) if s in caps else 0) for s in sorted(r.index.node_summarizers)]
+    return samples
+
+
+RENDERER_FAMILIES: tuple[FamilyGenerator[Renderer], ...] = (
+    FamilyGenerator(Family("pods_without_workload", "gauge",
+                           "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep."),
+                    lambda r: [(_labels(reason=x), r.index.unresolved.get(x, 0)) for x in UNRESOLVED_REASONS]),
+    FamilyGenerator(Family("pods_owner_chain_broken", "gauge",
+                           "Pods counted for a workload although an owner above it is missing, by reason."),
+                    lambda r: [(_labels(reason=x), r.index.chain_broken.get(x, 0)) for x in BROKEN_REASONS]),
+    FamilyGenerator(Family("nodegroups", "gauge", "Node groups per summarizer."),
+                    _node_groups_per_summarizer),
+    FamilyGenerator(Family("nodegroup_series_limit", "gauge",
+                           "The cap on node groups with series of their own, per summarizer."),
+                    lambda r: [("", r.max_nodegroup_series)]),
+    FamilyGenerator(Family("nodegroup_series_overflow", "gauge",
+                           "Node groups beyond the cap, folded into the group=other series, per summarizer."),
+                    _per_summarizer_cap(lambda cap: len(cap.overflowed))),
+    FamilyGenerator(Family("nodegroup_series_dropped", "counter",
+                           "Node groups that were ever folded into the other series, per summarizer."),
+                    _per_summarizer_cap(lambda cap: cap.dropped_total)),
+    FamilyGenerator(Family("workloads", "gauge", "Root workloads known to the index."),
+                    lambda r: [("", len(r.index.workloads))]),
+    FamilyGenerator(Family("workload_series_limit", "gauge", "The cap on workloads with series of their own."),
+                    lambda r: [("", r.max_workload_series)]),
+    FamilyGenerator(Family("workload_series_overflow", "gauge",
+                           "Workloads beyond the cap, folded into the workload=other series."),
+                    lambda r: [("", len(r.workload_cap.overflowed))]),
+    FamilyGenerator(Family("workload_series_dropped", "counter",
+                           "Workloads that were ever folded into the other series."),
+                    lambda r: [("", r.workload_cap.dropped_total)]),
+    FamilyGenerator(Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took."),
+                    lambda r: [("", round(r.last_render_seconds, 6))]),
+    FamilyGenerator(Family("build_info", "gauge",
+                           "Always 1; labels carry the version, the source revision and Python's version."),
+                    lambda r: [(_labels(**r.build_info), 1)]),
+)
 
 
 class SeriesCap(Generic[K]):
@@ -366,7 +398,7 @@ class Renderer:
             hit = self._workloads[agg.uid] = (stamp, chunks(WORKLOAD_FAMILIES, base, series))
         return hit[1]
 
-    def _workload_chunks(self) -> tuple[list[tuple[str, ...]], int]:
+    def _workload_chunks(self) -> list[tuple[str, ...]]:
         workloads = self.index.workloads
         overflow = self.workload_cap.assign(workloads)
         kinds = kind_labels(self.index.workload_types)
@@ -382,7 +414,7 @@ class Renderer:
                         mine[k] = mine.get(k, 0) + n
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
                               WorkloadSeries(pods, {}, by_state, None)))
-        return out, len(overflow)
+        return out
 
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------
 
@@ -404,47 +436,24 @@ class Renderer:
         started = time.perf_counter()
         out: list[str] = []
         node_groups = self._node_group_chunks()  # first: workloads fold node groups by its outcome
-        workloads, overflow = self._workload_chunks()
+        workloads = self._workload_chunks()
         flavors = self._flavor_chunks()
         for table, rendered in ((NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads),
                                 (FLAVOR_FAMILIES, flavors)):
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))
                 out.extend(c[i] for c in rendered)
-        out.extend(self._own_lines(openmetrics_format, overflow))
+        out.extend(self._own_lines(openmetrics_format))
         self.last_render_seconds = time.perf_counter() - started
         body = "".join(out).encode()
         if openmetrics_format:
             return body + openmetrics.generate_latest(self.registry)  # ends with "# EOF"
         return body + prometheus_client.generate_latest(self.registry)
 
-    def own_families(self, overflow: int = 0) -> list[tuple[Family, list[Sample]]]:
-        index = self.index
-        counts: dict[str, int] = {}
-        for summarizer, _ in index.node_groups:
-            counts[summarizer] = counts.get(summarizer, 0) + 1
-        summarizers = sorted(index.node_summarizers)
-        caps = self.node_group_caps
-        return [
-            (F_UNRESOLVED, [(_labels(reason=r), index.unresolved.get(r, 0)) for r in UNRESOLVED_REASONS]),
-            (F_BROKEN, [(_labels(reason=r), index.chain_broken.get(r, 0)) for r in BROKEN_REASONS]),
-            (F_NODE_GROUPS, [(_labels(summarizer=s), counts.get(s, 0)) for s in summarizers]),
-            (F_GROUP_CAP, [("", self.max_nodegroup_series)]),
-            (F_GROUP_OVERFLOW, [(_labels(summarizer=s), len(caps[s].overflowed) if s in caps else 0)
-                                for s in summarizers]),
-            (F_GROUP_DROPPED, [(_labels(summarizer=s), caps[s].dropped_total if s in caps else 0)
-                               for s in summarizers]),
-            (F_WORKLOADS, [("", len(index.workloads))]),
-            (F_CAP, [("", self.max_workload_series)]),
-            (F_OVERFLOW, [("", overflow)]),
-            (F_DROPPED, [("", self.workload_cap.dropped_total)]),
-            (F_RENDER, [("", round(self.last_render_seconds, 6))]),
-            (F_INFO, [(_labels(**self.build_info), 1)]),
-        ]
-
-    def _own_lines(self, om: bool, overflow: int) -> list[str]:
+    def _own_lines(self, om: bool) -> list[str]:
+        """The renderer's own families: few samples each, formatted anew on every scrape."""
         out: list[str] = []
-        for family, samples in self.own_families(overflow):
-            out.append(family.header(om))
-            out.extend(_line(family, labels, value) for labels, value in samples)
+        for row in RENDERER_FAMILIES:
+            out.append(row.family.header(om))
+            out.extend(_line(row.family, labels, value) for labels, value in row.samples(self))
         return out
