@@ -113,8 +113,10 @@ def _phases(pods: dict[str, int]) -> dict[str, int]:
     return {p: pods[p] for p in PHASES if pods.get(p)}
 
 
-# NodeSummary status: one function per field (a new field is one row). Empty maps, lists and
-# strings are left out, so the desired status compares equal to what the API server returns.
+# NodeSummary status: one function per field. A new field is one row here and its property in
+# crds/nodesummaries.yaml (the API server drops undeclared fields; tests/test_desired.py checks the
+# two agree). Empty maps, lists and strings are left out, so the desired status compares equal to
+# what the API server returns.
 NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "nodeCount": lambda a: a.nodes,
     "nodeNamesPrefix": lambda a: names_prefix(a.node_names),
@@ -171,6 +173,7 @@ class WorkloadView:
     refs: list[dict[str, Any]]  # nodeSummaryRefs, most nodes first
 
 
+# WorkloadSummary status: the same, from a WorkloadView (crds/workloadsummaries.yaml).
 WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
     "podCount": lambda w: sum(w.agg.pods.values()),
     "shortType": lambda w: w.info.short_type,

@@ -6,6 +6,8 @@ import json
 import re
 from typing import Any
 
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,6 +18,8 @@ from kubeindex.sources import describe
 from reconciler.controller import Summary, SummaryMeta, claim_of
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
+    NODE_SUMMARY_STATUS,
+    WORKLOAD_SUMMARY_STATUS,
     Desired,
     Naming,
     TypeInfo,
@@ -27,6 +31,7 @@ from reconciler.desired import (
     workload_claim,
 )
 from reconciler.names import NameAllocator
+from tests.conftest import CRDS
 from tests.reference import Owner
 from tests.test_index import make_node, make_pod, ref
 from tests.test_names import SUBDOMAIN, label_values
@@ -354,3 +359,14 @@ def test_a_node_summary_status_fits_its_budget() -> None:
     size = len(json.dumps(summary.status, separators=(",", ":")))
     old = len(json.dumps(old_shape(index.node_groups[("pool", "pool-a")]), separators=(",", ":")))
     assert size <= STATUS_BUDGET < old, (size, old)
+
+
+@pytest.mark.parametrize(("plural", "table"), [("nodesummaries", NODE_SUMMARY_STATUS),
+                                               ("workloadsummaries", WORKLOAD_SUMMARY_STATUS)])
+def test_every_status_field_is_declared_by_the_crd(plural: str, table: dict[str, Any]) -> None:
+    """A new summary field is one function in its table and its property in the CRD's status
+    schema: the API server drops what the schema does not declare."""
+    crd = yaml.safe_load((CRDS / f"{plural}.yaml").read_text())
+    for version in crd["spec"]["versions"]:
+        declared = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        assert set(table) == set(declared), version["name"]
