@@ -250,6 +250,10 @@ def _placement(entry: NodeEntry) -> Placement:
 
 
 class ClusterIndex:
+    """Nodes, pods, owners and the summarizers in; node groups (``node_groups``) and root workloads
+    (``workloads``) out, and beside them the Kueue flavors (``kueue``), fed the same node and pod
+    events."""
+
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
                  max_depth: int = 10, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
                  problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
