@@ -1,8 +1,10 @@
 """The /metrics exposition, rendered from the index's aggregates.
 
-Families are tables of FamilyGenerator rows, one table per kind of aggregate (node group,
-workload), in the manner of kube-state-metrics: a row holds the family's name, type and help and
-a function from the aggregate to its samples, so a new family is one row.
+Families are tables of FamilyGenerator rows, in the manner of kube-state-metrics: one table per
+kind of aggregate (NODEGROUP_FAMILIES, WORKLOAD_FAMILIES, FLAVOR_FAMILIES) and one for the
+renderer's own bookkeeping (RENDERER_FAMILIES). A row holds the family's name, type and help and a
+function from the aggregate to its samples, so a new family is one row (and its line in
+docs/metrics.md, which tests/test_docs.py checks).
 
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
 lines cached under the aggregate's generation stamp, so only what changed since the last scrape
@@ -31,12 +33,12 @@ from kubeindex.index import (
     READY_STATES,
     UNHEALTHY_STATES,
     ClusterIndex,
-    FlavorAgg,
-    GroupAgg,
-    GroupKey,
+    NodeGroupAgg,
+    NodeGroupKey,
     WorkloadAgg,
 )
-from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
+from kubeindex.kueue import FlavorAgg
+from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
 from kubeindex.quantity import NANO
 
 PREFIX = "nws_"
@@ -97,7 +99,7 @@ def _resources(values: dict[str, int]) -> Iterator[Sample]:
 
 # -- node groups ---------------------------------------------------------------------------------
 
-NODEGROUP_FAMILIES: tuple[FamilyGenerator[GroupAgg], ...] = (
+NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_nodes", "gauge",
                            "Nodes in the node group (nodes of a NodeSummarizer with one label value)."),
                     lambda g: [("", g.nodes)]),
@@ -163,7 +165,7 @@ class WorkloadSeries:
     nodes that are not Ready (no distinct count for the summed "other" workload)."""
 
     pods: dict[str, int]
-    group_nodes: dict[GroupKey, int]
+    nodes_by_node_group: dict[NodeGroupKey, int]
     pods_by_node_state: dict[str, int]
     unhealthy_nodes: int | None
 
@@ -176,7 +178,8 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                                for p in PHASES if p in ALWAYS_PHASES or w.pods.get(p))),
     FamilyGenerator(Family("workload_nodes", "gauge",
                            "Distinct nodes of each node group that the workload's pods run on."),
-                    lambda w: ((_labels(summarizer=s, group=g), n) for (s, g), n in sorted(w.group_nodes.items()))),
+                    lambda w: ((_labels(summarizer=s, group=g), n)
+                               for (s, g), n in sorted(w.nodes_by_node_group.items()))),
     FamilyGenerator(Family("workload_pods_by_node_state", "gauge",
                            "Pods of the root workload on nodes that are not Ready, by node state, while non-zero."),
                     lambda w: ((_labels(state=s), w.pods_by_node_state[s])
@@ -197,7 +200,7 @@ def chunks(table: tuple[FamilyGenerator[A], ...], base: str, aggregate: A) -> tu
     return tuple(out)
 
 
-def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+def kind_labels(types: Iterable[GroupKind]) -> dict[GroupKind, str]:
     """The `kind` label per configured (group, kind): the bare kind, or `Kind.group` where two
     configured groups share a kind (batch Job and batch.volcano.sh Job), so series never collide."""
     types = list(types)
@@ -209,25 +212,55 @@ def kind_labels(types: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
 
 # -- the renderer's own families (each one a single sample or a small, bounded set) -----------
 
-F_UNRESOLVED = Family("pods_without_workload", "gauge",
-                      "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep.")
-F_BROKEN = Family("pods_owner_chain_broken", "gauge",
-                  "Pods counted for a workload although an owner above it is missing, by reason.")
-F_CAP = Family("workload_series_limit", "gauge", "The cap on workloads with series of their own.")
-F_WORKLOADS = Family("workloads", "gauge", "Root workloads known to the index.")
-F_OVERFLOW = Family("workload_series_overflow", "gauge",
-                    "Workloads beyond the cap, folded into the workload=other series.")
-F_DROPPED = Family("workload_series_dropped", "counter", "Workloads that were ever folded into the other series.")
-F_NODE_GROUPS = Family("nodegroups", "gauge", "Node groups per summarizer.")
-F_GROUP_CAP = Family("nodegroup_series_limit", "gauge",
-                     "The cap on node groups with series of their own, per summarizer.")
-F_GROUP_OVERFLOW = Family("nodegroup_series_overflow", "gauge",
-                          "Node groups beyond the cap, folded into the group=other series, per summarizer.")
-F_GROUP_DROPPED = Family("nodegroup_series_dropped", "counter",
-                         "Node groups that were ever folded into the other series, per summarizer.")
-F_RENDER = Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took.")
-F_INFO = Family("build_info", "gauge", "Always 1; labels carry the version, the source revision and Python's "
-                "version.")
+def _node_groups_per_summarizer(r: Renderer) -> list[Sample]:
+    counts: dict[str, int] = {}
+    for summarizer, _ in r.index.node_groups:
+        counts[summarizer] = counts.get(summarizer, 0) + 1
+    return [(_labels(summarizer=s), counts.get(s, 0)) for s in sorted(r.index.node_summarizers)]
+
+
+def _per_summarizer_cap(value: Callable[[SeriesCap[NodeGroupKey]], int]) -> Callable[[Renderer], list[Sample]]:
+    """A sample per configured summarizer from its node-group cap (0 before its first render)."""
+    def samples(r: Renderer) -> list[Sample]:
+        caps = r.node_group_caps
+        return [(_labels(summarizer=s), value(caps[s]) if s in caps else 0) for s in sorted(r.index.node_summarizers)]
+    return samples
+
+
+RENDERER_FAMILIES: tuple[FamilyGenerator[Renderer], ...] = (
+    FamilyGenerator(Family("pods_without_workload", "gauge",
+                           "Pods with no root workload, by reason: no_workload_type, missing_owner, cycle, too_deep."),
+                    lambda r: [(_labels(reason=x), r.index.unresolved.get(x, 0)) for x in UNRESOLVED_REASONS]),
+    FamilyGenerator(Family("pods_owner_chain_broken", "gauge",
+                           "Pods counted for a workload although an owner above it is missing, by reason."),
+                    lambda r: [(_labels(reason=x), r.index.chain_broken.get(x, 0)) for x in BROKEN_REASONS]),
+    FamilyGenerator(Family("nodegroups", "gauge", "Node groups per summarizer."),
+                    _node_groups_per_summarizer),
+    FamilyGenerator(Family("nodegroup_series_limit", "gauge",
+                           "The cap on node groups with series of their own, per summarizer."),
+                    lambda r: [("", r.max_nodegroup_series)]),
+    FamilyGenerator(Family("nodegroup_series_overflow", "gauge",
+                           "Node groups beyond the cap, folded into the group=other series, per summarizer."),
+                    _per_summarizer_cap(lambda cap: len(cap.overflowed))),
+    FamilyGenerator(Family("nodegroup_series_dropped", "counter",
+                           "Node groups that were ever folded into the other series, per summarizer."),
+                    _per_summarizer_cap(lambda cap: cap.dropped_total)),
+    FamilyGenerator(Family("workloads", "gauge", "Root workloads known to the index."),
+                    lambda r: [("", len(r.index.workloads))]),
+    FamilyGenerator(Family("workload_series_limit", "gauge", "The cap on workloads with series of their own."),
+                    lambda r: [("", r.max_workload_series)]),
+    FamilyGenerator(Family("workload_series_overflow", "gauge",
+                           "Workloads beyond the cap, folded into the workload=other series."),
+                    lambda r: [("", len(r.workload_cap.overflowed))]),
+    FamilyGenerator(Family("workload_series_dropped", "counter",
+                           "Workloads that were ever folded into the other series."),
+                    lambda r: [("", r.workload_cap.dropped_total)]),
+    FamilyGenerator(Family("scrape_render_seconds", "gauge", "Seconds the previous /metrics render took."),
+                    lambda r: [("", round(r.last_render_seconds, 6))]),
+    FamilyGenerator(Family("build_info", "gauge",
+                           "Always 1; labels carry the version, the source revision and Python's version."),
+                    lambda r: [(_labels(**r.build_info), 1)]),
+)
 
 
 class SeriesCap(Generic[K]):
@@ -268,16 +301,10 @@ class SeriesCap(Generic[K]):
         return overflow
 
 
-def _sum_groups(summarizer: str, groups: Iterable[GroupAgg]) -> GroupAgg:
-    total = GroupAgg(summarizer, OTHER)
-    for g in groups:
-        total.nodes += g.nodes
-        total.unschedulable += g.unschedulable
-        for mine, theirs in ((total.conditions, g.conditions), (total.allocatable, g.allocatable),
-                             (total.capacity, g.capacity), (total.pods, g.pods), (total.requested, g.requested),
-                             (total.states, g.states), (total.accelerators_unhealthy, g.accelerators_unhealthy)):
-            for k, v in theirs.items():
-                mine[k] = mine.get(k, 0) + v
+def _sum_node_groups(summarizer: str, node_groups: Iterable[NodeGroupAgg]) -> NodeGroupAgg:
+    total = NodeGroupAgg(summarizer, OTHER)
+    for g in node_groups:
+        total.add_sums(g)
     return total
 
 
@@ -291,77 +318,79 @@ class Renderer:
         self.build_info = build_info or {"version": "unknown"}  # nws_build_info's labels
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
-        self.group_caps: dict[str, SeriesCap[GroupKey]] = {}  # per summarizer
-        self._overflowed_groups: set[GroupKey] = set()
-        self._groups_epoch = 0  # moves whenever _overflowed_groups does
-        self._groups: dict[GroupKey, tuple[int, tuple[str, ...]]] = {}
-        self._other_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
+        self.node_group_caps: dict[str, SeriesCap[NodeGroupKey]] = {}  # per summarizer
+        self._overflowed_node_groups: set[NodeGroupKey] = set()
+        self._node_groups_epoch = 0  # moves whenever _overflowed_node_groups does
+        self._node_groups: dict[NodeGroupKey, tuple[int, tuple[str, ...]]] = {}
+        self._other_node_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
         self._flavors: dict[str, tuple[int, tuple[str, ...]]] = {}
         self.last_render_seconds = 0.0
 
     # -- node groups under the cap -------------------------------------------------------------
 
-    def _group_chunks(self) -> list[tuple[str, ...]]:
-        by_summarizer: dict[str, list[GroupAgg]] = {s: [] for s in self.index.node_summarizers}
-        for agg in self.index.groups.values():
+    def _node_group_chunks(self) -> list[tuple[str, ...]]:
+        by_summarizer: dict[str, list[NodeGroupAgg]] = {s: [] for s in self.index.node_summarizers}
+        for agg in self.index.node_groups.values():
             by_summarizer.setdefault(agg.summarizer, []).append(agg)
-        for gone in self.group_caps.keys() - by_summarizer.keys():
+        for gone in self.node_group_caps.keys() - by_summarizer.keys():
             self._forget_summarizer(gone)
         out = []
-        overflowed: set[GroupKey] = set()
+        overflowed: set[NodeGroupKey] = set()
         for summarizer, aggs in by_summarizer.items():
-            cap = self.group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
+            cap = self.node_group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
             overflow = set(cap.assign((a.summarizer, a.value) for a in aggs))
-            out.extend(self._cached_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
+            out.extend(self._cached_node_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
             if overflow:
                 overflowed |= overflow
-                out.append(self._cached_other_group(summarizer, cap, [self.index.groups[k] for k in overflow]))
-        for key in self._groups.keys() - self.index.groups.keys():
-            del self._groups[key]
-        if overflowed != self._overflowed_groups:
-            self._overflowed_groups = overflowed
-            self._groups_epoch += 1
+                folded = [self.index.node_groups[k] for k in overflow]
+                out.append(self._cached_other_node_group(summarizer, cap, folded))
+        for key in self._node_groups.keys() - self.index.node_groups.keys():
+            del self._node_groups[key]
+        if overflowed != self._overflowed_node_groups:
+            self._overflowed_node_groups = overflowed
+            self._node_groups_epoch += 1
         return out
 
     def _forget_summarizer(self, summarizer: str) -> None:
-        del self.group_caps[summarizer]
-        self._other_groups.pop(summarizer, None)
+        del self.node_group_caps[summarizer]
+        self._other_node_groups.pop(summarizer, None)
 
-    def _cached_group(self, agg: GroupAgg) -> tuple[str, ...]:
+    def _cached_node_group(self, agg: NodeGroupAgg) -> tuple[str, ...]:
         key = (agg.summarizer, agg.value)
-        hit = self._groups.get(key)
+        hit = self._node_groups.get(key)
         if hit is None or hit[0] != agg.generation:
-            hit = self._groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
+            hit = self._node_groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
                 summarizer=agg.summarizer, group=agg.value), agg))
         return hit[1]
 
-    def _cached_other_group(self, summarizer: str, cap: SeriesCap[GroupKey], aggs: list[GroupAgg]) -> tuple[str, ...]:
+    def _cached_other_node_group(self, summarizer: str, cap: SeriesCap[NodeGroupKey],
+                                 aggs: list[NodeGroupAgg]) -> tuple[str, ...]:
         # Generation stamps grow monotonically across the index: (set epoch, newest stamp) changes
         # whenever the sum does, and checking it costs no dict arithmetic.
         stamp = (cap.epoch, max(a.generation for a in aggs))
-        hit = self._other_groups.get(summarizer)
+        hit = self._other_node_groups.get(summarizer)
         if hit is None or hit[0] != stamp:
-            total = _sum_groups(summarizer, aggs)
-            hit = self._other_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
+            total = _sum_node_groups(summarizer, aggs)
+            hit = self._other_node_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
                 summarizer=summarizer, group=OTHER), total))
         return hit[1]
 
     # -- workloads under the cap ---------------------------------------------------------------
 
     def _series(self, agg: WorkloadAgg) -> WorkloadSeries:
-        group_nodes = agg.group_nodes
-        if self._overflowed_groups and group_nodes:
-            folded: dict[GroupKey, int] = {}
-            for key, n in group_nodes.items():
-                key = (key[0], OTHER) if key in self._overflowed_groups else key
+        nodes_by_node_group = agg.nodes_by_node_group
+        if self._overflowed_node_groups and nodes_by_node_group:
+            folded: dict[NodeGroupKey, int] = {}
+            for key, n in nodes_by_node_group.items():
+                key = (key[0], OTHER) if key in self._overflowed_node_groups else key
                 folded[key] = folded.get(key, 0) + n
-            group_nodes = folded
-        return WorkloadSeries(agg.pods, group_nodes, agg.pods_by_node_state, agg.unhealthy_nodes)
+            nodes_by_node_group = folded
+        return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes)
 
-    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[tuple[str, str], str]) -> tuple[str, ...]:
-        kind = kinds.get((agg.group, agg.kind), agg.kind)
-        stamp = (agg.generation, kind, self._groups_epoch)
+    def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
+        kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
+        stamp = (agg.generation, kind, self._node_groups_epoch)
         hit = self._workloads.get(agg.uid)
         if hit is None or hit[0] != stamp:
             base = _labels(namespace=agg.namespace, workload=agg.name, kind=kind)
@@ -369,7 +398,7 @@ class Renderer:
             hit = self._workloads[agg.uid] = (stamp, chunks(WORKLOAD_FAMILIES, base, series))
         return hit[1]
 
-    def _workload_chunks(self) -> tuple[list[tuple[str, ...]], int]:
+    def _workload_chunks(self) -> list[tuple[str, ...]]:
         workloads = self.index.workloads
         overflow = self.workload_cap.assign(workloads)
         kinds = kind_labels(self.index.workload_types)
@@ -385,12 +414,12 @@ class Renderer:
                         mine[k] = mine.get(k, 0) + n
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
                               WorkloadSeries(pods, {}, by_state, None)))
-        return out, len(overflow)
+        return out
 
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------
 
     def _flavor_chunks(self) -> list[tuple[str, ...]]:
-        flavors = self.index.flavors
+        flavors = self.index.kueue.flavors
         for name in self._flavors.keys() - flavors.keys():
             del self._flavors[name]
         return [self._cached_flavor(flavors[name]) for name in sorted(flavors)]
@@ -406,48 +435,25 @@ class Renderer:
     def render(self, openmetrics_format: bool = False) -> bytes:
         started = time.perf_counter()
         out: list[str] = []
-        groups = self._group_chunks()  # first: workloads fold node groups by its outcome
-        workloads, overflow = self._workload_chunks()
+        node_groups = self._node_group_chunks()  # first: workloads fold node groups by its outcome
+        workloads = self._workload_chunks()
         flavors = self._flavor_chunks()
-        for table, rendered in ((NODEGROUP_FAMILIES, groups), (WORKLOAD_FAMILIES, workloads),
+        for table, rendered in ((NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads),
                                 (FLAVOR_FAMILIES, flavors)):
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))
                 out.extend(c[i] for c in rendered)
-        out.extend(self._own_lines(openmetrics_format, overflow))
+        out.extend(self._own_lines(openmetrics_format))
         self.last_render_seconds = time.perf_counter() - started
         body = "".join(out).encode()
         if openmetrics_format:
             return body + openmetrics.generate_latest(self.registry)  # ends with "# EOF"
         return body + prometheus_client.generate_latest(self.registry)
 
-    def own_families(self, overflow: int = 0) -> list[tuple[Family, list[Sample]]]:
-        index = self.index
-        counts: dict[str, int] = {}
-        for summarizer, _ in index.groups:
-            counts[summarizer] = counts.get(summarizer, 0) + 1
-        summarizers = sorted(index.node_summarizers)
-        caps = self.group_caps
-        return [
-            (F_UNRESOLVED, [(_labels(reason=r), index.unresolved.get(r, 0)) for r in UNRESOLVED_REASONS]),
-            (F_BROKEN, [(_labels(reason=r), index.chain_broken.get(r, 0)) for r in BROKEN_REASONS]),
-            (F_NODE_GROUPS, [(_labels(summarizer=s), counts.get(s, 0)) for s in summarizers]),
-            (F_GROUP_CAP, [("", self.max_nodegroup_series)]),
-            (F_GROUP_OVERFLOW, [(_labels(summarizer=s), len(caps[s].overflowed) if s in caps else 0)
-                                for s in summarizers]),
-            (F_GROUP_DROPPED, [(_labels(summarizer=s), caps[s].dropped_total if s in caps else 0)
-                               for s in summarizers]),
-            (F_WORKLOADS, [("", len(index.workloads))]),
-            (F_CAP, [("", self.max_workload_series)]),
-            (F_OVERFLOW, [("", overflow)]),
-            (F_DROPPED, [("", self.workload_cap.dropped_total)]),
-            (F_RENDER, [("", round(self.last_render_seconds, 6))]),
-            (F_INFO, [(_labels(**self.build_info), 1)]),
-        ]
-
-    def _own_lines(self, om: bool, overflow: int) -> list[str]:
+    def _own_lines(self, om: bool) -> list[str]:
+        """The renderer's own families: few samples each, formatted anew on every scrape."""
         out: list[str] = []
-        for family, samples in self.own_families(overflow):
-            out.append(family.header(om))
-            out.extend(_line(family, labels, value) for labels, value in samples)
+        for row in RENDERER_FAMILIES:
+            out.append(row.family.header(om))
+            out.extend(_line(row.family, labels, value) for labels, value in row.samples(self))
         return out

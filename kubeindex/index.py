@@ -1,17 +1,17 @@
 """The cluster index: nodes, pods and owners in, node-group and root-workload aggregates out.
 
 All updates are incremental. A pod event subtracts the pod's previous contribution and adds the
-new one (O(groups of its node)); a node event moves the node's own facts and the running sums of
-its pods between groups (O(resources), O(pods on the node) only when its groups or its state
-change); an owner event costs O(depth) plus the pods whose root workload really changed (see
-owners.py).
+new one (O(node groups of its node)); a node event moves the node's own facts and the running
+sums of its pods between node groups (O(resources), O(pods on the node) only when its node groups
+or its state change); an owner event costs O(depth) plus the pods whose root workload really
+changed (see owners.py).
 
 Each node has one state (NODE_STATES, see node_state for the precedence); workloads count their
 pods and distinct nodes on nodes in a state other than Ready.
 
-Kueue flavors (FlavorAgg) are node sets too: the nodes matching a ResourceFlavor's nodeLabels,
-summed by the same arithmetic as node groups (NodeSetAgg, _node_into, _pod_into) but kept apart
-from them, with the nominal quota of the ClusterQueues that name the flavor.
+Node groups and Kueue flavors are both node sets, summed by one arithmetic (nodeset.py). The
+flavors, with the nominal quota of the ClusterQueues that name them, are an aggregate of their own
+(kueue.py, ``ClusterIndex.kueue``) that sees the same node and pod events.
 
 Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
 (the exporter's renderer, the reconciler) redo only what changed.
@@ -21,25 +21,25 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
+from .kueue import KueueIndex
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, node_into, pod_into
 from .objects import (
-    ClusterQueue,
     Node,
     Pod,
     PodLabelWorkload,
     PodSpec,
-    ResourceFlavor,
     Taint,
     WorkloadType,
     key_of,
+    label_workload_type,
     object_key,
     split_key,
 )
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
 
-GroupKey = tuple[str, str]  # (summarizer name, label value)
+NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 TERMINATED = frozenset({"Succeeded", "Failed"})
 READY_STATES = ("Ready", "NotReady", "Unknown")
@@ -56,55 +56,8 @@ ACCELERATOR_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "google.com/tpu", "aws
                          "habana.ai/gaudi")
 
 
-
-class _Stamps:
-    """Generation stamps: ``next()`` gives a new one; ``value`` is the newest, so a consumer can
-    tell in O(1) whether anything changed since it last looked."""
-
-    value = 0
-
-    def __next__(self) -> int:
-        self.value += 1
-        return self.value
-
-
-_generation = _Stamps()
-K = TypeVar("K")
-
-
-def _add(target: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
-    for key, value in items:
-        total = target.get(key, 0) + sign * value
-        if total:
-            target[key] = total
-        else:
-            target.pop(key, None)
-
-
-def _bump(target: dict[K, int], key: K, sign: int) -> None:
-    _add(target, ((key, 1),), sign)
-
-
-@dataclass(eq=False, kw_only=True)
-class NodeSetAgg:
-    """Sums over a set of nodes and the pods bound to them: what node groups and Kueue flavors
-    both show (one arithmetic, _node_into and _pod_into, for both)."""
-
-    nodes: int = 0
-    conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
-    unschedulable: int = 0
-    allocatable: dict[str, int] = field(default_factory=dict)  # resource -> nano-units
-    capacity: dict[str, int] = field(default_factory=dict)
-    pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the group's nodes
-    requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
-    node_names: set[str] = field(default_factory=set)
-    states: dict[str, int] = field(default_factory=dict)  # NODE_STATES -> nodes
-    accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
-    generation: int = 0
-
-
 @dataclass(eq=False)
-class GroupAgg(NodeSetAgg):
+class NodeGroupAgg(NodeSetAgg):
     """One node group: the nodes of one NodeSummarizer that carry one value of its label."""
 
     summarizer: str
@@ -112,63 +65,34 @@ class GroupAgg(NodeSetAgg):
 
 
 @dataclass(eq=False)
-class FlavorAgg(NodeSetAgg):
-    """One Kueue flavor: the nodes matching all of its ResourceFlavor's nodeLabels, and the
-    nominal quota the ClusterQueues give it. It exists while its ResourceFlavor does (``defined``)
-    or while a ClusterQueue names it (then it has quota but no nodes)."""
-
-    name: str
-    defined: bool = False
-    node_labels: dict[str, str] = field(default_factory=dict)
-    quota: dict[str, int] = field(default_factory=dict)  # resource -> nominal quota summed over ClusterQueues
-    quota_refs: dict[str, int] = field(default_factory=dict)  # resource -> ClusterQueues that set it (0 counts)
-
-
-@dataclass(eq=False)
 class WorkloadAgg:
-    """One root workload: a configured owner with no configured owner above it, or a pod label."""
+    """One root workload: a configured owner with no configured owner above it, or the pods of a
+    namespace that carry one value (``name``) of a configured pod label key (``label_key``)."""
 
     uid: str
     namespace: str
     name: str
-    group: str
-    kind: str
-    is_object: bool = True  # False for a workload named by a pod label: kind is the label key, name its value
+    group: str  # an owner's API group ("" for the core group); "" for a label workload
+    kind: str  # an owner's kind; "" for a label workload
+    label_key: str = ""  # a label workload's pod label key; "" for an owner
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
     node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
-    group_nodes: dict[GroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
+    nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
     pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
     unhealthy_nodes: int = 0  # distinct nodes not Ready
-    group_unhealthy_nodes: dict[GroupKey, int] = field(default_factory=dict)  # the same per node group
+    unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
     generation: int = 0
 
-
-class NodeEntry:
-    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "groups", "labels", "name",
-                 "pod_phases", "pod_requests", "pods", "present", "ready", "state", "unschedulable")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.present = False  # False while only pods name it (the node event may come later)
-        self.labels: dict[str, str] = {}
-        self.ready = "Unknown"
-        self.unschedulable = False
-        self.allocatable: tuple[tuple[str, int], ...] = ()
-        self.capacity: tuple[tuple[str, int], ...] = ()
-        self.accelerators_unhealthy: tuple[tuple[str, int], ...] = ()
-        self.state = "Unknown"
-        self.groups: tuple[GroupKey, ...] = ()
-        self.flavors: tuple[str, ...] = ()  # Kueue flavors whose nodeLabels it matches
-        self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
-        self.pod_requests: dict[str, int] = {}
-        self.pods: set[str] = set()  # pod keys
+    @property
+    def is_object(self) -> bool:
+        """An owner (an API object that can own its summary), not a pod label's value."""
+        return not self.label_key
 
 
 class PodEntry:
     __slots__ = ("key", "labels", "node", "phase", "requests", "status", "uid", "workload")
 
-    def __init__(self, key: str, uid: str, node: str, phase: str, requests: tuple[tuple[str, int], ...],
-                 labels: LabelMatches) -> None:
+    def __init__(self, key: str, uid: str, node: str, phase: str, requests: Vector, labels: LabelMatches) -> None:
         self.key = key
         self.uid = uid
         self.node = node
@@ -181,10 +105,10 @@ class PodEntry:
         self.status = ""  # owners.OK / NONE / a failure: why there is (no) workload
 
 
-_interned: dict[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]] = {}
+_interned: dict[Vector, Vector] = {}
 
 
-def _intern(vector: dict[str, int]) -> tuple[tuple[str, int], ...]:
+def _intern(vector: dict[str, int]) -> Vector:
     """Most pods share a few request vectors: store one tuple per distinct vector."""
     key = tuple(sorted((k, v) for k, v in vector.items() if v))
     return _interned.setdefault(key, key) if len(_interned) < 100_000 else key
@@ -210,7 +134,7 @@ def effective_requests(spec: PodSpec) -> dict[str, int]:
     for c in spec.initContainers:
         req = _parse(c.resources.requests)
         if c.restartPolicy == "Always":
-            _add(sidecars, req.items(), 1)
+            add(sidecars, req.items(), 1)
             for r, v in sidecars.items():
                 init_peak[r] = max(init_peak.get(r, 0), v)
         else:
@@ -218,10 +142,10 @@ def effective_requests(spec: PodSpec) -> dict[str, int]:
                 init_peak[r] = max(init_peak.get(r, 0), req.get(r, 0) + sidecars.get(r, 0))
     total = dict(sidecars)
     for c in spec.containers:
-        _add(total, _parse(c.resources.requests).items(), 1)
+        add(total, _parse(c.resources.requests).items(), 1)
     result = {r: max(total.get(r, 0), init_peak.get(r, 0)) for r in total.keys() | init_peak.keys()}
     result.update((r, v) for r, v in _parse(spec.resources.requests).items() if _pod_level(r))
-    _add(result, _parse(spec.overhead).items(), 1)
+    add(result, _parse(spec.overhead).items(), 1)
     return result
 
 
@@ -244,6 +168,11 @@ class LabelWorkloadInfo:
     summarizer: str
     label_key: str
     short_type: str | None = None
+
+
+def label_workload_uid(label_key: str, namespace: str, value: str) -> str:
+    """The index's key of a label workload (owners are keyed by their UID, which has no '/')."""
+    return f"{label_workload_type(label_key)}:{namespace}/{value}"
 
 
 LabelMatches = tuple[tuple[str, str], ...]  # a pod's (key, value) of the configured label keys, in key order
@@ -296,72 +225,35 @@ class NodeHealth:
         return READY
 
 
-# What a node gives the workloads with pods on it: its groups, and its state when not Ready
+# What a node gives the workloads with pods on it: its node groups, and its state when not Ready
 # (None also for a node not seen, or deleted, while pods still name it).
-Placement = tuple[tuple[GroupKey, ...], str | None]
+Placement = tuple[tuple[NodeGroupKey, ...], str | None]
 NOWHERE: Placement = ((), None)
 
 
 def _node_in_workload(agg: WorkloadAgg, placement: Placement, pods: int, distinct: bool, sign: int) -> None:
     """Add (sign +1) or remove a node's share of a workload: ``pods`` of its pods there and, when
     ``distinct`` (the workload starts or stops using the node), the node in the distinct counts."""
-    groups, unhealthy = placement
+    node_groups, unhealthy = placement
     if distinct:
-        _add(agg.group_nodes, ((g, 1) for g in groups), sign)
+        add(agg.nodes_by_node_group, ((g, 1) for g in node_groups), sign)
     if unhealthy is None:
         return
     if distinct:
         agg.unhealthy_nodes += sign
-        _add(agg.group_unhealthy_nodes, ((g, 1) for g in groups), sign)
-    _add(agg.pods_by_node_state, ((unhealthy, pods),), sign)
+        add(agg.unhealthy_nodes_by_node_group, ((g, 1) for g in node_groups), sign)
+    add(agg.pods_by_node_state, ((unhealthy, pods),), sign)
 
 
 def _placement(entry: NodeEntry) -> Placement:
-    return entry.groups, (entry.state if entry.present and entry.state != READY else None)
-
-
-def _node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
-    """Add (sign +1) or remove a node's own facts and the running sums of its pods."""
-    agg.nodes += sign
-    _bump(agg.conditions, entry.ready, sign)
-    _bump(agg.states, entry.state, sign)
-    _add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
-    agg.unschedulable += sign * entry.unschedulable
-    _add(agg.allocatable, entry.allocatable, sign)
-    _add(agg.capacity, entry.capacity, sign)
-    _add(agg.pods, entry.pod_phases.items(), sign)
-    _add(agg.requested, entry.pod_requests.items(), sign)
-    if sign > 0:
-        agg.node_names.add(entry.name)
-    else:
-        agg.node_names.discard(entry.name)
-    agg.generation = next(_generation)
-
-
-def _pod_into(agg: NodeSetAgg, pod: PodEntry, sign: int) -> None:
-    """Add or remove one pod bound to one of the aggregate's nodes."""
-    _bump(agg.pods, pod.phase, sign)
-    _add(agg.requested, pod.requests, sign)
-    agg.generation = next(_generation)
-
-
-def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    """All of a flavor's nodeLabels are on the node (no nodeLabels: every node, as Kueue)."""
-    return all(labels.get(k) == v for k, v in selector.items())
-
-
-def _quotas(queue: ClusterQueue) -> dict[tuple[str, str], int]:
-    """(flavor, resource) -> nominal quota of one ClusterQueue, in the units of allocatable."""
-    out: dict[tuple[str, str], int] = {}
-    for group in queue.spec.resourceGroups:
-        for flavor in group.flavors:
-            for r in flavor.resources:
-                key = (flavor.name, r.name)
-                out[key] = out.get(key, 0) + parse_or_zero(r.nominalQuota)
-    return out
+    return entry.node_groups, (entry.state if entry.present and entry.state != READY else None)
 
 
 class ClusterIndex:
+    """Nodes, pods, owners and the summarizers in; node groups (``node_groups``) and root workloads
+    (``workloads``) out, and beside them the Kueue flavors (``kueue``), fed the same node and pod
+    events."""
+
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
                  max_depth: int = 10, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
                  problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
@@ -369,9 +261,8 @@ class ClusterIndex:
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
-        self.groups: dict[GroupKey, GroupAgg] = {}
-        self.flavors: dict[str, FlavorAgg] = {}  # Kueue flavors: ResourceFlavors and names in ClusterQueues
-        self.cluster_queues: dict[str, dict[tuple[str, str], int]] = {}  # name -> its (flavor, resource) quotas
+        self.node_groups: dict[NodeGroupKey, NodeGroupAgg] = {}
+        self.kueue = KueueIndex(self.nodes)  # Kueue flavors: fed the same node and pod events
         self.workloads: dict[str, WorkloadAgg] = {}
         self.node_summarizers: dict[str, str] = {}  # name -> labelKey
         self.workload_summarizers: dict[str, list[WorkloadType]] = {}
@@ -390,7 +281,7 @@ class ClusterIndex:
     @property
     def stamp(self) -> int:
         """Changes whenever any aggregate, or the set of node groups or workloads, does."""
-        return _generation.value
+        return generation.value
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -443,7 +334,7 @@ class ClusterIndex:
         self._configure_labels()
         if self.label_keys != before:
             self._relabel_pods()
-        next(_generation)  # a short type may have changed: the summaries are made of it
+        next(generation)  # a short type may have changed: the summaries are made of it
 
     def _configure_labels(self) -> None:
         """Keys by precedence: the summarizers' by name, each in its list's order; then the flag's."""
@@ -474,7 +365,7 @@ class ClusterIndex:
 
     # ---------------------------------------------------------------------------- nodes
 
-    def _groups_for(self, labels: dict[str, str]) -> tuple[GroupKey, ...]:
+    def _node_groups_for(self, labels: dict[str, str]) -> tuple[NodeGroupKey, ...]:
         return tuple((s, labels[k]) for s, k in self.node_summarizers.items() if k in labels)
 
     def upsert_node(self, node: Node) -> None:
@@ -482,9 +373,9 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
-        for g in entry.groups:
-            self._node_into_group(entry, g, -1)
-        self._node_in_flavors(entry, -1)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, -1)
+        self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present = True
         entry.labels = node.metadata.labels
@@ -496,22 +387,21 @@ class ClusterIndex:
         unhealthy = self.health.accelerators_unhealthy(allocatable, capacity)
         entry.accelerators_unhealthy = _intern(unhealthy)
         entry.state = self.health.state(node, entry.ready, bool(unhealthy))
-        entry.groups = self._groups_for(entry.labels)
-        for g in entry.groups:
-            self._node_into_group(entry, g, +1)
-        entry.flavors = self._flavors_for(entry.labels)
-        self._node_in_flavors(entry, +1)
+        entry.node_groups = self._node_groups_for(entry.labels)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, +1)
+        self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
 
     def delete_node(self, name: str) -> None:
         entry = self.nodes.get(name)
         if entry is None or not entry.present:
             return
-        for g in entry.groups:
-            self._node_into_group(entry, g, -1)
-        self._node_in_flavors(entry, -1)
+        for g in entry.node_groups:
+            self._node_into_node_group(entry, g, -1)
+        self.kueue.node_out(entry)
         before = _placement(entry)
-        entry.present, entry.groups, entry.flavors, entry.labels = False, (), (), {}
+        entry.present, entry.node_groups, entry.labels = False, (), {}
         self._move_node_workloads(entry, before, NOWHERE)
         if not entry.pods:
             del self.nodes[name]
@@ -520,27 +410,27 @@ class ClusterIndex:
         for entry in self.nodes.values():
             if not entry.present:
                 continue
-            new = self._groups_for(entry.labels)
-            if new == entry.groups:
+            new = self._node_groups_for(entry.labels)
+            if new == entry.node_groups:
                 continue
             before = _placement(entry)
-            for g in entry.groups:
-                self._node_into_group(entry, g, -1)
-            entry.groups = new
+            for g in entry.node_groups:
+                self._node_into_node_group(entry, g, -1)
+            entry.node_groups = new
             for g in new:
-                self._node_into_group(entry, g, +1)
+                self._node_into_node_group(entry, g, +1)
             self._move_node_workloads(entry, before, _placement(entry))
 
-    def _node_into_group(self, entry: NodeEntry, key: GroupKey, sign: int) -> None:
-        agg = self.groups.get(key)
+    def _node_into_node_group(self, entry: NodeEntry, key: NodeGroupKey, sign: int) -> None:
+        agg = self.node_groups.get(key)
         if agg is None:
-            agg = self.groups[key] = GroupAgg(*key)
-        _node_into(agg, entry, sign)
+            agg = self.node_groups[key] = NodeGroupAgg(*key)
+        node_into(agg, entry, sign)
         if agg.nodes == 0:
-            del self.groups[key]
+            del self.node_groups[key]
 
     def _move_node_workloads(self, entry: NodeEntry, old: Placement, new: Placement) -> None:
-        """The node's groups or state changed: every workload with pods on it moves its counts."""
+        """The node's node groups or state changed: every workload with pods on it moves its counts."""
         if old == new:
             return
         for uid in {self.pods[k].workload for k in entry.pods}:
@@ -550,88 +440,7 @@ class ClusterIndex:
             pods = agg.node_pods[entry.name]
             _node_in_workload(agg, old, pods, True, -1)
             _node_in_workload(agg, new, pods, True, +1)
-            agg.generation = next(_generation)
-
-    # ---------------------------------------------------------------------------- Kueue flavors
-    # A flavor is a node set with a selector: its nodes (and their pods' running sums) enter and
-    # leave it through the same _node_into / _pod_into as node groups, but it is kept apart from
-    # them (no node-group series, no NodeSummary, no workload placement). Matching costs O(flavors)
-    # per node event; a flavor's edit re-matches every node (flavors are few and rarely edited).
-
-    def _flavors_for(self, labels: dict[str, str]) -> tuple[str, ...]:
-        return tuple(name for name, agg in self.flavors.items() if agg.defined and _matches(agg.node_labels, labels))
-
-    def _node_in_flavors(self, entry: NodeEntry, sign: int) -> None:
-        for name in entry.flavors:
-            _node_into(self.flavors[name], entry, sign)
-
-    def _flavor(self, name: str) -> FlavorAgg:
-        agg = self.flavors.get(name)
-        if agg is None:
-            agg = self.flavors[name] = FlavorAgg(name=name, generation=next(_generation))
-        return agg
-
-    def _forget_flavor_if_unused(self, name: str) -> None:
-        agg = self.flavors[name]
-        if not agg.defined and not agg.quota_refs:
-            del self.flavors[name]
-            next(_generation)  # the set of flavors changed
-
-    def _rematch(self, entry: NodeEntry, agg: FlavorAgg) -> None:
-        """Put the node in or out of the flavor after the flavor changed."""
-        match = agg.defined and _matches(agg.node_labels, entry.labels)
-        if match == (agg.name in entry.flavors):
-            return
-        _node_into(agg, entry, +1 if match else -1)
-        entry.flavors = tuple(f for f in entry.flavors if f != agg.name) + ((agg.name,) if match else ())
-
-    def upsert_flavor(self, flavor: ResourceFlavor) -> None:
-        agg = self._flavor(flavor.metadata.name)
-        labels = dict(flavor.spec.nodeLabels)
-        if agg.defined and agg.node_labels == labels:
-            return  # status or metadata only
-        agg.defined, agg.node_labels = True, labels
-        agg.generation = next(_generation)
-        for entry in self.nodes.values():
-            if entry.present:
-                self._rematch(entry, agg)
-
-    def delete_flavor(self, name: str) -> None:
-        agg = self.flavors.get(name)
-        if agg is None or not agg.defined:
-            return
-        agg.defined, agg.node_labels = False, {}
-        agg.generation = next(_generation)
-        for entry in self.nodes.values():
-            self._rematch(entry, agg)
-        self._forget_flavor_if_unused(name)
-
-    def upsert_cluster_queue(self, queue: ClusterQueue) -> None:
-        """The queue's old contribution to its flavors' nominal quota out, the new one in."""
-        name = queue.metadata.name
-        new = _quotas(queue)
-        old = self.cluster_queues.get(name)
-        if old == new:
-            return
-        if old:
-            self._queue_quotas(old, -1)
-        self.cluster_queues[name] = new
-        self._queue_quotas(new, +1)
-
-    def delete_cluster_queue(self, name: str) -> None:
-        old = self.cluster_queues.pop(name, None)
-        if old:
-            self._queue_quotas(old, -1)
-
-    def _queue_quotas(self, quotas: dict[tuple[str, str], int], sign: int) -> None:
-        for (flavor, resource), value in quotas.items():
-            agg = self._flavor(flavor)
-            _add(agg.quota, ((resource, value),), sign)
-            _bump(agg.quota_refs, resource, sign)
-            agg.generation = next(_generation)
-        if sign < 0:
-            for flavor in {f for f, _ in quotas}:
-                self._forget_flavor_if_unused(flavor)
+            agg.generation = next(generation)
 
     # ---------------------------------------------------------------------------- pods
 
@@ -674,9 +483,9 @@ class ClusterIndex:
             return res.workload, res.status
         if labels and res.status not in FAILURES:
             label, value = labels[0]
-            uid = f"label:{label}:{namespace}/{value}"
+            uid = label_workload_uid(label, namespace, value)
             if uid not in self.workloads:
-                self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", label, is_object=False)
+                self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", "", label_key=label)
             return uid, res.status
         return None, res.status
 
@@ -694,35 +503,34 @@ class ClusterIndex:
         node = self.nodes.get(entry.node)
         if node is None:
             node = self.nodes[entry.node] = NodeEntry(entry.node)
-        _bump(node.pod_phases, entry.phase, sign)
-        _add(node.pod_requests, entry.requests, sign)
+        bump(node.pod_phases, entry.phase, sign)
+        add(node.pod_requests, entry.requests, sign)
         if sign > 0:
             node.pods.add(entry.key)
         else:
             node.pods.discard(entry.key)
-        for g in node.groups:
-            _pod_into(self.groups[g], entry, sign)
-        for f in node.flavors:
-            _pod_into(self.flavors[f], entry, sign)
+        for g in node.node_groups:
+            pod_into(self.node_groups[g], entry.phase, entry.requests, sign)
+        self.kueue.pod(node, entry.phase, entry.requests, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]
 
     def _pod_in_workload(self, entry: PodEntry, sign: int) -> None:
         if entry.workload is None:
-            _bump(self.unresolved, entry.status, sign)
+            bump(self.unresolved, entry.status, sign)
             return
         if entry.status in FAILURES:  # a workload below a missing owner
-            _bump(self.chain_broken, entry.status, sign)
+            bump(self.chain_broken, entry.status, sign)
         agg = self.workloads[entry.workload]
-        _bump(agg.pods, entry.phase, sign)
+        bump(agg.pods, entry.phase, sign)
         if entry.node:
             before = agg.node_pods.get(entry.node, 0)
-            _bump(agg.node_pods, entry.node, sign)
+            bump(agg.node_pods, entry.node, sign)
             distinct = (before == 0) != (before + sign == 0)  # the workload starts or stops using this node
             node = self.nodes.get(entry.node)
             if node is not None and (distinct or node.state != READY):
                 _node_in_workload(agg, _placement(node), 1, distinct, sign)
-        agg.generation = next(_generation)
+        agg.generation = next(generation)
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]
 
@@ -769,9 +577,9 @@ class ClusterIndex:
         if is_root and not was_root:
             namespace, name = split_key(vertex.key)
             self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk,
-                                                              generation=next(_generation)))
+                                                              generation=next(generation)))
         elif was_root and not is_root:
             agg = self.workloads.get(vertex.uid)
             if agg is not None and not agg.pods:
                 del self.workloads[vertex.uid]
-                next(_generation)  # the set of workloads changed
+                next(generation)  # the set of workloads changed

@@ -234,3 +234,21 @@ def object_key(meta: ObjectMeta) -> str:
 def group_of(api_version: str) -> str:
     """"apps/v1" -> "apps"; "v1" -> "" (the core group)."""
     return api_version.rpartition("/")[0]
+
+
+# -- How a workload's type is written --------------------------------------------------------------
+
+def long_type(group: str, kind: str, version: str) -> str:
+    """`<kind in lower case>.<group>/<version>`, e.g. jobset.jobset.x-k8s.io/v1alpha2, or
+    replicationcontroller/v1 in the core group: a WorkloadSummary's longType, a kind in messages."""
+    return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+
+
+# A label workload's type stands where an owner's API group and kind would: no API group has a
+# '/', so the two never meet (in a claim identity, a hashed name, a summarizer's listing).
+LABEL_WORKLOAD_PREFIX = "label/"
+
+
+def label_workload_type(label_key: str) -> str:
+    """`label/<key>`: a label workload's longType, and the start of its claim identity."""
+    return f"{LABEL_WORKLOAD_PREFIX}{label_key}"

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-GroupKind = tuple[str, str]  # (group, kind); the core group is ""
+GroupKind = tuple[str, str]  # (API group, kind); the core group is ""
 POD: GroupKind = ("", "Pod")
 MAX_DEPTH = 10  # ownerReference hops followed from a pod, as Kueue does
 

@@ -57,6 +57,7 @@ from .objects import (
     ResourceFlavor,
     WorkloadSummarizer,
     group_of,
+    long_type,
     object_key,
 )
 from .owners import POD, GroupKind
@@ -78,7 +79,7 @@ def describe(need: Need) -> str:
     """`job.batch/v2` for a version, else the kind and its group: `JobSet (jobset.x-k8s.io)`."""
     group, kind, version = need
     if version:
-        return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
+        return long_type(group, kind, version)
     return f"{kind} ({group or 'core'})"
 
 
@@ -110,9 +111,9 @@ class Sources:
         # Optional kinds: need -> (projection, handler); watched whenever served.
         self.optional: dict[Need, tuple[type, Handler]] = {
             (KUEUE_GROUP, "ResourceFlavor", KUEUE_VERSION):
-                (ResourceFlavor, Handler(index.upsert_flavor, index.delete_flavor)),
+                (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
             (KUEUE_GROUP, "ClusterQueue", KUEUE_VERSION):
-                (ClusterQueue, Handler(index.upsert_cluster_queue, index.delete_cluster_queue)),
+                (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self._discovered: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known

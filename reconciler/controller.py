@@ -28,7 +28,7 @@ import msgspec
 
 from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import API_VERSION, group_of, key_of, split_key
+from kubeindex.objects import API_VERSION, LABEL_WORKLOAD_PREFIX, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
@@ -41,7 +41,6 @@ from .desired import (
     TypeInfo,
     desired_state,
     label_claim,
-    long_type,
     node_claim,
     short_type,
     workload_claim,
@@ -494,7 +493,7 @@ class Reconciler:
 
     def _node_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
         name, label = obj.metadata.name, obj.spec.labelKey
-        count = sum(1 for summarizer, _ in self.index.groups if summarizer == name)
+        count = sum(1 for summarizer, _ in self.index.node_groups if summarizer == name)
         if count:
             return ("True", "Summarizing", f"{count} node groups from the values of node label {label}"), \
                 {"groupCount": count}
@@ -522,14 +521,14 @@ class Reconciler:
     def _counts_for(self, w: WorkloadAgg, kinds: set[tuple[str, str]], label_keys: set[str]) -> bool:
         if w.is_object:
             return (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos
-        return w.kind in label_keys  # a label workload: kind is its label key
+        return w.label_key in label_keys
 
     @staticmethod
     def _listed(spec: Any) -> dict[tuple[str, str], str]:
         """What a WorkloadSummarizer lists, each as the status names it: kinds by (group, kind),
-        label keys by ("label/", key) (no API group has a '/')."""
+        label keys by (LABEL_WORKLOAD_PREFIX, key), which no (group, kind) equals."""
         return {**{(t.group, t.kind): t.kind for t in spec.workloadTypes},
-                **{("label/", p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
+                **{(LABEL_WORKLOAD_PREFIX, p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
 
     def _overlaps(self, obj: Any) -> str:
         mine = self._listed(obj.spec)

@@ -10,8 +10,17 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, LabelWorkloadInfo, WorkloadAgg
-from kubeindex.objects import API_VERSION, GROUP, key_of
+from kubeindex.index import (
+    NODE_STATES,
+    PHASES,
+    ClusterIndex,
+    LabelWorkloadInfo,
+    NodeGroupAgg,
+    NodeGroupKey,
+    WorkloadAgg,
+)
+from kubeindex.objects import API_VERSION, GROUP, key_of, label_workload_type
+from kubeindex.owners import GroupKind
 from kubeindex.quantity import format_quantity
 
 from .names import Claim, NameAllocator
@@ -39,11 +48,6 @@ LABEL_SHORT_TYPE = "label"  # the shortType of a label workload whose podLabelWo
 
 def short_type(group: str, kind: str, configured: str | None) -> str:
     return configured or SHORT_TYPES.get((group, kind), kind.lower())
-
-
-def long_type(group: str, kind: str, version: str) -> str:
-    """`<kind in lower case>.<group>/<version>`, e.g. jobset.jobset.x-k8s.io/v1alpha2."""
-    return f"{kind.lower()}.{group}/{version}" if group else f"{kind.lower()}/{version}"
 
 
 def names_prefix(names: set[str]) -> str:
@@ -91,16 +95,16 @@ def workload_claim(namespace: str, group: str, kind: str, name: str) -> Claim:
 def label_claim(namespace: str, label_key: str, value: str) -> Claim:
     """A label workload's claim. Its identity starts with `label/`: an owner's starts with its API
     group, which has no '/', so the two never share an identity (nor a hashed name)."""
-    return Claim(namespace, f"label/{label_key}\x00{value}", value)
+    return Claim(namespace, f"{label_workload_type(label_key)}\x00{value}", value)
 
 
 def claim_for(agg: WorkloadAgg) -> Claim:
     if agg.is_object:
         return workload_claim(agg.namespace, agg.group, agg.kind, agg.name)
-    return label_claim(agg.namespace, agg.kind, agg.name)
+    return label_claim(agg.namespace, agg.label_key, agg.name)
 
 
-def _not_ready(agg: GroupAgg) -> int:
+def _not_ready(agg: NodeGroupAgg) -> int:
     return agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
 
 
@@ -108,9 +112,11 @@ def _phases(pods: dict[str, int]) -> dict[str, int]:
     return {p: pods[p] for p in PHASES if pods.get(p)}
 
 
-# NodeSummary status: one function per field (a new field is one row). Empty maps, lists and
-# strings are left out, so the desired status compares equal to what the API server returns.
-NODE_SUMMARY_STATUS: dict[str, Callable[[GroupAgg], Any]] = {
+# NodeSummary status: one function per field. A new field is one row here and its property in
+# crds/nodesummaries.yaml (the API server drops undeclared fields; tests/test_desired.py checks the
+# two agree). Empty maps, lists and strings are left out, so the desired status compares equal to
+# what the API server returns.
+NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "nodeCount": lambda a: a.nodes,
     "nodeNamesPrefix": lambda a: names_prefix(a.node_names),
     "conditions": lambda a: [{"type": "Ready", "count": a.conditions.get("Ready", 0)},
@@ -127,7 +133,7 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[GroupAgg], Any]] = {
 }
 
 
-def node_summary(agg: GroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
+def node_summary(agg: NodeGroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
     status = _drop_empty({field: value(agg) for field, value in NODE_SUMMARY_STATUS.items()})
     body = {
         "apiVersion": API_VERSION, "kind": "NodeSummary",
@@ -166,6 +172,7 @@ class WorkloadView:
     refs: list[dict[str, Any]]  # nodeSummaryRefs, most nodes first
 
 
+# WorkloadSummary status: the same, from a WorkloadView (crds/workloadsummaries.yaml).
 WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
     "podCount": lambda w: sum(w.agg.pods.values()),
     "shortType": lambda w: w.info.short_type,
@@ -179,18 +186,19 @@ WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
 }
 
 
-def _refs(agg: WorkloadAgg, summary_names: dict[tuple[str, str], str]) -> list[dict[str, Any]]:
-    refs = [{"name": summary_names[g], "nodeCount": n, "unhealthyNodeCount": agg.group_unhealthy_nodes.get(g, 0)}
-            for g, n in agg.group_nodes.items() if g in summary_names]
+def _refs(agg: WorkloadAgg, summary_names: dict[NodeGroupKey, str]) -> list[dict[str, Any]]:
+    unhealthy = agg.unhealthy_nodes_by_node_group
+    refs = [{"name": summary_names[g], "nodeCount": n, "unhealthyNodeCount": unhealthy.get(g, 0)}
+            for g, n in agg.nodes_by_node_group.items() if g in summary_names]
     return sorted(refs, key=lambda r: (-r["nodeCount"], r["name"]))
 
 
 def label_type(info: LabelWorkloadInfo) -> TypeInfo:
     """How a label workload is shown: longType `label/<key>`, shortType its entry's or `label`."""
-    return TypeInfo("", info.short_type or LABEL_SHORT_TYPE, f"label/{info.label_key}")
+    return TypeInfo("", info.short_type or LABEL_SHORT_TYPE, label_workload_type(info.label_key))
 
 
-def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[tuple[str, str], str]) -> Desired:
+def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[NodeGroupKey, str]) -> Desired:
     view = WorkloadView(agg, info, _refs(agg, summary_names))
     status = _drop_empty({field: value(view) for field, value in WORKLOAD_SUMMARY_STATUS.items()})
     metadata: dict[str, Any] = {"name": name, "namespace": agg.namespace, "labels": {MANAGED_BY: MANAGER}}
@@ -198,15 +206,15 @@ def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names:
         ref = {"apiVersion": info.api_version, "kind": agg.kind, "name": agg.name, "uid": agg.uid}
         metadata["ownerReferences"] = [ref]
     else:  # no object to own it: the reconciler deletes it when the label's last pod is gone
-        ref = {"labelKey": agg.kind, "labelValue": agg.name}
+        ref = {"labelKey": agg.label_key, "labelValue": agg.name}
     body = {"apiVersion": API_VERSION, "kind": "WorkloadSummary", "metadata": metadata, "spec": {"workloadRef": ref}}
     return Desired("workloadsummaries", agg.namespace, name, body, status)
 
 
-def _type_of(agg: WorkloadAgg, type_infos: Mapping[tuple[str, str], TypeInfo],
+def _type_of(agg: WorkloadAgg, type_infos: Mapping[GroupKind, TypeInfo],
              label_infos: Mapping[str, TypeInfo]) -> TypeInfo | None:
     """How a workload is written; None: it is not (a kind not usable now, a flag-only label key)."""
-    return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.kind)
+    return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.label_key)
 
 
 Cache = dict[object, tuple[tuple, Desired]]
@@ -237,19 +245,19 @@ class Naming:
 
 
 def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
-                  type_infos: dict[tuple[str, str], TypeInfo], cache: Cache | None = None,
+                  type_infos: dict[GroupKind, TypeInfo], cache: Cache | None = None,
                   naming: Naming | None = None) -> list[Desired]:
-    """Every object that should exist. O(groups + workloads), with a cheap constant when ``cache``
+    """Every object that should exist. O(node groups + workloads), with a cheap constant when ``cache``
     and ``naming`` are kept between calls."""
     cache = {} if cache is None else cache
     naming = naming or Naming.empty()
     out = []
     seen: set[object] = set()
-    groups = [agg for agg in index.groups.values() if agg.summarizer in node_summarizer_uids]
-    group_claims = {(agg.summarizer, agg.value): node_claim(agg.summarizer, agg.value) for agg in groups}
-    node_names = naming.nodes.assign(group_claims.values(), naming.held_nodes)
-    summary_names = {key: node_names[claim] for key, claim in group_claims.items()}
-    for agg in groups:
+    node_groups = [agg for agg in index.node_groups.values() if agg.summarizer in node_summarizer_uids]
+    claims = {(agg.summarizer, agg.value): node_claim(agg.summarizer, agg.value) for agg in node_groups}
+    node_names = naming.nodes.assign(claims.values(), naming.held_nodes)
+    summary_names = {key: node_names[claim] for key, claim in claims.items()}
+    for agg in node_groups:
         key = (agg.summarizer, agg.value)
         uid = node_summarizer_uids[agg.summarizer]
         label_key = index.node_summarizers[agg.summarizer]
@@ -263,17 +271,17 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
     infos = {w.uid: info for w in index.workloads.values()
              if (info := _type_of(w, type_infos, label_infos)) is not None}
     workloads = [index.workloads[uid] for uid in infos]
-    claims = {w.uid: claim_for(w) for w in workloads}
-    names = naming.workloads.assign(claims.values(), naming.held_workloads)
+    workload_claims = {w.uid: claim_for(w) for w in workloads}
+    names = naming.workloads.assign(workload_claims.values(), naming.held_workloads)
     emitted: set[Claim] = set()
     for w in workloads:
-        claim = claims[w.uid]
+        claim = workload_claims[w.uid]
         if claim in emitted:
             continue  # deleted and recreated under the same name: both known for a moment
         emitted.add(claim)
         info = infos[w.uid]
         name = names[claim]
-        refs = tuple(summary_names.get(g) for g in w.group_nodes)  # the names its refs point at
+        refs = tuple(summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
         seen.add(w.uid)
         out.append(_cached(cache, w.uid, (w.generation, name, info, refs),
                            lambda w=w, info=info, name=name: workload_summary(w, name, info, summary_names)))

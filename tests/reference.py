@@ -14,6 +14,7 @@ from kubeindex.index import (
     TERMINATED,
     ClusterIndex,
     effective_requests,
+    label_workload_uid,
 )
 from kubeindex.objects import Node, Pod
 from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
@@ -107,8 +108,8 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
     unresolved: Counter = Counter()
     broken: Counter = Counter()
 
-    def workload(uid: str, namespace: str, name: str, group: str, kind: str) -> dict:
-        return workloads.setdefault(uid, {"id": (namespace, name, group, kind), "pods": Counter(),
+    def workload(uid: str, namespace: str, name: str, group: str, kind: str, label_key: str = "") -> dict:
+        return workloads.setdefault(uid, {"id": (namespace, name, group, kind, label_key), "pods": Counter(),
                                           "nodes": {}})
 
     for owner in world.owners.values():
@@ -128,8 +129,8 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             label = _label(world, pod)
             if label:
                 ns = pod.metadata.namespace
-                top = f"label:{label[0]}:{ns}/{label[1]}"
-                workload(top, ns, label[1], "", label[0])
+                top = label_workload_uid(label[0], ns, label[1])
+                workload(top, ns, label[1], "", "", label[0])
         if top is None:
             unresolved[status] += 1
             continue
@@ -160,10 +161,10 @@ def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
     groups = {
         k: (g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
             dict(g.pods), dict(g.requested), sorted(g.node_names))
-        for k, g in index.groups.items()
+        for k, g in index.node_groups.items()
     }
     workloads = {
-        uid: ((w.namespace, w.name, w.group, w.kind), dict(w.pods), dict(w.group_nodes))
+        uid: ((w.namespace, w.name, w.group, w.kind, w.label_key), dict(w.pods), dict(w.nodes_by_node_group))
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)
@@ -200,7 +201,7 @@ def node_state(world: World, node: Node) -> str:
 
 def recompute_health(world: World) -> tuple[dict, dict]:
     """Per node group (states, accelerators_unhealthy); per workload (pods_by_node_state,
-    unhealthy_nodes, group_unhealthy_nodes), for every group and workload recompute() finds."""
+    unhealthy_nodes, unhealthy_nodes_by_node_group), for every group and workload recompute() finds."""
     groups, workloads, _, _ = recompute(world)
     states = {name: node_state(world, node) for name, node in world.nodes.items()}
     node_groups = {name: [(s, node.metadata.labels[k]) for s, k in world.node_summarizers.items()
@@ -218,7 +219,7 @@ def recompute_health(world: World) -> tuple[dict, dict]:
         top, status = walk(world, pod.metadata.uid)
         label = _label(world, pod) if top is None and status == NONE else None
         if label:
-            top = f"label:{label[0]}:{pod.metadata.namespace}/{label[1]}"
+            top = label_workload_uid(label[0], pod.metadata.namespace, label[1])
         if top is None:
             continue
         by_state, nodes, per_group = workload_health[top]
@@ -235,7 +236,7 @@ def recompute_health(world: World) -> tuple[dict, dict]:
 
 def health_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
     return (
-        {k: (dict(g.states), dict(g.accelerators_unhealthy)) for k, g in index.groups.items()},
-        {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.group_unhealthy_nodes))
+        {k: (dict(g.states), dict(g.accelerators_unhealthy)) for k, g in index.node_groups.items()},
+        {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.unhealthy_nodes_by_node_group))
          for uid, w in index.workloads.items()},
     )

@@ -6,27 +6,32 @@ import json
 import re
 from typing import Any
 
+import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, GroupAgg, WorkloadAgg
-from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType
+from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
+from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import NANO, format_quantity, parse_nano
+from kubeindex.sources import describe
 from reconciler.controller import Summary, SummaryMeta, claim_of
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
+    NODE_SUMMARY_STATUS,
+    WORKLOAD_SUMMARY_STATUS,
     Desired,
     Naming,
     TypeInfo,
     desired_state,
     label_claim,
-    long_type,
     names_prefix,
     node_claim,
     short_type,
     workload_claim,
 )
 from reconciler.names import NameAllocator
+from tests.conftest import CRDS
 from tests.reference import Owner
 from tests.test_index import make_node, make_pod, ref
 from tests.test_names import SUBDOMAIN, label_values
@@ -83,6 +88,8 @@ def test_short_and_long_types() -> None:
     assert short_type("apps", "Deployment", "web") == "web"
     assert long_type("jobset.x-k8s.io", "JobSet", "v1alpha2") == "jobset.jobset.x-k8s.io/v1alpha2"
     assert long_type("", "ReplicationController", "v1") == "replicationcontroller/v1"
+    # Messages name a kind at a version the same way (docs/troubleshooting.md).
+    assert describe(("batch", "Job", "v2")) == "job.batch/v2" and describe(("", "Pod", None)) == "Pod (core)"
 
 
 def test_names_prefix() -> None:
@@ -265,7 +272,7 @@ def _old_quantity(resource: str, nano: int) -> str:
     return str(value)
 
 
-def old_shape(agg: GroupAgg) -> dict[str, Any]:
+def old_shape(agg: NodeGroupAgg) -> dict[str, Any]:
     """A NodeSummary status in the first v1alpha1 shape, computed from the aggregate as it was."""
     not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
     status = {
@@ -324,7 +331,7 @@ def test_every_field_of_the_old_shape_is_computed_from_the_new(specs: list[dict[
         for j, (phase, cpu) in enumerate(spec["pods"]):
             index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"n-{i}", phase=phase, cpu=cpu))
     (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
-    agg = index.groups[("pool", "a")]
+    agg = index.node_groups[("pool", "a")]
     assert old_from_new(summary.status) == old_shape(agg)
     for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):  # and exactly, where the
         for resource, text in summary.status.get(field, {}).items():  # old one rounded
@@ -350,5 +357,16 @@ def test_a_node_summary_status_fits_its_budget() -> None:
             index.upsert_pod(make_pod(f"p-{i}-{j}", f"p-{i}-{j}", node=f"gke-pool-a-{i}", cpu="500m"))
     (summary,) = desired_state(index, {"pool": "uid-pool"}, {})
     size = len(json.dumps(summary.status, separators=(",", ":")))
-    old = len(json.dumps(old_shape(index.groups[("pool", "pool-a")]), separators=(",", ":")))
+    old = len(json.dumps(old_shape(index.node_groups[("pool", "pool-a")]), separators=(",", ":")))
     assert size <= STATUS_BUDGET < old, (size, old)
+
+
+@pytest.mark.parametrize(("plural", "table"), [("nodesummaries", NODE_SUMMARY_STATUS),
+                                               ("workloadsummaries", WORKLOAD_SUMMARY_STATUS)])
+def test_every_status_field_is_declared_by_the_crd(plural: str, table: dict[str, Any]) -> None:
+    """A new summary field is one function in its table and its property in the CRD's status
+    schema: the API server drops what the schema does not declare."""
+    crd = yaml.safe_load((CRDS / f"{plural}.yaml").read_text())
+    for version in crd["spec"]["versions"]:
+        declared = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+        assert set(table) == set(declared), version["name"]

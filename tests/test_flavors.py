@@ -79,7 +79,7 @@ def recompute_flavors(world: World, flavors: dict[str, dict[str, str]],
 
 def flavor_snapshot(index: ClusterIndex) -> dict[str, tuple]:
     return {name: (f.defined, f.nodes, f.states, f.allocatable, f.pods, f.requested, sorted(f.node_names),
-                   f.quota, f.quota_refs) for name, f in index.flavors.items()}
+                   f.quota, f.quota_refs) for name, f in index.kueue.flavors.items()}
 
 
 class KueueScenario(Scenario):
@@ -98,22 +98,22 @@ class KueueScenario(Scenario):
             name = rnd.choice(["fa", "fb", "fc"])
             labels = {k: rnd.choice(["a", "b", "c"]) for k in ("pool", "zone") if rnd.random() < 0.5}
             self.flavors[name] = labels
-            idx.upsert_flavor(flavor(name, **labels))
+            idx.kueue.upsert_flavor(flavor(name, **labels))
         elif action < 0.11 and self.flavors:
             name = rnd.choice(list(self.flavors))
             del self.flavors[name]
-            idx.delete_flavor(name)
+            idx.kueue.delete_flavor(name)
         elif action < 0.18:
             name = rnd.choice(["q1", "q2", "q3"])
             quotas = {f: {r: rnd.choice(["0", "1", "2500m", "4", 3]) for r in rnd.sample(["cpu", "nvidia.com/gpu"], 2)
                           if rnd.random() < 0.7}
                       for f in rnd.sample(["fa", "fb", "fc", "fd"], rnd.randint(0, 3))}
             self.queues[name] = queue(name, quotas)
-            idx.upsert_cluster_queue(self.queues[name])
+            idx.kueue.upsert_cluster_queue(self.queues[name])
         elif action < 0.21 and self.queues:
             name = rnd.choice(list(self.queues))
             del self.queues[name]
-            idx.delete_cluster_queue(name)
+            idx.kueue.delete_cluster_queue(name)
         else:
             super().step()
 
@@ -137,7 +137,7 @@ def test_flavors_leave_node_groups_and_workloads_alone(seed: int) -> None:
     plain.step = lambda: None  # type: ignore[method-assign]
     for _ in range(300):
         with_kueue.step()
-    with_kueue.index.upsert_flavor(flavor("every-node"))  # at least one flavor, with every node
+    with_kueue.index.kueue.upsert_flavor(flavor("every-node"))  # at least one flavor, with every node
     # Replay the world without the Kueue objects into a fresh index.
     for node in with_kueue.world.nodes.values():
         plain.index.upsert_node(node)
@@ -150,7 +150,7 @@ def test_flavors_leave_node_groups_and_workloads_alone(seed: int) -> None:
         add_owner(plain.index, owner)
     for pod in with_kueue.world.pods.values():
         plain.index.upsert_pod(pod)
-    assert with_kueue.index.flavors["every-node"].nodes == len(with_kueue.world.nodes)
+    assert with_kueue.index.kueue.flavors["every-node"].nodes == len(with_kueue.world.nodes)
     assert snapshot(with_kueue.index) == snapshot(plain.index)
     assert health_snapshot(with_kueue.index) == health_snapshot(plain.index)
 
@@ -172,11 +172,11 @@ def pools() -> ClusterIndex:
 
 def test_a_flavor_is_the_nodes_matching_all_its_node_labels() -> None:
     index = pools()
-    index.upsert_flavor(flavor("gpu", pool="gpu"))
-    index.upsert_flavor(flavor("gpu-a", pool="gpu", zone="a"))
-    index.upsert_flavor(flavor("everything"))  # no nodeLabels: every node, as Kueue
-    index.upsert_flavor(flavor("none", pool="tpu"))
-    f = index.flavors
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    index.kueue.upsert_flavor(flavor("gpu-a", pool="gpu", zone="a"))
+    index.kueue.upsert_flavor(flavor("everything"))  # no nodeLabels: every node, as Kueue
+    index.kueue.upsert_flavor(flavor("none", pool="tpu"))
+    f = index.kueue.flavors
     assert sorted(f["gpu"].node_names) == ["gpu-1", "gpu-2"]
     assert f["gpu"].allocatable == {"cpu": 16 * NANO, "memory": 64 * GI * NANO, "nvidia.com/gpu": 8 * NANO}
     assert f["gpu"].requested == {"cpu": 2 * NANO, "memory": 64 * 2**20 * NANO}
@@ -184,13 +184,13 @@ def test_a_flavor_is_the_nodes_matching_all_its_node_labels() -> None:
     assert sorted(f["gpu-a"].node_names) == ["gpu-1"]
     assert sorted(f["everything"].node_names) == ["cpu-1", "gpu-1", "gpu-2"] and f["everything"].pods == {"Running": 2}
     assert f["none"].nodes == 0 and f["none"].allocatable == {}
-    assert set(index.groups) == {("pool", "gpu"), ("pool", "cpu")}  # no group per flavor
+    assert set(index.node_groups) == {("pool", "gpu"), ("pool", "cpu")}  # no group per flavor
 
 
 def test_node_changes_pod_churn_and_flavor_edits_move_the_sums() -> None:
     index = pools()
-    index.upsert_flavor(flavor("gpu", pool="gpu"))
-    gpu = index.flavors["gpu"]
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    gpu = index.kueue.flavors["gpu"]
     index.upsert_node(make_node("gpu-3", {"pool": "gpu"}, ready="False"))  # the pool grows
     assert gpu.nodes == 3 and gpu.states == {"Ready": 2, "NotReady": 1}
     index.upsert_node(make_node("gpu-1", {"pool": "cpu"}))  # relabelled away, its pod with it
@@ -201,41 +201,41 @@ def test_node_changes_pod_churn_and_flavor_edits_move_the_sums() -> None:
     index.delete_pod("ns/p3")
     index.delete_node("gpu-3")  # the pool shrinks
     assert sorted(gpu.node_names) == ["gpu-2"] and gpu.allocatable["nvidia.com/gpu"] == 4 * NANO
-    index.upsert_flavor(flavor("gpu", pool="cpu"))  # edited: re-matched
+    index.kueue.upsert_flavor(flavor("gpu", pool="cpu"))  # edited: re-matched
     assert sorted(gpu.node_names) == ["cpu-1", "gpu-1"] and gpu.pods == {"Running": 2}
-    index.delete_flavor("gpu")
-    assert "gpu" not in index.flavors
+    index.kueue.delete_flavor("gpu")
+    assert "gpu" not in index.kueue.flavors
 
 
 def test_nominal_quota_is_summed_over_cluster_queues_incrementally() -> None:
     index = pools()
-    index.upsert_flavor(flavor("gpu", pool="gpu"))
-    index.upsert_cluster_queue(queue("team-a", {"gpu": {"cpu": 10, "nvidia.com/gpu": "6"}}))
-    index.upsert_cluster_queue(queue("team-b", {"gpu": {"cpu": "2500m", "memory": "8Gi"}, "spot": {"cpu": "0"}}))
-    gpu = index.flavors["gpu"]
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    index.kueue.upsert_cluster_queue(queue("team-a", {"gpu": {"cpu": 10, "nvidia.com/gpu": "6"}}))
+    index.kueue.upsert_cluster_queue(queue("team-b", {"gpu": {"cpu": "2500m", "memory": "8Gi"}, "spot": {"cpu": "0"}}))
+    gpu = index.kueue.flavors["gpu"]
     assert gpu.quota == {"cpu": 12_500_000_000, "nvidia.com/gpu": 6 * NANO, "memory": 8 * GI * NANO}
     # A flavor with no ResourceFlavor still has its quota; a quota of 0 is kept (counted, not summed).
-    assert index.flavors["spot"].quota == {} and index.flavors["spot"].quota_refs == {"cpu": 1}
-    assert not index.flavors["spot"].defined and index.flavors["spot"].nodes == 0
-    index.upsert_cluster_queue(queue("team-a", {"gpu": {"cpu": 4}}))  # old contribution out, new in
+    assert index.kueue.flavors["spot"].quota == {} and index.kueue.flavors["spot"].quota_refs == {"cpu": 1}
+    assert not index.kueue.flavors["spot"].defined and index.kueue.flavors["spot"].nodes == 0
+    index.kueue.upsert_cluster_queue(queue("team-a", {"gpu": {"cpu": 4}}))  # old contribution out, new in
     assert gpu.quota == {"cpu": 6_500_000_000, "memory": 8 * GI * NANO}
     assert gpu.quota_refs == {"cpu": 2, "memory": 1}
-    index.delete_cluster_queue("team-b")
-    assert gpu.quota == {"cpu": 4 * NANO} and "spot" not in index.flavors
-    index.delete_flavor("gpu")  # quota without a ResourceFlavor: kept, without nodes
-    assert index.flavors["gpu"].nodes == 0 and index.flavors["gpu"].quota == {"cpu": 4 * NANO}
-    index.delete_cluster_queue("team-a")
-    assert index.flavors == {}
+    index.kueue.delete_cluster_queue("team-b")
+    assert gpu.quota == {"cpu": 4 * NANO} and "spot" not in index.kueue.flavors
+    index.kueue.delete_flavor("gpu")  # quota without a ResourceFlavor: kept, without nodes
+    assert index.kueue.flavors["gpu"].nodes == 0 and index.kueue.flavors["gpu"].quota == {"cpu": 4 * NANO}
+    index.kueue.delete_cluster_queue("team-a")
+    assert index.kueue.flavors == {}
 
 
 def test_every_change_moves_the_stamp() -> None:
     index = pools()
-    for change in (lambda: index.upsert_flavor(flavor("gpu", pool="gpu")),
-                   lambda: index.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 1}})),
-                   lambda: index.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 2}})),
-                   lambda: index.upsert_flavor(flavor("gpu", pool="cpu")),
-                   lambda: index.delete_cluster_queue("q"),
-                   lambda: index.delete_flavor("gpu")):
+    for change in (lambda: index.kueue.upsert_flavor(flavor("gpu", pool="gpu")),
+                   lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 1}})),
+                   lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 2}})),
+                   lambda: index.kueue.upsert_flavor(flavor("gpu", pool="cpu")),
+                   lambda: index.kueue.delete_cluster_queue("q"),
+                   lambda: index.kueue.delete_flavor("gpu")):
         before = index.stamp
         change()
         assert index.stamp != before
@@ -250,8 +250,8 @@ def render(index: ClusterIndex, renderer: Renderer | None = None) -> str:
 
 def test_flavor_families_on_metrics() -> None:
     index = pools()
-    index.upsert_flavor(flavor("gpu", pool="gpu"))
-    index.upsert_cluster_queue(queue("team", {"gpu": {"cpu": 20, "nvidia.com/gpu": 8}, "spot": {"cpu": 4}}))
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    index.kueue.upsert_cluster_queue(queue("team", {"gpu": {"cpu": 20, "nvidia.com/gpu": 8}, "spot": {"cpu": 4}}))
     renderer = Renderer(index, 10, registry=prometheus_client.CollectorRegistry())
     s = parse(render(index, renderer))
     assert value(s, "nws_flavor_allocatable", flavor="gpu", resource="cpu") == 16
@@ -273,7 +273,7 @@ def test_flavor_families_on_metrics() -> None:
     assert value(s, "nws_flavor_allocatable", flavor="gpu", resource="nvidia.com/gpu") == 0
     assert value(s, "nws_flavor_nominal_quota", flavor="gpu", resource="nvidia.com/gpu") == 8
     assert value(s, "nws_flavor_nodes_by_state", flavor="gpu", state="Ready") == 0
-    index.delete_flavor("gpu")
-    index.delete_cluster_queue("team")
+    index.kueue.delete_flavor("gpu")
+    index.kueue.delete_cluster_queue("team")
     assert "nws_flavor_" not in "".join(line for line in render(index, renderer).splitlines()
                                         if not line.startswith("#"))

@@ -9,6 +9,7 @@ import msgspec
 import pytest
 
 from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests
+from kubeindex.nodeset import SUMMED, NodeSetAgg, node_into
 from kubeindex.objects import (
     Container,
     Node,
@@ -215,7 +216,7 @@ def test_pod_label_names_the_workload_where_no_owner_does() -> None:
         index.upsert_pod(make_pod(f"v{i}", f"v{i}", labels={"volcano.sh/job-name": "sim"}))
     index.upsert_pod(make_pod("bare", "bare"))
     (wl,) = index.workloads.values()
-    assert (wl.name, wl.kind, wl.pods) == ("sim", "volcano.sh/job-name", {"Running": 2})
+    assert (wl.name, wl.label_key, wl.pods) == ("sim", "volcano.sh/job-name", {"Running": 2})
     assert index.unresolved == {NONE: 1}
     for i in range(2):
         index.delete_pod(f"ns/v{i}")
@@ -231,7 +232,7 @@ def labels_of(*keys: str) -> list[PodLabelWorkload]:
 
 def label_workloads(index: ClusterIndex) -> dict[tuple[str, str], dict[str, int]]:
     """(label key, value) -> pods by phase, of the workloads named by a pod label."""
-    return {(w.kind, w.name): w.pods for w in index.workloads.values() if not w.is_object}
+    return {(w.label_key, w.name): w.pods for w in index.workloads.values() if not w.is_object}
 
 
 def test_label_workloads_follow_live_summarizer_edits() -> None:
@@ -291,7 +292,7 @@ def test_a_label_workload_goes_with_its_last_pod() -> None:
     index.set_workload_summarizer("gangs", [], labels_of(VOLCANO))
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "sim"}))
     index.upsert_pod(make_pod("b", "b", labels={VOLCANO: "sim"}, namespace="other"))
-    assert {(w.namespace, w.name, w.kind) for w in index.workloads.values()} == {
+    assert {(w.namespace, w.name, w.label_key) for w in index.workloads.values()} == {
         ("ns", "sim", VOLCANO), ("other", "sim", VOLCANO)}  # one per namespace and value
     stamp = index.stamp
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "renamed"}))  # its label changed: it moves
@@ -346,16 +347,17 @@ def test_node_groups_exact_values() -> None:
     index.upsert_node(make_node("b1", {"pool": "b"}, allocatable={"cpu": "8", "nvidia.com/gpu": "4"}))
     index.upsert_pod(make_pod("x", "x", node="a1", cpu="1500m"))
     index.upsert_pod(make_pod("y", "y", node="a2", phase="Succeeded"))
-    a, b = index.groups[("pool", "a")], index.groups[("pool", "b")]
+    a, b = index.node_groups[("pool", "a")], index.node_groups[("pool", "b")]
     assert (a.nodes, a.conditions, a.unschedulable) == (2, {"Ready": 1, "NotReady": 1}, 1)
     assert a.allocatable["cpu"] == 8 * NANO and a.pods == {"Running": 1, "Succeeded": 1}
     assert a.requested == {"cpu": 1500 * NANO // 1000, "memory": 64 * 2**20 * NANO}
     assert b.allocatable == {"cpu": 8 * NANO, "nvidia.com/gpu": 4 * NANO}
     # A label change moves the node and the pods on it.
     index.upsert_node(make_node("a1", {"pool": "b"}))
-    assert index.groups[("pool", "b")].pods == {"Running": 1} and index.groups[("pool", "a")].pods == {"Succeeded": 1}
+    assert index.node_groups[("pool", "b")].pods == {"Running": 1}
+    assert index.node_groups[("pool", "a")].pods == {"Succeeded": 1}
     index.delete_node("a2")
-    assert ("pool", "a") not in index.groups
+    assert ("pool", "a") not in index.node_groups
 
 
 # -- node state -----------------------------------------------------------------------------------
@@ -427,35 +429,35 @@ def test_node_state_reaches_groups_and_workloads() -> None:
     index.upsert_node(make_node("c1", {"pool": "cpu"}))
     for i, (workload, node) in enumerate([("web", "g1"), ("web", "g1"), ("web", "g2"), ("db", "g1"), ("far", "c1")]):
         index.upsert_pod(make_pod(f"p{i}", f"p{i}", node=node, owner=ref(("apps", "Deployment", workload))))
-    gpu, web, db, far = index.groups[("pool", "gpu")], *(index.workloads[w] for w in ("web", "db", "far"))
+    gpu, web, db, far = index.node_groups[("pool", "gpu")], *(index.workloads[w] for w in ("web", "db", "far"))
     assert gpu.states == {"Ready": 2} and gpu.accelerators_unhealthy == {}
     stamps = (gpu.generation, web.generation, db.generation, far.generation)
 
     index.upsert_node(make_node("g1", {"pool": "gpu"}, allocatable={GPU: "6"}, capacity={GPU: "8"}))
     assert gpu.states == {"Ready": 1, "Degraded": 1} and gpu.accelerators_unhealthy == {GPU: 2 * NANO}
-    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.unhealthy_nodes_by_node_group) == (
         {"Degraded": 2}, 1, {("pool", "gpu"): 1})
     assert (db.pods_by_node_state, db.unhealthy_nodes) == ({"Degraded": 1}, 1)
-    assert (far.pods_by_node_state, far.unhealthy_nodes, far.group_unhealthy_nodes) == ({}, 0, {})
+    assert (far.pods_by_node_state, far.unhealthy_nodes, far.unhealthy_nodes_by_node_group) == ({}, 0, {})
     assert (gpu.generation > stamps[0], web.generation > stamps[1], db.generation > stamps[2],
             far.generation == stamps[3]) == (True, True, True, True)
 
     index.upsert_node(make_node("g2", {"pool": "gpu"}, ready="False", allocatable={GPU: "8"}))
     assert gpu.states == {"NotReady": 1, "Degraded": 1}
-    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.unhealthy_nodes_by_node_group) == (
         {"Degraded": 2, "NotReady": 1}, 2, {("pool", "gpu"): 2})
     index.delete_pod("ns/p2")  # web leaves g2
     assert (web.pods_by_node_state, web.unhealthy_nodes) == ({"Degraded": 2}, 1)
     index.upsert_node(make_node("g1", {"pool": "cpu"}, allocatable={GPU: "6"}, capacity={GPU: "8"}))  # a move
-    assert web.group_unhealthy_nodes == {("pool", "cpu"): 1} and web.group_nodes == {("pool", "cpu"): 1}
+    assert web.unhealthy_nodes_by_node_group == {("pool", "cpu"): 1} and web.nodes_by_node_group == {("pool", "cpu"): 1}
     index.delete_node("g1")  # pods stay bound to a node no longer there: no state
-    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == ({}, 0, {})
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.unhealthy_nodes_by_node_group) == ({}, 0, {})
     assert (db.pods_by_node_state, db.unhealthy_nodes) == ({}, 0)
     index.upsert_node(make_node("g1", {"pool": "gpu"}, unschedulable=True))  # back, cordoned
-    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == (
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.unhealthy_nodes_by_node_group) == (
         {"Cordoned": 2}, 1, {("pool", "gpu"): 1})
     index.upsert_node(make_node("g1", {"pool": "gpu"}))
-    assert (web.pods_by_node_state, web.unhealthy_nodes, web.group_unhealthy_nodes) == ({}, 0, {})
+    assert (web.pods_by_node_state, web.unhealthy_nodes, web.unhealthy_nodes_by_node_group) == ({}, 0, {})
     assert gpu.states == {"Ready": 1, "NotReady": 1}
 
 
@@ -626,3 +628,22 @@ def test_stamp_changes_with_every_change_the_summaries_are_made_of() -> None:
     assert index.stamp == quiet
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.stamp != quiet
+
+
+def test_node_sets_add_up_field_by_field() -> None:
+    """The exporter's `other` node group is a sum of node groups (NodeSetAgg.add_sums): the same
+    as one node set holding all their nodes, for every field that adds up, present or future."""
+    scenario = Scenario(random.Random(1))
+    for _ in range(300):
+        scenario.step()
+    index = scenario.index
+    index.set_node_summarizer("s-pool", "pool")
+    groups = [g for (s, _), g in index.node_groups.items() if s == "s-pool"]
+    summed, direct = NodeSetAgg(), NodeSetAgg()
+    for g in groups:
+        summed.add_sums(g)
+    for entry in index.nodes.values():
+        if any(s == "s-pool" for s, _ in entry.node_groups):
+            node_into(direct, entry, +1)
+    assert len(groups) > 1 and direct.accelerators_unhealthy and direct.pods
+    assert {f: getattr(summed, f) for f in SUMMED} == {f: getattr(direct, f) for f in SUMMED}

@@ -78,7 +78,7 @@ def test_absent_kueue_is_fine_and_kueue_installed_later_is_picked_up(
                         await asyncio.to_thread(resource_flavor, kube, "gpu", {"pool": "gpu"})
                         await asyncio.to_thread(cluster_queue, kube, "team", {"gpu": {"nvidia.com/gpu": "4"}})
                         started = time.monotonic()
-                        while not ("gpu" in index.flavors and index.flavors["gpu"].quota):
+                        while not ("gpu" in index.kueue.flavors and index.kueue.flavors["gpu"].quota):
                             assert time.monotonic() - started < 10, "Kueue not picked up"
                             await asyncio.sleep(0.05)
                         text = Renderer(index, 10, registry=prometheus_client.CollectorRegistry()).render().decode()

@@ -24,7 +24,7 @@ import kubeindex.sources as sources_module
 from demo.workloads import create, ok
 from exporter.server import make_app
 from kubeindex.api import ApiClient, load_connection
-from kubeindex.index import ClusterIndex
+from kubeindex.index import ClusterIndex, label_workload_uid
 from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
@@ -406,7 +406,7 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
             pods = sources.reflectors["pods"]
             lists = pods.lists
             await asyncio.to_thread(create, kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
-            key = f"label:volcano.sh/job-name:{ns}/sim"
+            key = label_workload_uid("volcano.sh/job-name", ns, "sim")
             await until(lambda: key in sources.index.workloads)
             await until(lambda: sum(sources.index.workloads[key].pods.values()) == 3)
             return sources.index.workloads[key].pods, pods.lists - lists

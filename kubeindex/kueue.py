@@ -1,0 +1,151 @@
+"""Kueue flavors: the nodes matching a ResourceFlavor's nodeLabels, and the nominal quota the
+ClusterQueues give each flavor.
+
+A flavor is a node set with a selector: its nodes (and their pods' running sums) enter and leave
+it through the same arithmetic as node groups (nodeset.py), but it is kept apart from them: no
+node-group series, no NodeSummary, no workload placement. The cluster index hands it its node and
+pod events (``node_out`` / ``node_in`` around a node's change, ``pod`` for a bound pod); Sources
+hands it the ResourceFlavor and ClusterQueue events. Matching costs O(flavors) per node event; a
+flavor's edit re-matches every node (flavors are few and rarely edited).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, node_into, pod_into
+from .objects import ClusterQueue, ResourceFlavor
+from .quantity import parse_or_zero
+
+Quotas = dict[tuple[str, str], int]  # (flavor, resource) -> nominal quota, in the units of allocatable
+
+
+@dataclass(eq=False)
+class FlavorAgg(NodeSetAgg):
+    """One Kueue flavor: the nodes matching all of its ResourceFlavor's nodeLabels, and the
+    nominal quota the ClusterQueues give it. It exists while its ResourceFlavor does (``defined``)
+    or while a ClusterQueue names it (then it has quota but no nodes)."""
+
+    name: str
+    defined: bool = False
+    node_labels: dict[str, str] = field(default_factory=dict)
+    quota: dict[str, int] = field(default_factory=dict)  # resource -> nominal quota summed over ClusterQueues
+    quota_refs: dict[str, int] = field(default_factory=dict)  # resource -> ClusterQueues that set it (0 counts)
+
+
+def _matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """All of a flavor's nodeLabels are on the node (no nodeLabels: every node, as Kueue)."""
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _quotas(queue: ClusterQueue) -> Quotas:
+    """The nominal quotas of one ClusterQueue."""
+    out: Quotas = {}
+    for group in queue.spec.resourceGroups:
+        for flavor in group.flavors:
+            for r in flavor.resources:
+                key = (flavor.name, r.name)
+                out[key] = out.get(key, 0) + parse_or_zero(r.nominalQuota)
+    return out
+
+
+class KueueIndex:
+    """The flavors (ResourceFlavors, and names in ClusterQueues) over the cluster index's nodes."""
+
+    def __init__(self, nodes: Mapping[str, NodeEntry]) -> None:
+        self.nodes = nodes  # the cluster index's nodes, read only here: a flavor's edit re-matches them
+        self.flavors: dict[str, FlavorAgg] = {}
+        self.cluster_queues: dict[str, Quotas] = {}  # name -> its quotas
+
+    # -- nodes and pods, from the cluster index ----------------------------------------------------
+
+    def node_out(self, entry: NodeEntry) -> None:
+        """The node leaves its flavors (before it changes or goes)."""
+        for name in entry.flavors:
+            node_into(self.flavors[name], entry, -1)
+        entry.flavors = ()
+
+    def node_in(self, entry: NodeEntry) -> None:
+        """The node, as it is now, enters the flavors it matches."""
+        entry.flavors = tuple(name for name, agg in self.flavors.items()
+                              if agg.defined and _matches(agg.node_labels, entry.labels))
+        for name in entry.flavors:
+            node_into(self.flavors[name], entry, +1)
+
+    def pod(self, node: NodeEntry, phase: str, requests: Vector, sign: int) -> None:
+        """A pod bound to ``node`` comes (sign +1) or goes."""
+        for name in node.flavors:
+            pod_into(self.flavors[name], phase, requests, sign)
+
+    # -- ResourceFlavors ---------------------------------------------------------------------------
+
+    def upsert_flavor(self, flavor: ResourceFlavor) -> None:
+        agg = self._flavor(flavor.metadata.name)
+        labels = dict(flavor.spec.nodeLabels)
+        if agg.defined and agg.node_labels == labels:
+            return  # status or metadata only
+        agg.defined, agg.node_labels = True, labels
+        agg.generation = next(generation)
+        for entry in self.nodes.values():
+            if entry.present:
+                self._rematch(entry, agg)
+
+    def delete_flavor(self, name: str) -> None:
+        agg = self.flavors.get(name)
+        if agg is None or not agg.defined:
+            return
+        agg.defined, agg.node_labels = False, {}
+        agg.generation = next(generation)
+        for entry in self.nodes.values():
+            self._rematch(entry, agg)
+        self._forget_flavor_if_unused(name)
+
+    def _flavor(self, name: str) -> FlavorAgg:
+        agg = self.flavors.get(name)
+        if agg is None:
+            agg = self.flavors[name] = FlavorAgg(name=name, generation=next(generation))
+        return agg
+
+    def _forget_flavor_if_unused(self, name: str) -> None:
+        agg = self.flavors[name]
+        if not agg.defined and not agg.quota_refs:
+            del self.flavors[name]
+            next(generation)  # the set of flavors changed
+
+    def _rematch(self, entry: NodeEntry, agg: FlavorAgg) -> None:
+        """Put the node in or out of the flavor after the flavor changed."""
+        match = agg.defined and _matches(agg.node_labels, entry.labels)
+        if match == (agg.name in entry.flavors):
+            return
+        node_into(agg, entry, +1 if match else -1)
+        entry.flavors = tuple(f for f in entry.flavors if f != agg.name) + ((agg.name,) if match else ())
+
+    # -- ClusterQueues -----------------------------------------------------------------------------
+
+    def upsert_cluster_queue(self, queue: ClusterQueue) -> None:
+        """The queue's old contribution to its flavors' nominal quota out, the new one in."""
+        name = queue.metadata.name
+        new = _quotas(queue)
+        old = self.cluster_queues.get(name)
+        if old == new:
+            return
+        if old:
+            self._queue_quotas(old, -1)
+        self.cluster_queues[name] = new
+        self._queue_quotas(new, +1)
+
+    def delete_cluster_queue(self, name: str) -> None:
+        old = self.cluster_queues.pop(name, None)
+        if old:
+            self._queue_quotas(old, -1)
+
+    def _queue_quotas(self, quotas: Quotas, sign: int) -> None:
+        for (flavor, resource), value in quotas.items():
+            agg = self._flavor(flavor)
+            add(agg.quota, ((resource, value),), sign)
+            bump(agg.quota_refs, resource, sign)
+            agg.generation = next(generation)
+        if sign < 0:
+            for flavor in {f for f, _ in quotas}:
+                self._forget_flavor_if_unused(flavor)

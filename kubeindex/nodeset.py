@@ -1,0 +1,130 @@
+"""Node sets: the arithmetic node groups (index.py) and Kueue flavors (kueue.py) share.
+
+A node set sums the facts of its nodes and the running sums of the pods bound to them. A node
+enters or leaves with ``node_into``; a pod bound to one of its nodes with ``pod_into``. Every
+change takes a new generation stamp, so consumers redo only what changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+K = TypeVar("K")
+Vector = tuple[tuple[str, int], ...]  # sorted (resource, nano-units), interned (index._intern)
+
+
+class Stamps:
+    """Generation stamps: ``next()`` gives a new one; ``value`` is the newest, so a consumer can
+    tell in O(1) whether anything changed since it last looked."""
+
+    value = 0
+
+    def __next__(self) -> int:
+        self.value += 1
+        return self.value
+
+
+# One sequence for every aggregate: stamps only grow, so (set epoch, newest stamp) identifies a sum.
+generation = Stamps()
+
+
+def add(target: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
+    """Add (sign +1) or subtract counts; a count that reaches 0 leaves the map."""
+    for key, value in items:
+        total = target.get(key, 0) + sign * value
+        if total:
+            target[key] = total
+        else:
+            target.pop(key, None)
+
+
+def bump(target: dict[K, int], key: K, sign: int) -> None:
+    add(target, ((key, 1),), sign)
+
+
+NOT_SUMMED: dict[str, Any] = {"summed": False}  # field metadata: what adding node sets up leaves alone
+
+
+@dataclass(eq=False, kw_only=True)
+class NodeSetAgg:
+    """Sums over a set of nodes and the pods bound to them: what node groups and Kueue flavors
+    both show (one arithmetic, node_into and pod_into, for both). A new field is its line here
+    and its share of a node in node_into: add_sums picks it up."""
+
+    nodes: int = 0
+    conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
+    unschedulable: int = 0
+    allocatable: dict[str, int] = field(default_factory=dict)  # resource -> nano-units
+    capacity: dict[str, int] = field(default_factory=dict)
+    pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the set's nodes
+    requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
+    node_names: set[str] = field(default_factory=set, metadata=NOT_SUMMED)  # for a NodeSummary only
+    states: dict[str, int] = field(default_factory=dict)  # index.NODE_STATES -> nodes
+    accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
+    generation: int = field(default=0, metadata=NOT_SUMMED)
+
+    def add_sums(self, other: NodeSetAgg) -> None:
+        """Add another node set's counts and count maps to this one's (the exporter's `other`
+        node group: the groups beyond the series cap, summed)."""
+        for name in SUMMED:
+            theirs = getattr(other, name)
+            if isinstance(theirs, dict):
+                mine = getattr(self, name)
+                for k, v in theirs.items():
+                    mine[k] = mine.get(k, 0) + v
+            else:
+                setattr(self, name, getattr(self, name) + theirs)
+
+
+SUMMED = tuple(f.name for f in fields(NodeSetAgg) if f.metadata.get("summed", True))
+
+
+class NodeEntry:
+    """One node as the index keeps it: its own facts, where it belongs, and the running sums of
+    the pods bound to it (so it can move between node sets in O(resources))."""
+
+    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "labels", "name", "node_groups",
+                 "pod_phases", "pod_requests", "pods", "present", "ready", "state", "unschedulable")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.present = False  # False while only pods name it (the node event may come later)
+        self.labels: dict[str, str] = {}
+        self.ready = "Unknown"
+        self.unschedulable = False
+        self.allocatable: Vector = ()
+        self.capacity: Vector = ()
+        self.accelerators_unhealthy: Vector = ()
+        self.state = "Unknown"
+        self.node_groups: tuple[tuple[str, str], ...] = ()  # the index.NodeGroupKey of each node group it is in
+        self.flavors: tuple[str, ...] = ()  # Kueue flavors whose nodeLabels it matches (kueue.py)
+        self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
+        self.pod_requests: dict[str, int] = {}
+        self.pods: set[str] = set()  # pod keys
+
+
+def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
+    """Add (sign +1) or remove a node's own facts and the running sums of its pods."""
+    agg.nodes += sign
+    bump(agg.conditions, entry.ready, sign)
+    bump(agg.states, entry.state, sign)
+    add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
+    agg.unschedulable += sign * entry.unschedulable
+    add(agg.allocatable, entry.allocatable, sign)
+    add(agg.capacity, entry.capacity, sign)
+    add(agg.pods, entry.pod_phases.items(), sign)
+    add(agg.requested, entry.pod_requests.items(), sign)
+    if sign > 0:
+        agg.node_names.add(entry.name)
+    else:
+        agg.node_names.discard(entry.name)
+    agg.generation = next(generation)
+
+
+def pod_into(agg: NodeSetAgg, phase: str, requests: Vector, sign: int) -> None:
+    """Add or remove one pod bound to one of the set's nodes."""
+    bump(agg.pods, phase, sign)
+    add(agg.requested, requests, sign)
+    agg.generation = next(generation)
