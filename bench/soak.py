@@ -25,7 +25,7 @@ import prometheus_client
 
 from exporter.metrics import Renderer
 from kubeindex.api import ApiClient, ApiError, load_connection
-from kubeindex.index import _interned
+from kubeindex.index import interned_vectors
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state
@@ -128,7 +128,7 @@ def offline(args: argparse.Namespace) -> None:
                 "vertices": len(graph.vertices), "children": sum(map(len, graph.children.values())),
                 "node_pods": sum(len(n.pods) for n in index.nodes.values()),
                 "workload_node_pods": sum(len(w.node_pods) for w in index.workloads.values()),
-                "workloads": len(index.workloads), "interned": len(_interned), "desired": len(cache)}), flush=True)
+                "workloads": len(index.workloads), "interned": interned_vectors(), "desired": len(cache)}), flush=True)
 
 
 def summarize(samples: list[dict], warmup: int) -> dict:

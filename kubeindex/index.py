@@ -108,6 +108,11 @@ class PodEntry:
 _interned: dict[Vector, Vector] = {}
 
 
+def interned_vectors() -> int:
+    """Distinct request vectors held (a memory figure for benchmarks)."""
+    return len(_interned)
+
+
 def _intern(vector: dict[str, int]) -> Vector:
     """Most pods share a few request vectors: store one tuple per distinct vector."""
     key = tuple(sorted((k, v) for k, v in vector.items() if v))
