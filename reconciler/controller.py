@@ -47,6 +47,7 @@ from .desired import (
 )
 from .leader import LeaderElector
 from .names import Claim, NameAllocator
+from .ratelimit import TokenBucket
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -106,23 +107,6 @@ class WriteStats:
 
     def count(self, table: dict[str, int], key: str) -> None:
         table[key] = table.get(key, 0) + 1
-
-
-class TokenBucket:
-    def __init__(self, rate: float, burst: int) -> None:
-        self.rate, self.burst = rate, burst
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-
-    async def take(self) -> None:
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-            self.stamp = now
-            if self.tokens >= 1:
-                self.tokens -= 1
-                return
-            await asyncio.sleep((1 - self.tokens) / self.rate)
 
 
 class Retry(Exception):
