@@ -18,7 +18,6 @@ outputs (label ux.sean.example.com/managed-by). The write path is a keyed work q
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import logging
 import time
 from dataclasses import dataclass, field
@@ -27,8 +26,8 @@ from typing import Any, NoReturn
 import msgspec
 
 from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
-from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import API_VERSION, LABEL_WORKLOAD_PREFIX, group_of, key_of, long_type, split_key
+from kubeindex.index import ClusterIndex
+from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 
@@ -48,6 +47,7 @@ from .desired import (
 from .leader import LeaderElector
 from .names import Claim, NameAllocator
 from .ratelimit import TokenBucket
+from .summarizers import SummarizerStatuses
 from .workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -159,14 +159,14 @@ class Reconciler:
         self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
                              self.held["workloadsummaries"])
         self._desired_cache: dict = {}
-        self._infos: dict[tuple[str, str], TypeInfo] = {}
+        self._infos: dict[tuple[str, str], TypeInfo] = {}  # the kinds whose summaries can be written
+        self.summarizer_statuses = SummarizerStatuses(index, sources.summarizers, sources.kind_problem)
         self._bucket = TokenBucket(self.s.writes_per_second, self.s.burst)
         self._resync = True  # add every key on the next pass (start, leadership gained)
         self._fresh = elector is None  # a new leader writes only from a view relisted since it won
         self._refreshing: asyncio.Task | None = None
         self._next_summarizers = 0.0
         self._inputs: tuple = ()  # (index stamp, summarizer uids) of the last desired computation
-        self._logged: set[tuple[str, str]] = set()  # (summarizer uid, reason) said once in the log
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
                       Handler(lambda o, p=plural: self._seen(p, o), lambda k, p=plural: self._gone(p, k)),
@@ -277,15 +277,12 @@ class Reconciler:
         infos = {}
         for gk, t in self.index.workload_types.items():
             resource = self.sources.owner_resources.get(gk)
-            if resource is None or self._kind_problem(t.group, t.kind, t.version) is not None:
+            if resource is None or self.sources.kind_problem(t.group, t.kind, t.version) is not None:
                 continue
             version = t.version or resource.version
             infos[gk] = TypeInfo(resource.api_version, short_type(t.group, t.kind, t.short_type),
                                  long_type(t.group, t.kind, version))
         return infos
-
-    def _kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
-        return self.sources.kind_problem(group, kind, version)
 
     def refresh(self) -> None:
         """One pass: recompute the desired objects (cheap when little changed) and queue the keys
@@ -319,7 +316,7 @@ class Reconciler:
         now = time.monotonic()
         if now >= self._next_summarizers:
             self._next_summarizers = now + self.s.summarizer_interval
-            for plural, name in self._summarizer_statuses():
+            for plural, name in self.summarizer_statuses.stale(self._infos):
                 self.queue.add((plural, name))
 
     # -- workers --------------------------------------------------------------------------------
@@ -342,6 +339,15 @@ class Reconciler:
                     self.queue.retry(key)
             finally:
                 self.queue.done(key)
+
+    async def _sync_summarizer(self, plural: str, name: str) -> None:
+        status = self.summarizer_statuses.status_to_write(plural, name, self._infos)
+        if status is None:
+            return
+        self.queue.wrote((plural, name))
+        await self._request("apply_status", "PATCH", _path(plural, name=name) + "/status",
+                            self._status_body(KIND_OF[plural], "", name, status),
+                            {"fieldManager": MANAGER, "force": "true"})
 
     async def _sync(self, key: Key) -> None:
         plural, name = key
@@ -439,93 +445,3 @@ class Reconciler:
         await self._request("delete", "DELETE", _path(key[0], meta.namespace, meta.name),
                             {"preconditions": {"uid": meta.uid}, "propagationPolicy": "Background"},
                             content_type="application/json")
-
-    # -- summarizer status ----------------------------------------------------------------------
-
-    def _summarizer_statuses(self) -> list[Key]:
-        """The summarizers whose status differs from what it should be."""
-        return [(plural, name) for plural, objects in (("nodesummarizers", self.sources.summarizers.node),
-                                                       ("workloadsummarizers", self.sources.summarizers.workload))
-                for name, obj in objects.items() if obj.status != self._summarizer_status(plural, obj)]
-
-    async def _sync_summarizer(self, plural: str, name: str) -> None:
-        objects = self.sources.summarizers.node if plural == "nodesummarizers" else self.sources.summarizers.workload
-        obj = objects.get(name)
-        if obj is None:
-            return
-        status = self._summarizer_status(plural, obj)
-        if obj.status == status:  # compared with the live object: a recreated one (new UID) is seen as new
-            return
-        self.queue.wrote((plural, name))
-        await self._request("apply_status", "PATCH", _path(plural, name=name) + "/status",
-                            self._status_body(KIND_OF[plural], "", name, status),
-                            {"fieldManager": MANAGER, "force": "true"})
-
-    def _summarizer_status(self, plural: str, obj: Any) -> dict[str, Any]:
-        if plural == "nodesummarizers":
-            cond, counts = self._node_summarizer_condition(obj)
-        else:
-            cond, counts = self._workload_summarizer_condition(obj)
-        status_value, reason, message = cond
-        meta = obj.metadata
-        previous = {c.get("type"): c for c in obj.status.get("conditions", [])}.get("Ready", {})
-        transition = previous.get("lastTransitionTime") if previous.get("status") == status_value else None
-        condition = {"type": "Ready", "status": status_value, "reason": reason, "message": message,
-                     "observedGeneration": meta.generation,
-                     "lastTransitionTime": transition or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        return {"observedGeneration": meta.generation, "conditions": [condition], **counts}
-
-    def _node_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
-        name, label = obj.metadata.name, obj.spec.labelKey
-        count = sum(1 for summarizer, _ in self.index.node_groups if summarizer == name)
-        if count:
-            return ("True", "Summarizing", f"{count} node groups from the values of node label {label}"), \
-                {"groupCount": count}
-        return ("True", "NoMatchingNodes", f"no node carries the label {label}"), {"groupCount": 0}
-
-    def _workload_summarizer_condition(self, obj: Any) -> tuple[tuple[str, str, str], dict[str, int]]:
-        types, labels = obj.spec.workloadTypes, obj.spec.podLabelWorkloads
-        problems = [p for t in types if (p := self._kind_problem(t.group, t.kind, t.version)) is not None]
-        count = self._workload_count({(t.group, t.kind) for t in types}, {p.labelKey for p in labels})
-        if problems:
-            self._log_once(obj.metadata.uid, problems)
-            reasons = dict.fromkeys(reason for reason, _ in problems)
-            return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
-                {"workloadCount": count}
-        message = f"{count} root workloads of the configured types" + (" and pod labels" if labels else "")
-        overlaps = self._overlaps(obj)
-        if overlaps:
-            message += (f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind "
-                        f"or label key)")
-        return ("True", "Summarizing", message), {"workloadCount": count}
-
-    def _workload_count(self, kinds: set[tuple[str, str]], label_keys: set[str]) -> int:
-        return sum(1 for w in self.index.workloads.values() if self._counts_for(w, kinds, label_keys))
-
-    def _counts_for(self, w: WorkloadAgg, kinds: set[tuple[str, str]], label_keys: set[str]) -> bool:
-        if w.is_object:
-            return (w.group, w.kind) in kinds and (w.group, w.kind) in self._infos
-        return w.label_key in label_keys
-
-    @staticmethod
-    def _listed(spec: Any) -> dict[tuple[str, str], str]:
-        """What a WorkloadSummarizer lists, each as the status names it: kinds by (group, kind),
-        label keys by (LABEL_WORKLOAD_PREFIX, key), which no (group, kind) equals."""
-        return {**{(t.group, t.kind): t.kind for t in spec.workloadTypes},
-                **{(LABEL_WORKLOAD_PREFIX, p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
-
-    def _overlaps(self, obj: Any) -> str:
-        mine = self._listed(obj.spec)
-        others = []
-        for name, other in sorted(self.sources.summarizers.workload.items()):
-            shared = sorted(mine.keys() & self._listed(other.spec).keys())
-            if name != obj.metadata.name and shared:
-                others.append(f"{name} ({', '.join(mine[k] for k in shared)})")
-        return ", ".join(others)
-
-    def _log_once(self, uid: str, problems: list[tuple[str, str]]) -> None:
-        for reason, message in problems:
-            if (uid, message) not in self._logged:
-                self._logged.add((uid, message))
-                log.warning("%s: %s", reason, message)
-

@@ -20,7 +20,9 @@ from kubernetes import client
 
 from demo.workloads import node_summarizer, ok, workload_summarizer
 from kubeindex.api import ApiClient, Connection, load_connection
+from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION
+from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import Service, select, wait_for
@@ -86,7 +88,8 @@ def test_a_field_of_ours_taken_by_kubectl_is_taken_back_once(kube: LocalCluster,
 def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
     async def main() -> dict[str, int]:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            reconciler = Reconciler(api, None, None, None)  # type: ignore[arg-type]
+            index = ClusterIndex()
+            reconciler = Reconciler(api, index, Sources(api, index), None)
             gone = Summary(SummaryMeta(name="never-existed", uid="x"))
             with contextlib.suppress(Deposed):
                 await reconciler._delete(("nodesummaries", "never-existed"), gone)

@@ -1,0 +1,127 @@
+"""The status of each NodeSummarizer and WorkloadSummarizer: a Ready condition and a count.
+
+Computed from the index and from what the sources can read (``Sources.kind_problem``); the
+reconciler queues the summarizers whose status is not what it should be (``stale``) and writes
+``status_to_write``. A configured kind that cannot be summarized makes a WorkloadSummarizer
+``Ready=False`` with the reason (KindNotServed, KindNotNamespaced, KindForbidden), said once in the
+log per summarizer and message.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+from kubeindex.index import ClusterIndex, WorkloadAgg
+from kubeindex.objects import LABEL_WORKLOAD_PREFIX, NodeSummarizer, WorkloadSummarizer, WorkloadSummarizerSpec
+from kubeindex.owners import GroupKind
+from kubeindex.sources import Summarizers
+
+log = logging.getLogger(__name__)
+
+Summarizer = NodeSummarizer | WorkloadSummarizer
+Condition = tuple[str, str, str]  # (status, reason, message) of the Ready condition
+# Why a configured kind cannot be summarized, as (reason, message); None when it can.
+KindProblem = Callable[[str, str, str | None], tuple[str, str] | None]
+
+
+class SummarizerStatuses:
+    """``usable`` in the methods: the kinds whose WorkloadSummaries can be written now (the
+    reconciler's type infos); only their workloads count."""
+
+    def __init__(self, index: ClusterIndex, summarizers: Summarizers, kind_problem: KindProblem) -> None:
+        self.index = index
+        self.summarizers = summarizers
+        self.kind_problem = kind_problem
+        self._logged: set[tuple[str, str]] = set()  # (summarizer uid, message) said once in the log
+
+    def stale(self, usable: Container[GroupKind]) -> list[tuple[str, str]]:
+        """(plural, name) of the summarizers whose status differs from what it should be."""
+        objects: list[tuple[str, Mapping[str, Summarizer]]] = [("nodesummarizers", self.summarizers.node),
+                                                               ("workloadsummarizers", self.summarizers.workload)]
+        return [(plural, name) for plural, by_name in objects
+                for name, obj in by_name.items() if obj.status != self._status(obj, usable)]
+
+    def status_to_write(self, plural: str, name: str, usable: Container[GroupKind]) -> dict[str, Any] | None:
+        """The status the summarizer should have; None when it has it already, or is gone."""
+        by_name: Mapping[str, Summarizer] = (self.summarizers.node if plural == "nodesummarizers"
+                                              else self.summarizers.workload)
+        obj = by_name.get(name)
+        if obj is None:
+            return None
+        status = self._status(obj, usable)
+        # Compared with the live object: a recreated one (new UID) is seen as new.
+        return None if obj.status == status else status
+
+    def _status(self, obj: Summarizer, usable: Container[GroupKind]) -> dict[str, Any]:
+        if isinstance(obj, NodeSummarizer):
+            cond, counts = self._node_condition(obj)
+        else:
+            cond, counts = self._workload_condition(obj, usable)
+        status_value, reason, message = cond
+        meta = obj.metadata
+        previous = {c.get("type"): c for c in obj.status.get("conditions", [])}.get("Ready", {})
+        transition = previous.get("lastTransitionTime") if previous.get("status") == status_value else None
+        condition = {"type": "Ready", "status": status_value, "reason": reason, "message": message,
+                     "observedGeneration": meta.generation,
+                     "lastTransitionTime": transition or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+        return {"observedGeneration": meta.generation, "conditions": [condition], **counts}
+
+    def _node_condition(self, obj: NodeSummarizer) -> tuple[Condition, dict[str, int]]:
+        name, label = obj.metadata.name, obj.spec.labelKey
+        count = sum(1 for summarizer, _ in self.index.node_groups if summarizer == name)
+        if count:
+            return ("True", "Summarizing", f"{count} node groups from the values of node label {label}"), \
+                {"groupCount": count}
+        return ("True", "NoMatchingNodes", f"no node carries the label {label}"), {"groupCount": 0}
+
+    def _workload_condition(self, obj: WorkloadSummarizer,
+                            usable: Container[GroupKind]) -> tuple[Condition, dict[str, int]]:
+        types, labels = obj.spec.workloadTypes, obj.spec.podLabelWorkloads
+        problems = [p for t in types if (p := self.kind_problem(t.group, t.kind, t.version)) is not None]
+        count = self._workload_count({(t.group, t.kind) for t in types}, {p.labelKey for p in labels}, usable)
+        if problems:
+            self._log_once(obj.metadata.uid, problems)
+            reasons = dict.fromkeys(reason for reason, _ in problems)
+            return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
+                {"workloadCount": count}
+        message = f"{count} root workloads of the configured types" + (" and pod labels" if labels else "")
+        overlaps = self._overlaps(obj)
+        if overlaps:
+            message += (f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind "
+                        f"or label key)")
+        return ("True", "Summarizing", message), {"workloadCount": count}
+
+    def _workload_count(self, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> int:
+        return sum(1 for w in self.index.workloads.values() if _counts_for(w, kinds, label_keys, usable))
+
+    def _overlaps(self, obj: WorkloadSummarizer) -> str:
+        """The other WorkloadSummarizers that list a kind or label key this one lists, and which."""
+        mine = _listed(obj.spec)
+        others = []
+        for name, other in sorted(self.summarizers.workload.items()):
+            shared = sorted(mine.keys() & _listed(other.spec).keys())
+            if name != obj.metadata.name and shared:
+                others.append(f"{name} ({', '.join(mine[k] for k in shared)})")
+        return ", ".join(others)
+
+    def _log_once(self, uid: str, problems: list[tuple[str, str]]) -> None:
+        for reason, message in problems:
+            if (uid, message) not in self._logged:
+                self._logged.add((uid, message))
+                log.warning("%s: %s", reason, message)
+
+
+def _counts_for(w: WorkloadAgg, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> bool:
+    if w.is_object:
+        return (w.group, w.kind) in kinds and (w.group, w.kind) in usable
+    return w.label_key in label_keys
+
+
+def _listed(spec: WorkloadSummarizerSpec) -> dict[tuple[str, str], str]:
+    """What a WorkloadSummarizer lists, each as the status names it: kinds by (group, kind),
+    label keys by (LABEL_WORKLOAD_PREFIX, key), which no (group, kind) equals."""
+    return {**{(t.group, t.kind): t.kind for t in spec.workloadTypes},
+            **{(LABEL_WORKLOAD_PREFIX, p.labelKey): p.labelKey for p in spec.podLabelWorkloads}}
