@@ -128,8 +128,9 @@ def _path(plural: str, namespace: str = "", name: str = "") -> str:
     return f"{base}/{plural}" + (f"/{name}" if name else "")
 
 
-def claim_of(plural: str, obj: Summary) -> Claim | None:
-    """Which summary an existing object is (its name may be plain or hashed)."""
+def claim_of_summary(plural: str, obj: Summary) -> Claim | None:
+    """The claim an existing summary object holds, read back from its ownerReference and spec (its
+    name may be plain or hashed); desired.claim_of_workload goes the other way, from a workload."""
     if plural == "nodesummaries":
         owner = next((r.get("name") for r in obj.metadata.ownerReferences if r.get("kind") == "NodeSummarizer"), None)
         labels = (obj.spec.get("selector") or {}).get("matchLabels") or {}
@@ -150,21 +151,21 @@ class Reconciler:
         self.index = index
         self.sources = sources
         self.elector = elector
-        self.s = settings or ReconcilerSettings()
+        self.settings = settings or ReconcilerSettings()
         self.stats = WriteStats()
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
-        self.queue: WorkQueue[Key] = WorkQueue(self.s.debounce)
+        self.queue: WorkQueue[Key] = WorkQueue(self.settings.debounce)
         self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
                              self.held["workloadsummaries"])
         self._desired_cache: dict = {}
         self._infos: dict[tuple[str, str], TypeInfo] = {}  # the kinds whose summaries can be written
         self.summarizer_statuses = SummarizerStatuses(index, sources.summarizers, sources.kind_problem)
-        self._bucket = TokenBucket(self.s.writes_per_second, self.s.burst)
+        self._bucket = TokenBucket(self.settings.writes_per_second, self.settings.burst)
         self._resync = True  # add every key on the next pass (start, leadership gained)
         self._fresh = elector is None  # a new leader writes only from a view relisted since it won
-        self._refreshing: asyncio.Task | None = None
+        self._relisting: asyncio.Task | None = None
         self._next_summarizers = 0.0
         self._inputs: tuple = ()  # (index stamp, summarizer uids) of the last desired computation
         self.reflectors = [
@@ -185,7 +186,7 @@ class Reconciler:
         if old is not None:
             self._unhold(plural, old, key)
         self.actual[plural][key] = obj
-        claim = claim_of(plural, obj)
+        claim = claim_of_summary(plural, obj)
         if claim is not None:
             self.held[plural].setdefault(claim, set()).add(obj.metadata.name)
         self.queue.add((plural, key))
@@ -197,7 +198,7 @@ class Reconciler:
         self.queue.add((plural, key))
 
     def _unhold(self, plural: str, obj: Summary, key: str) -> None:
-        claim = claim_of(plural, obj)
+        claim = claim_of_summary(plural, obj)
         names = self.held[plural].get(claim) if claim else None
         if names is not None:
             names.discard(obj.metadata.name)
@@ -217,14 +218,14 @@ class Reconciler:
         return reasons
 
     def _leadership(self, leader: bool) -> None:
-        if self._refreshing is not None:
-            self._refreshing.cancel()
+        if self._relisting is not None:
+            self._relisting.cancel()
         self._fresh = False
         self.queue.clear()  # nothing queued by a follower, or by a former leader, is done
         if leader:
-            self._refreshing = asyncio.get_running_loop().create_task(self._refresh_view())
+            self._relisting = asyncio.get_running_loop().create_task(self._relist_before_leading())
 
-    async def _refresh_view(self) -> None:
+    async def _relist_before_leading(self) -> None:
         """Before a new leader's first write: relist every watch, for at most ``refresh_timeout``.
         A replica may win the lease while a watch connection is silently dead (a load balancer
         that drops flows without a reset goes unnoticed until the read timeout); a fresh LIST
@@ -235,7 +236,7 @@ class Reconciler:
         relisting = {asyncio.ensure_future(r.relist()): r.name
                      for r in [*self.sources.reflectors.values(), *self.reflectors]}
         try:
-            _, late = await asyncio.wait(relisting, timeout=self.s.refresh_timeout) if relisting else ((), ())
+            _, late = await asyncio.wait(relisting, timeout=self.settings.refresh_timeout) if relisting else ((), ())
         finally:
             for task in relisting:
                 task.cancel()  # only the waits: the relists themselves go on in their reflectors
@@ -259,14 +260,14 @@ class Reconciler:
             self.ready.set()
             log.info("reconciler synced: %d NodeSummaries, %d WorkloadSummaries exist",
                      len(self.actual["nodesummaries"]), len(self.actual["workloadsummaries"]))
-            tasks += [asyncio.create_task(self._worker()) for _ in range(self.s.concurrency)]
+            tasks += [asyncio.create_task(self._worker()) for _ in range(self.settings.concurrency)]
             while True:
                 if self.leading:
                     try:
-                        self.refresh()
+                        self.queue_changes()
                     except Exception:  # a bug must not stop the loop for good: log it, go on
                         log.exception("reconcile pass failed")
-                await asyncio.sleep(self.s.interval)
+                await asyncio.sleep(self.settings.interval)
         finally:
             for t in tasks:
                 t.cancel()
@@ -284,7 +285,7 @@ class Reconciler:
                                  long_type(t.group, t.kind, version))
         return infos
 
-    def refresh(self) -> None:
+    def queue_changes(self) -> None:
         """One pass: recompute the desired objects (cheap when little changed) and queue the keys
         whose desired object is new, changed or gone."""
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
@@ -315,7 +316,7 @@ class Reconciler:
     def _summarizers_due(self) -> None:
         now = time.monotonic()
         if now >= self._next_summarizers:
-            self._next_summarizers = now + self.s.summarizer_interval
+            self._next_summarizers = now + self.settings.summarizer_interval
             for plural, name in self.summarizer_statuses.stale(self._infos):
                 self.queue.add((plural, name))
 

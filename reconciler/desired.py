@@ -98,7 +98,8 @@ def label_claim(namespace: str, label_key: str, value: str) -> Claim:
     return Claim(namespace, f"{label_workload_type(label_key)}\x00{value}", value)
 
 
-def claim_for(agg: WorkloadAgg) -> Claim:
+def claim_of_workload(agg: WorkloadAgg) -> Claim:
+    """The claim a workload's summary makes (controller.claim_of_summary reads it back from the object)."""
     if agg.is_object:
         return workload_claim(agg.namespace, agg.group, agg.kind, agg.name)
     return label_claim(agg.namespace, agg.label_key, agg.name)
@@ -271,7 +272,7 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
     infos = {w.uid: info for w in index.workloads.values()
              if (info := _type_of(w, type_infos, label_infos)) is not None}
     workloads = [index.workloads[uid] for uid in infos]
-    workload_claims = {w.uid: claim_for(w) for w in workloads}
+    workload_claims = {w.uid: claim_of_workload(w) for w in workloads}
     names = naming.workloads.assign(workload_claims.values(), naming.held_workloads)
     emitted: set[Claim] = set()
     for w in workloads:

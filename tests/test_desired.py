@@ -15,7 +15,7 @@ from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, Wor
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import NANO, format_quantity, parse_nano
 from kubeindex.sources import describe
-from reconciler.controller import Summary, SummaryMeta, claim_of
+from reconciler.controller import Summary, SummaryMeta, claim_of_summary
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
     NODE_SUMMARY_STATUS,
@@ -199,7 +199,7 @@ def test_label_workload_claims_read_back_from_objects() -> None:
     workload keeps its hashed name even where the plain one is free now."""
     held = Summary(SummaryMeta(name="web-0123456789", namespace="ns"),
                    spec={"workloadRef": {"labelKey": GANG, "labelValue": "web"}})
-    claim = claim_of("workloadsummaries", held)
+    claim = claim_of_summary("workloadsummaries", held)
     assert claim == label_claim("ns", GANG, "web") != workload_claim("ns", "", GANG, "web")
     index = label_index("web")
     index.delete_pod("ns/web-1")

@@ -91,15 +91,15 @@ def _install(path: str) -> None:
 
     import reconciler.controller as controller
 
-    refresh = controller.Reconciler.refresh
+    queue_changes = controller.Reconciler.queue_changes
 
     def traced_refresh(self: controller.Reconciler) -> None:
         t, c = now(), cpu()
-        refresh(self)
+        queue_changes(self)
         if now() - t > 0.001:
             rec("refresh", t=t, d=now() - t, cpu=cpu() - c)
 
-    controller.Reconciler.refresh = traced_refresh  # type: ignore[method-assign]
+    controller.Reconciler.queue_changes = traced_refresh  # type: ignore[method-assign]
 
 
 if PATH:
