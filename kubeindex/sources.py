@@ -14,8 +14,8 @@ every version, so another configuration or a reference needing the kind at a ser
 watched as usual while the one that asked for an unserved version is still reported.
 
 Optional kinds (Kueue's ResourceFlavors and ClusterQueues) are watched in full whenever the API
-server serves them: looked up at start and, while not served, every DISCOVERY_RETRY_SECONDS (a CRD
-installed later is picked up). Not served is no error and no readiness problem (and not in
+server serves them: looked up at start and, while not served, every DISCOVERY_RETRY_SECONDS
+(discovery.py: a CRD installed later is picked up). Not served is no error and no readiness problem (and not in
 ``missing_kinds``); forbidden is reported as for owner kinds, never against readiness.
 
 ``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
@@ -42,7 +42,8 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api import ApiClient, ApiResource, sleep_jittered
+from .api import ApiClient, ApiResource
+from .discovery import KindDiscovery, Need, describe
 from .index import ClusterIndex
 from .objects import (
     API_VERSION,
@@ -57,7 +58,6 @@ from .objects import (
     ResourceFlavor,
     WorkloadSummarizer,
     group_of,
-    long_type,
     object_key,
 )
 from .owners import POD, GroupKind
@@ -65,22 +65,12 @@ from .reflector import PERMANENT, Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)
 
-DISCOVERY_RETRY_SECONDS = 30.0
 CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
-Need = tuple[str, str, str | None]  # (group, kind, version; None: any served version)
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
     now = time.monotonic()
     return [f"{r.name}: {r.problem(grace, now)}" for r in reflectors if r.last_error_status in PERMANENT]
-
-
-def describe(need: Need) -> str:
-    """`job.batch/v2` for a version, else the kind and its group: `JobSet (jobset.x-k8s.io)`."""
-    group, kind, version = need
-    if version:
-        return long_type(group, kind, version)
-    return f"{kind} ({group or 'core'})"
 
 
 @dataclass
@@ -102,7 +92,6 @@ class Sources:
         self.summarizers = Summarizers()
         self.reflectors: dict[str, Reflector] = {}
         self.owner_resources: dict[GroupKind, ApiResource] = {}  # watched owner kinds
-        self.missing_kinds: set[GroupKind] = set()  # needed now, but not served
         self.ready = asyncio.Event()
         self.started_at = 0.0
         self.sync_seconds: float | None = None
@@ -116,8 +105,7 @@ class Sources:
                 (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
-        self._discovered: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known
-        self._pending: set[Need] = set()  # being discovered
+        self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional)
         self._configured: set[Need] = set()
         # Live objects whose controller reference names a kind not watched: source -> key -> kind.
         # Only those are tracked (few), so that such a kind is needed exactly while referenced.
@@ -138,9 +126,9 @@ class Sources:
                             WorkloadSummarizer, Handler(self._workload_summarizer, self._workload_summarizer_deleted),
                             settings=self.settings))
         for need in self.optional:
-            self._discover(need)
+            self.discovery.look_up(need)
         self._spawn(self._wait_ready())
-        self._spawn(self._retry_missing_kinds())
+        self._spawn(self.discovery.retry_unserved(self._needs))
 
     async def relist(self) -> None:
         """Every watch relists (see Reflector.relist): afterwards the index is as fresh as a
@@ -169,12 +157,12 @@ class Sources:
         """Ready once every reflector, including owner kinds discovered on the way, has listed."""
         while True:
             await asyncio.sleep(0.05)
-            if self._pending:
+            if self.discovery.busy:
                 continue
             if all(self._settled(r) for r in self.reflectors.values()):
                 # Let owner kinds found in the last lists start before declaring victory.
                 await asyncio.sleep(0)
-                if not self._pending and all(self._settled(r) for r in self.reflectors.values()):
+                if not self.discovery.busy and all(self._settled(r) for r in self.reflectors.values()):
                     break
         self.sync_seconds = time.monotonic() - self.started_at
         log.info("initial sync complete in %.2fs: %d nodes, %d pods, %d owner kinds",
@@ -225,13 +213,13 @@ class Sources:
         """Why a configured workload type cannot be summarized, as (reason, message); None when
         it can (or while discovery has not answered yet)."""
         need = (group, kind, version or None)
-        resource = self._discovered.get(need, ...)
-        if resource is None:
+        if self.discovery.not_served(need):
             return "KindNotServed", f"{describe(need)} is not served by the API server (CRD not installed?)"
-        watched = self.owner_resources.get((group, kind))
-        if resource is ...:
+        resource = self.discovery.resource(need)
+        if resource is None:  # not known yet: the watch of the kind may tell
+            watched = self.owner_resources.get((group, kind))
             if watched is None or (version and watched.version != version):
-                return None  # not known yet
+                return None
             resource = watched
         if not resource.namespaced:
             return "KindNotNamespaced", (f"{resource.name} is cluster-scoped; WorkloadSummaries are namespaced, "
@@ -251,49 +239,17 @@ class Sources:
     def _needs(self) -> set[Need]:
         return self._owner_needs() | self.optional.keys()
 
-    def _refresh_missing(self) -> None:
-        self.missing_kinds = {(group, kind) for group, kind, version in self._owner_needs()
-                              if (group, kind, version) in self._discovered
-                              and self._discovered[(group, kind, version)] is None}
+    @property
+    def missing_kinds(self) -> set[GroupKind]:
+        """The kinds needed now (configured, or referenced while not watched) that are not served."""
+        return {(group, kind) for group, kind, version in self._owner_needs()
+                if self.discovery.not_served((group, kind, version))}
 
-    def _discover(self, need: Need) -> None:
-        if need not in self._pending:
-            self._pending.add(need)
-            self._spawn(self._discovery(need))
-
-    async def _discovery(self, need: Need) -> None:
-        group, kind, version = need
-        try:
-            for attempt in range(5):
-                try:
-                    resource = await self.api.preferred_resource(group, kind, version)
-                    break
-                except Exception as err:
-                    log.warning("discovery of %s failed: %r", describe(need), err)
-                    await sleep_jittered(attempt + 1)
-            else:
-                return  # stays unknown: the retry loop looks again
-            if resource is None and self._discovered.get(need, ...) is not None:
-                optional = need in self.optional
-                log.log(logging.INFO if optional else logging.WARNING,
-                        "%s is not served by the API server; looking again every %.0fs while it is %s",
-                        describe(need), DISCOVERY_RETRY_SECONDS, "optional" if optional else "needed")
-            self._discovered[need] = resource
-            if resource is not None and need in self.optional:
-                self._watch_optional_kind(need, resource)
-            elif resource is not None:
-                self._watch_owner_kind(resource)
-            self._refresh_missing()
-        finally:
-            self._pending.discard(need)
-
-    async def _retry_missing_kinds(self) -> None:
-        """Kinds needed but not served (a CRD installed later) are looked up again periodically."""
-        while True:
-            await asyncio.sleep(DISCOVERY_RETRY_SECONDS)
-            for need in self._needs():
-                if self._discovered.get(need) is None:  # not served, or discovery failed
-                    self._discover(need)
+    def _found(self, need: Need, resource: ApiResource) -> None:
+        if need in self.optional:
+            self._watch_optional_kind(need, resource)
+        else:
+            self._watch_owner_kind(resource)
 
     def _watch_owner_kind(self, resource: ApiResource) -> None:
         gk = (resource.group, resource.kind)
@@ -339,17 +295,14 @@ class Sources:
             self._ref_counts[gk] = self._ref_counts.get(gk, 0) + 1
             if self._ref_counts[gk] == 1:
                 need = (gk[0], gk[1], None)
-                if need in self._discovered:
-                    self._refresh_missing()
-                else:
-                    self._discover(need)
+                if not self.discovery.knows(need):
+                    self.discovery.look_up(need)
         elif refs is not None:
             del refs[key]
         if old is not None:
             self._ref_counts[old] -= 1
             if not self._ref_counts[old]:
                 del self._ref_counts[old]
-                self._refresh_missing()
 
     def _forget_refs(self, gk: GroupKind) -> None:
         """The kind is watched now: its references need no counting any more."""
@@ -417,6 +370,4 @@ class Sources:
             return
         added, self._configured = configured - self._configured, configured
         for need in added:
-            if self._discovered.get(need) is None:  # unknown, or not served when last asked
-                self._discover(need)
-        self._refresh_missing()
+            self.discovery.look_up_unless_served(need)

@@ -11,10 +11,10 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kubeindex.discovery import describe
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import NANO, format_quantity, parse_nano
-from kubeindex.sources import describe
 from reconciler.controller import Summary, SummaryMeta, claim_of_summary
 from reconciler.desired import (
     LABEL_SHORT_TYPE,

@@ -17,7 +17,7 @@ import prometheus_client
 import pytest
 import yaml
 
-import kubeindex.sources as sources_module
+import kubeindex.discovery as discovery
 from alerts.rules import Thresholds, rules_file
 from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
@@ -49,7 +49,7 @@ def test_absent_kueue_is_fine_and_kueue_installed_later_is_picked_up(
     """The real service starts without Kueue: ready, nothing about it logged above info, no flavor series,
     no kind reported missing. Kueue's CRDs come later: an in-process Sources (retrying every 0.3 s)
     and the real service (every DISCOVERY_RETRY_SECONDS) start watching them."""
-    monkeypatch.setattr(sources_module, "DISCOVERY_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr(discovery, "DISCOVERY_RETRY_SECONDS", 0.3)
     with LocalCluster(Options(), binaries) as kube:
         kube.install_crds(CRDS)
         node_summarizer(kube, "pool", "pool")

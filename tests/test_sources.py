@@ -20,6 +20,7 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
+import kubeindex.discovery as discovery
 import kubeindex.sources as sources_module
 from demo.workloads import create, ok
 from exporter.server import make_app
@@ -183,7 +184,7 @@ def test_handler_failure_in_a_watch_is_repaired_by_a_relist(kube: LocalCluster) 
 def test_missing_kinds_hold_only_kinds_still_needed(kube: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: a kind stayed in missing_kinds (nws_kind_not_served) and was looked up every 30 s
     for ever after the summarizer stopped listing it, or the last pod naming it was deleted."""
-    monkeypatch.setattr(sources_module, "DISCOVERY_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr(discovery, "DISCOVERY_RETRY_SECONDS", 0.3)
     summarizer(kube, "needed", [{"group": "apps", "kind": "Deployment"}, {"group": "example.com", "kind": "Gone"}])
     ghost = {"apiVersion": "ghost.example.com/v1", "kind": "Ghost", "metadata": {"name": "g",
                                                                                     "uid": "00000000-0000-4000-8000-1"}}
@@ -215,7 +216,7 @@ def test_missing_kinds_hold_only_kinds_still_needed(kube: LocalCluster, monkeypa
 def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before: batch/v2 Job was reported without its version, then the retry looked it up without
     the version and watched batch/v1 jobs in its place; Node (cluster-scoped) passed silently."""
-    monkeypatch.setattr(sources_module, "DISCOVERY_RETRY_SECONDS", 0.3)
+    monkeypatch.setattr(discovery, "DISCOVERY_RETRY_SECONDS", 0.3)
     summarizer(kube, "v2", [{"group": "batch", "kind": "Job", "version": "v2"}, {"group": "", "kind": "Node"}])
 
     async def run() -> None:
