@@ -1,26 +1,18 @@
 """All the watches of one process, feeding one ClusterIndex.
 
 Nodes, Pods and the two summarizer kinds are watched from the start. Owner kinds are watched
-(metadata only) on demand, one watch per group/kind, while they are needed: each kind named by
-the controller ownerReference of a live object, and each configured workload kind (so that a
-workload with no pods still exists). Kinds are mapped to resources by API discovery.
-
-Versions. A configured ``version`` is honoured: when the API server does not serve that version
-of the kind, the kind is not served for that configuration (``kind_problem`` names the version)
-and it is never watched at another version on its behalf. A configuration without a version, and
-an ownerReference, take any served version (the preferred first): an owner is found by UID
-whatever version it is read at. The one watch of a group/kind reads metadata, which is the same at
-every version, so another configuration or a reference needing the kind at a served version is
-watched as usual while the one that asked for an unserved version is still reported.
+(metadata only) on demand, while they are needed (ownerkinds.py: which, and at which version).
+Kinds are mapped to resources by API discovery (discovery.py), which looks a kind up again every
+DISCOVERY_RETRY_SECONDS while it is needed and not served.
 
 Optional kinds (Kueue's ResourceFlavors and ClusterQueues) are watched in full whenever the API
-server serves them: looked up at start and, while not served, every DISCOVERY_RETRY_SECONDS
-(discovery.py: a CRD installed later is picked up). Not served is no error and no readiness problem (and not in
-``missing_kinds``); forbidden is reported as for owner kinds, never against readiness.
+server serves them: looked up at start and, while not served, again (a CRD installed later is
+picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
+forbidden is reported as for owner kinds, never against readiness.
 
 ``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
 a live object while not watched) that discovery says is not served; only those are looked up
-again, every DISCOVERY_RETRY_SECONDS. A kind no longer configured nor referenced leaves the set.
+again. A kind no longer configured nor referenced leaves the set.
 
 Pod label keys. The index keeps only each pod's values of the label keys configured when it took
 the pod (a whole label set would cost about 1 KB per pod), so a WorkloadSummarizer edit that adds a
@@ -52,14 +44,13 @@ from .objects import (
     ClusterQueue,
     Node,
     NodeSummarizer,
-    OwnerReference,
     PartialObject,
     Pod,
     ResourceFlavor,
     WorkloadSummarizer,
-    group_of,
     object_key,
 )
+from .ownerkinds import OwnerKinds
 from .owners import POD, GroupKind
 from .reflector import PERMANENT, Handler, Reflector, SourceStats, WatchSettings
 
@@ -91,12 +82,10 @@ class Sources:
         self.stats: dict[str, SourceStats] = {}
         self.summarizers = Summarizers()
         self.reflectors: dict[str, Reflector] = {}
-        self.owner_resources: dict[GroupKind, ApiResource] = {}  # watched owner kinds
         self.ready = asyncio.Event()
         self.started_at = 0.0
         self.sync_seconds: float | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._owner_reflectors: dict[GroupKind, Reflector] = {}
         # Optional kinds: need -> (projection, handler); watched whenever served.
         self.optional: dict[Need, tuple[type, Handler]] = {
             (KUEUE_GROUP, "ResourceFlavor", KUEUE_VERSION):
@@ -106,11 +95,12 @@ class Sources:
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional)
-        self._configured: set[Need] = set()
-        # Live objects whose controller reference names a kind not watched: source -> key -> kind.
-        # Only those are tracked (few), so that such a kind is needed exactly while referenced.
-        self._refs: dict[str, dict[str, GroupKind]] = {}
-        self._ref_counts: dict[GroupKind, int] = {}
+        self.owner_kinds = OwnerKinds(index, self.discovery, self._start_metadata_watch, reserved=CORE)
+
+    @property
+    def owner_resources(self) -> dict[GroupKind, ApiResource]:
+        """The owner kinds watched, and the resource each is read at."""
+        return self.owner_kinds.watched
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -152,6 +142,11 @@ class Sources:
         self.stats[reflector.name] = reflector.stats
         self.reflectors[reflector.name] = reflector
         self._spawn(reflector.run())
+
+    def _start_metadata_watch(self, name: str, path: str, handler: Handler[PartialObject]) -> Reflector:
+        reflector = Reflector(self.api, name, path, PartialObject, handler, metadata_only=True, settings=self.settings)
+        self._add(reflector)
+        return reflector
 
     async def _wait_ready(self) -> None:
         """Ready once every reflector, including owner kinds discovered on the way, has listed."""
@@ -197,7 +192,7 @@ class Sources:
     def owner_problems(self) -> list[str]:
         """Owner kinds that cannot be read (forbidden, not installed): reported, not counted
         against readiness."""
-        return _permanent_problems(self._owner_reflectors.values(), self.sync_grace)
+        return _permanent_problems(self.owner_kinds.reflectors.values(), self.sync_grace)
 
     def optional_problems(self) -> list[str]:
         """Optional kinds served but not readable (forbidden): reported, not counted against readiness."""
@@ -206,7 +201,7 @@ class Sources:
     @property
     def forbidden_kinds(self) -> set[GroupKind]:
         """Owner and optional kinds whose list/watch the API server denies (401/403)."""
-        reflectors = {**self._owner_reflectors, **self._optional_reflectors}
+        reflectors = {**self.owner_kinds.reflectors, **self._optional_reflectors}
         return {gk for gk, r in reflectors.items() if r.last_error_status in (401, 403)}
 
     def kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
@@ -224,7 +219,7 @@ class Sources:
         if not resource.namespaced:
             return "KindNotNamespaced", (f"{resource.name} is cluster-scoped; WorkloadSummaries are namespaced, "
                                          f"so it cannot be a root workload")
-        reflector = self._owner_reflectors.get((group, kind))
+        reflector = self.owner_kinds.reflectors.get((group, kind))
         if reflector is not None and reflector.last_error_status in (401, 403):
             return "KindForbidden", f"list/watch of {reflector.name} is denied: {reflector.last_error}"
         if reflector is not None and reflector.last_error_status == 404:
@@ -233,38 +228,19 @@ class Sources:
 
     # -- kinds needed ---------------------------------------------------------------------------
 
-    def _owner_needs(self) -> set[Need]:
-        return self._configured | {(group, kind, None) for group, kind in self._ref_counts}
-
     def _needs(self) -> set[Need]:
-        return self._owner_needs() | self.optional.keys()
+        return self.owner_kinds.needs() | self.optional.keys()
 
     @property
     def missing_kinds(self) -> set[GroupKind]:
         """The kinds needed now (configured, or referenced while not watched) that are not served."""
-        return {(group, kind) for group, kind, version in self._owner_needs()
-                if self.discovery.not_served((group, kind, version))}
+        return self.owner_kinds.missing()
 
     def _found(self, need: Need, resource: ApiResource) -> None:
         if need in self.optional:
             self._watch_optional_kind(need, resource)
         else:
-            self._watch_owner_kind(resource)
-
-    def _watch_owner_kind(self, resource: ApiResource) -> None:
-        gk = (resource.group, resource.kind)
-        if gk in self.owner_resources:
-            return
-        self.owner_resources[gk] = resource
-        self._forget_refs(gk)
-        name = resource.name if resource.name not in CORE else f"{resource.name}.owners"  # Node: mirror pods
-        handler = Handler(lambda obj, gk=gk, name=name: self._owner_upsert(gk, name, obj),
-                          lambda key, gk=gk, name=name: self._owner_delete(gk, name, key))
-        log.info("watching %s (metadata only) for %s", resource.path, resource.kind)
-        reflector = Reflector(self.api, name, resource.path, PartialObject, handler, metadata_only=True,
-                              settings=self.settings)
-        self._owner_reflectors[gk] = reflector
-        self._add(reflector)
+            self.owner_kinds.watch(resource)
 
     def _watch_optional_kind(self, need: Need, resource: ApiResource) -> None:
         gk = (resource.group, resource.kind)
@@ -276,60 +252,15 @@ class Sources:
         self._optional_reflectors[gk] = reflector
         self._add(reflector)
 
-    # -- references -----------------------------------------------------------------------------
-
-    def _track_ref(self, source: str, key: str, ref: OwnerReference | None) -> None:
-        """Keep count of live references to kinds that are not watched: such a kind is needed
-        exactly while referenced. O(1); nothing is stored for references to watched kinds."""
-        gk = (group_of(ref.apiVersion), ref.kind) if ref is not None else None
-        if gk is not None and (gk == POD or gk in self.owner_resources):
-            gk = None
-        refs = self._refs.get(source)
-        old = refs.get(key) if refs is not None else None
-        if old == gk:
-            return
-        if gk is not None:
-            if refs is None:
-                refs = self._refs[source] = {}
-            refs[key] = gk
-            self._ref_counts[gk] = self._ref_counts.get(gk, 0) + 1
-            if self._ref_counts[gk] == 1:
-                need = (gk[0], gk[1], None)
-                if not self.discovery.knows(need):
-                    self.discovery.look_up(need)
-        elif refs is not None:
-            del refs[key]
-        if old is not None:
-            self._ref_counts[old] -= 1
-            if not self._ref_counts[old]:
-                del self._ref_counts[old]
-
-    def _forget_refs(self, gk: GroupKind) -> None:
-        """The kind is watched now: its references need no counting any more."""
-        if self._ref_counts.pop(gk, None) is None:
-            return
-        for refs in self._refs.values():
-            for key in [k for k, v in refs.items() if v == gk]:
-                del refs[key]
+    # -- pods ------------------------------------------------------------------------------------
 
     def _pod_upsert(self, pod: Pod) -> None:
         self.index.upsert_pod(pod)
-        self._track_ref("pods", object_key(pod.metadata), pod.metadata.controller_ref())
+        self.owner_kinds.track("pods", object_key(pod.metadata), pod.metadata.controller_ref())
 
     def _pod_delete(self, key: str) -> None:
         self.index.delete_pod(key)
-        self._track_ref("pods", key, None)
-
-    def _owner_upsert(self, gk: GroupKind, source: str, obj: PartialObject) -> None:
-        meta = obj.metadata
-        ref = meta.controller_ref()
-        controller = (ref.apiVersion, ref.kind, ref.uid) if ref else None
-        self.index.upsert_owner(gk, meta.namespace, meta.name, meta.uid, controller)
-        self._track_ref(source, object_key(meta), ref)
-
-    def _owner_delete(self, gk: GroupKind, source: str, key: str) -> None:
-        self.index.delete_owner(gk, key)
-        self._track_ref(source, key, None)
+        self.owner_kinds.track("pods", key, None)
 
     # -- summarizers -------------------------------------------------------------------------
 
@@ -364,10 +295,5 @@ class Sources:
 
     def _reconfigure(self) -> None:
         """Look up configured kinds as soon as they appear (status writes change nothing here)."""
-        configured = {(t.group, t.kind, t.version or None) for s in self.summarizers.workload.values()
-                      for t in s.spec.workloadTypes if (t.group, t.kind) != POD}
-        if configured == self._configured:
-            return
-        added, self._configured = configured - self._configured, configured
-        for need in added:
-            self.discovery.look_up_unless_served(need)
+        self.owner_kinds.configure({(t.group, t.kind, t.version or None) for s in self.summarizers.workload.values()
+                                    for t in s.spec.workloadTypes if (t.group, t.kind) != POD})
