@@ -73,6 +73,9 @@ class Summarizers:
 
 
 class Sources:
+    """The one owner of every watch of the process: those feeding the index, and those another
+    part reads (``add_watch``), all in ``stats`` (the nws_watch_* metrics), stopped by ``stop``."""
+
     def __init__(self, api: ApiClient, index: ClusterIndex, settings: WatchSettings | None = None,
                  sync_grace: float = 60.0) -> None:
         self.api = api
@@ -81,7 +84,9 @@ class Sources:
         self.sync_grace = sync_grace  # seconds without contact before sync_problems reports it
         self.stats: dict[str, SourceStats] = {}
         self.summarizers = Summarizers()
-        self.reflectors: dict[str, Reflector] = {}
+        self.reflectors: dict[str, Reflector] = {}  # the index's
+        self._added: dict[str, Reflector] = {}  # other readers' (add_watch)
+        self._running = False
         self.ready = asyncio.Event()
         self.started_at = 0.0
         self.sync_seconds: float | None = None
@@ -106,6 +111,9 @@ class Sources:
 
     async def start(self) -> None:
         self.started_at = time.monotonic()
+        self._running = True
+        for reflector in self._added.values():
+            self._spawn(reflector.run())
         self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
                             Handler(self.index.upsert_node, self.index.delete_node), settings=self.settings))
         self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
@@ -120,10 +128,27 @@ class Sources:
         self._spawn(self._wait_ready())
         self._spawn(self.discovery.retry_unserved(self._needs))
 
+    def add_watch(self, reflector: Reflector) -> None:
+        """Run a watch that another part of the process reads (the reconciler's of its own
+        summaries) with the others: in the nws_watch_* metrics, in ``watches`` (relisted by a new
+        leader) and stopped by ``stop``; added before ``start``, it starts then. Its sync is its
+        reader's to wait for (``reflector.synced``): it counts neither in ``ready`` nor in
+        ``sync_problems``, which say whether the index is current."""
+        if reflector.name in self.stats:
+            raise ValueError(f"a watch named {reflector.name} exists already")
+        self.stats[reflector.name] = reflector.stats
+        self._added[reflector.name] = reflector
+        if self._running:
+            self._spawn(reflector.run())
+
+    def watches(self) -> list[Reflector]:
+        """Every watch of the process: the index's and the added ones."""
+        return [*self.reflectors.values(), *self._added.values()]
+
     async def relist(self) -> None:
         """Every watch relists (see Reflector.relist): afterwards the index is as fresh as a
         restart would make it, at the cost of one LIST per resource."""
-        await asyncio.gather(*(r.relist() for r in list(self.reflectors.values())))
+        await asyncio.gather(*(r.relist() for r in self.watches()))
 
     async def stop(self) -> None:
         for task in list(self._tasks):

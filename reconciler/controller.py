@@ -1,7 +1,8 @@
 """Keeps NodeSummary / WorkloadSummary objects and the summarizers' status equal to the index.
 
 Desired objects come from the aggregates (desired.py); actual ones from a watch on our own
-outputs (label ux.sean.example.com/managed-by). The write path is a keyed work queue
+outputs (label ux.sean.example.com/managed-by), run by the Sources with every other watch. The
+summarizers' status is computed in summarizers.py. The write path is a keyed work queue
 (workqueue.py), client-go style:
 
 - producers only add keys: a pass every ``interval`` adds the keys whose desired object changed,
@@ -174,6 +175,8 @@ class Reconciler:
                       settings=watch, label_selector=f"{MANAGED_BY}={MANAGER}")
             for plural in SUMMARIES
         ]
+        for reflector in self.reflectors:
+            sources.add_watch(reflector)  # run, counted and relisted with every other watch
         self.ready = asyncio.Event()
         if elector is not None:
             elector.on_change(self._leadership)
@@ -233,8 +236,7 @@ class Reconciler:
         client-go controller does, and names the watches still relisting."""
         started = time.monotonic()
         retired = self.api.renew_pool()  # the pooled connections may be as dead as the watches
-        relisting = {asyncio.ensure_future(r.relist()): r.name
-                     for r in [*self.sources.reflectors.values(), *self.reflectors]}
+        relisting = {asyncio.ensure_future(r.relist()): r.name for r in self.sources.watches()}
         try:
             _, late = await asyncio.wait(relisting, timeout=self.settings.refresh_timeout) if relisting else ((), ())
         finally:
@@ -252,7 +254,8 @@ class Reconciler:
     # -- loop -----------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        tasks = [asyncio.create_task(r.run()) for r in self.reflectors]
+        """Our watches are run by the sources; this waits for their sync, then writes."""
+        tasks: list[asyncio.Task] = []
         try:
             await self.sources.ready.wait()
             for r in self.reflectors:

@@ -79,3 +79,21 @@ def test_losing_the_lease_stops_the_writes_at_once() -> None:
         return before, reconciler.leading
 
     assert asyncio.run(main()) == (True, False)
+
+
+def test_the_reconcilers_watches_are_the_sources() -> None:
+    """Run, stopped and relisted by the sources, and in their stats (the nws_watch_* metrics);
+    not part of the index's readiness, but of the reconciler's."""
+
+    async def main() -> None:
+        reconciler, _ = _reconciler(refresh_timeout=30)
+        sources = reconciler.sources
+        names = ["own-nodesummaries", "own-workloadsummaries"]
+        assert [r.name for r in sources.watches()] == names and list(sources.stats) == names
+        assert not [p for p in sources.sync_problems() if p.startswith("own-")]
+        assert [p.split(":")[0] for p in reconciler.not_ready() if p.startswith("own-")] == names
+        with pytest.raises(ValueError):
+            sources.add_watch(reconciler.reflectors[0])
+        await reconciler.api.close()
+
+    asyncio.run(main())

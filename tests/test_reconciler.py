@@ -22,7 +22,7 @@ from demo.workloads import (
 from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
-from localkube.service import Service, select, wait_for
+from localkube.service import Samples, Service, select, value, wait_for
 from tests.conftest import CRDS, EXAMPLES
 from tests.kube import delete, set_node_labels
 
@@ -160,6 +160,25 @@ def test_user_edits_are_restored(kube: LocalCluster, service: Service) -> None:
     wait_for(lambda: summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3, timeout=10)
     delete(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/nginx")
     wait_for(lambda: workload(kube, "nginx") is not None, timeout=10)
+
+
+def test_the_watches_of_our_summaries_are_in_the_watch_metrics(kube: LocalCluster, service: Service) -> None:
+    """The reconciler's watches of its own summaries are the sources' like every other, so they show
+    in nws_watch_* (they used to run beside them, unseen)."""
+    def modified(samples: Samples) -> float:
+        return value(samples, "nws_watch_events_total", resource="own-nodesummaries", type="MODIFIED") or 0
+
+    wait_for(lambda: "gke-nodepool-cpu" in summaries(kube), timeout=20)
+    before = modified(service.scrape())
+    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+                    {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
+    wait_for(lambda: modified(service.scrape()) >= before + 2, timeout=10)  # the edit, and our write back
+    s = service.scrape()
+    for plural in ("nodesummaries", "workloadsummaries"):
+        assert value(s, "nws_watch_synced", resource=f"own-{plural}") == 1
+        assert value(s, "nws_watch_relists_total", resource=f"own-{plural}") is not None
+    wait_for(lambda: value(service.scrape(), "nws_watch_objects", resource="own-nodesummaries")
+             == len(summaries(kube)), timeout=10)
 
 
 def test_no_writes_when_quiet(service: Service) -> None:
