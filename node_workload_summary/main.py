@@ -152,7 +152,7 @@ def build(settings: Settings) -> Service:
                 lease_namespace(settings), settings.lease_name, settings.identity or identity(),
                 settings.lease_duration, settings.renew_deadline, settings.retry_period))
         reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
-            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), watch)
+            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second))
         if elector is not None:
             elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
     renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,

@@ -29,7 +29,7 @@ import msgspec
 from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
-from kubeindex.reflector import Handler, Reflector, WatchSettings
+from kubeindex.reflector import Handler, Reflector
 from kubeindex.sources import Sources
 
 from . import fields
@@ -98,7 +98,7 @@ class ReconcilerSettings:
     # Seconds a new leader waits for its relists before writing from the view it has: one stalled
     # relist (a WatchList whose initial-events-end bookmark is slow after an API server restart)
     # must not hold every write back; the late ones go on and their changes follow as they come.
-    refresh_timeout: float = 5.0
+    relist_timeout: float = 5.0
 
 
 @dataclass
@@ -147,7 +147,7 @@ def claim_of_summary(plural: str, obj: Summary) -> Claim | None:
 
 class Reconciler:
     def __init__(self, api: ApiClient, index: ClusterIndex, sources: Sources, elector: LeaderElector | None,
-                 settings: ReconcilerSettings | None = None, watch: WatchSettings | None = None) -> None:
+                 settings: ReconcilerSettings | None = None) -> None:
         self.api = api
         self.index = index
         self.sources = sources
@@ -172,7 +172,7 @@ class Reconciler:
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
                       Handler(lambda o, p=plural: self._seen(p, o), lambda k, p=plural: self._gone(p, k)),
-                      settings=watch, label_selector=f"{MANAGED_BY}={MANAGER}")
+                      settings=sources.settings, label_selector=f"{MANAGED_BY}={MANAGER}")
             for plural in SUMMARIES
         ]
         for reflector in self.reflectors:
@@ -229,7 +229,7 @@ class Reconciler:
             self._relisting = asyncio.get_running_loop().create_task(self._relist_before_leading())
 
     async def _relist_before_leading(self) -> None:
-        """Before a new leader's first write: relist every watch, for at most ``refresh_timeout``.
+        """Before a new leader's first write: relist every watch, for at most ``relist_timeout``.
         A replica may win the lease while a watch connection is silently dead (a load balancer
         that drops flows without a reset goes unnoticed until the read timeout); a fresh LIST
         makes its view current. Past the bound the leader writes from the view it has, as any
@@ -238,7 +238,7 @@ class Reconciler:
         retired = self.api.renew_pool()  # the pooled connections may be as dead as the watches
         relisting = {asyncio.ensure_future(r.relist()): r.name for r in self.sources.watches()}
         try:
-            _, late = await asyncio.wait(relisting, timeout=self.settings.refresh_timeout) if relisting else ((), ())
+            _, late = await asyncio.wait(relisting, timeout=self.settings.relist_timeout) if relisting else ((), ())
         finally:
             for task in relisting:
                 task.cancel()  # only the waits: the relists themselves go on in their reflectors

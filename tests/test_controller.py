@@ -14,11 +14,11 @@ from reconciler.controller import Reconciler, ReconcilerSettings
 from reconciler.leader import LeaderElector, LeaseSettings
 
 
-def _reconciler(refresh_timeout: float) -> tuple[Reconciler, LeaderElector]:
+def _reconciler(relist_timeout: float) -> tuple[Reconciler, LeaderElector]:
     api = ApiClient(Connection("https://127.0.0.1:1", False, None))  # type: ignore[arg-type]
     elector = LeaderElector(api, LeaseSettings("default", identity="me"))
     sources = Sources(api, ClusterIndex())
-    settings = ReconcilerSettings(refresh_timeout=refresh_timeout)
+    settings = ReconcilerSettings(relist_timeout=relist_timeout)
     return Reconciler(api, sources.index, sources, elector, settings), elector
 
 
@@ -29,10 +29,10 @@ def _lead(elector: LeaderElector) -> None:
 
 def test_a_stalled_relist_holds_a_new_leaders_writes_only_until_the_bound(caplog: pytest.LogCaptureFixture) -> None:
     """A relist that never completes (a WatchList whose initial-events-end bookmark does not come)
-    delays the first write of a new leader by refresh_timeout, not for ever; the log names it."""
+    delays the first write of a new leader by relist_timeout, not for ever; the log names it."""
 
     async def main() -> tuple[bool, float, bool]:
-        reconciler, elector = _reconciler(refresh_timeout=0.3)
+        reconciler, elector = _reconciler(relist_timeout=0.3)
         stalled = reconciler.reflectors[0]
         stalled.connected = True  # in contact, but its LIST never completes
         _lead(elector)
@@ -56,7 +56,7 @@ def test_a_new_leader_writes_at_once_when_every_relist_is_done() -> None:
     """Watches out of contact have nothing fresher to give: their relists return at once."""
 
     async def main() -> float:
-        reconciler, elector = _reconciler(refresh_timeout=30)
+        reconciler, elector = _reconciler(relist_timeout=30)
         _lead(elector)
         started = time.monotonic()
         while not reconciler.leading and time.monotonic() - started < 5:
@@ -69,7 +69,7 @@ def test_a_new_leader_writes_at_once_when_every_relist_is_done() -> None:
 
 def test_losing_the_lease_stops_the_writes_at_once() -> None:
     async def main() -> tuple[bool, bool]:
-        reconciler, elector = _reconciler(refresh_timeout=30)
+        reconciler, elector = _reconciler(relist_timeout=30)
         _lead(elector)
         while not reconciler.leading:
             await asyncio.sleep(0.01)
@@ -86,7 +86,7 @@ def test_the_reconcilers_watches_are_the_sources() -> None:
     not part of the index's readiness, but of the reconciler's."""
 
     async def main() -> None:
-        reconciler, _ = _reconciler(refresh_timeout=30)
+        reconciler, _ = _reconciler(relist_timeout=30)
         sources = reconciler.sources
         names = ["own-nodesummaries", "own-workloadsummaries"]
         assert [r.name for r in sources.watches()] == names and list(sources.stats) == names
