@@ -193,7 +193,7 @@ class RealNode:
         """Another kubelet or kube-proxy on this machine (not ours: we hold the lock) would share
         what the teardown removes."""
         foreign = [str(p) for p in (Path("/var/lib/kubelet"), *_kubepods()) if p.exists()]
-        foreign += ["KUBE- iptables chains"] if any(c.startswith("KUBE-") for c in _chains()) else []
+        foreign += ["KUBE- iptables chains"] if any(chain.startswith("KUBE-") for _, _, chain in _chains()) else []
         if foreign:
             raise NodeError(f"another kubelet or kube-proxy has state on this machine: {', '.join(foreign)}")
 
