@@ -28,6 +28,7 @@ import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import TextIO
 
 from . import pki
 from .build import KUBERNETES_NODE, NODE_COMPONENTS, cache_root, ensure_binaries, go_binary
@@ -67,10 +68,10 @@ def _with_sbin(path: str) -> str:
     return os.pathsep.join(parts + [d for d in ("/usr/sbin", "/sbin") if d not in parts])
 
 
-def _run(*cmd: str, check: bool = True, env: dict[str, str] | None = None, **kw: object,
+def _run(*cmd: str, check: bool = True, env: dict[str, str] | None = None, cwd: Path | None = None,
          ) -> subprocess.CompletedProcess[str]:
     env = {**(env or os.environ), "PATH": _with_sbin((env or os.environ).get("PATH", ""))}
-    return subprocess.run(cmd, capture_output=True, text=True, check=check, env=env, **kw)  # type: ignore[call-overload]
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, env=env, cwd=cwd)
 
 
 def missing_host_parts() -> list[str]:
@@ -152,7 +153,7 @@ class RealNode:
         self.processes: dict[str, Process] = {}
         self._chains_before: set[tuple[str, str, str]] = set()
         self._entries_before: dict[Path, set[Path] | None] = {}
-        self._lock: object = None
+        self._lock: TextIO | None = None  # the machine's lock file, open while this node holds it
         self._saved_sysctls: dict[str, str] = {}
 
     # -- start -------------------------------------------------------------------------------
@@ -419,7 +420,7 @@ class RealNode:
             for key, value in self._saved_sysctls.items():
                 _run("sysctl", "-qw", f"{key}={value}", check=False)
         finally:
-            self._lock.close()  # type: ignore[attr-defined]
+            self._lock.close()
             self._lock = None
         return self.leftovers()
 

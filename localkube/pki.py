@@ -7,6 +7,7 @@ import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -156,7 +157,8 @@ def client_cert(pki: Pki, directory: Path, name: str, cn: str, org: str | None =
     a kubelet; CN=system:kube-proxy for kube-proxy); returns (cert, key) paths."""
     directory.mkdir(parents=True, exist_ok=True)
     ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
-    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    loaded = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca_key = cast(ec.EllipticCurvePrivateKey, loaded)  # the key generate() wrote, which the loader cannot know
     key = ec.generate_private_key(ec.SECP256R1())
     cert = _issue(_name(cn, org), key, ca.subject, ca_key, usage=[ExtendedKeyUsageOID.CLIENT_AUTH])
     crt_path, key_path = directory / f"{name}.crt", directory / f"{name}.key"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -94,7 +95,7 @@ class Prometheus:
         return [a for a in self.api("/api/v1/alerts")["alerts"] if state is None or a["state"] == state]
 
     def query(self, expr: str) -> list[dict]:
-        return self.api("/api/v1/query?query=" + urllib.request.quote(expr))["result"]
+        return self.api("/api/v1/query?query=" + urllib.parse.quote(expr))["result"]
 
 
 def start_operator(cluster: LocalCluster) -> Process:
