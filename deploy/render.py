@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from alerts.__main__ import YamlStyle
 from alerts.rules import prometheus_rule
 from dashboards.__main__ import render as render_dashboards
 from deploy.image import version as package_version
@@ -54,7 +55,7 @@ def render() -> dict[str, str]:
         for name, text in dashboards.items()
     ]
     rule = prometheus_rule(namespace="node-workload-summary")
-    dump = {"default_flow_style": False, "sort_keys": False, "width": 1000}
+    dump: YamlStyle = {"default_flow_style": False, "sort_keys": False, "width": 1000}
     return {
         "deploy/base/generated/crds.yaml": HEADER + crds,
         "deploy/base/generated/dashboards.yaml": HEADER + yaml.safe_dump_all(configmaps, **dump),
