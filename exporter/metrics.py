@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -272,7 +272,7 @@ class SeriesCap(Generic[K]):
         self.limit = limit
         self.slots: set[K] = set()
         self.overflowed: set[K] = set()
-        self.dropped_total = 0
+        self.dropped_total: int = 0  # annotated: RENDERER_FAMILIES, above the class, reads it
         self.epoch = 0
 
     def assign(self, keys: Iterable[K]) -> list[K]:
@@ -312,10 +312,11 @@ class Renderer:
     def __init__(self, index: ClusterIndex, max_workload_series: int, max_nodegroup_series: int = 2000,
                  build_info: dict[str, str] | None = None,
                  registry: prometheus_client.CollectorRegistry | None = None) -> None:
-        self.index = index
-        self.max_workload_series = max_workload_series
-        self.max_nodegroup_series = max_nodegroup_series
-        self.build_info = build_info or {"version": "unknown"}  # nws_build_info's labels
+        # Annotated: RENDERER_FAMILIES, above the class, reads them.
+        self.index: ClusterIndex = index
+        self.max_workload_series: int = max_workload_series
+        self.max_nodegroup_series: int = max_nodegroup_series
+        self.build_info: dict[str, str] = build_info or {"version": "unknown"}  # nws_build_info's labels
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
         self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
         self.node_group_caps: dict[str, SeriesCap[NodeGroupKey]] = {}  # per summarizer
@@ -325,7 +326,7 @@ class Renderer:
         self._other_node_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
         self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
         self._flavors: dict[str, tuple[int, tuple[str, ...]]] = {}
-        self.last_render_seconds = 0.0
+        self.last_render_seconds: float = 0.0
 
     # -- node groups under the cap -------------------------------------------------------------
 
@@ -335,7 +336,7 @@ class Renderer:
             by_summarizer.setdefault(agg.summarizer, []).append(agg)
         for gone in self.node_group_caps.keys() - by_summarizer.keys():
             self._forget_summarizer(gone)
-        out = []
+        out: list[tuple[str, ...]] = []
         overflowed: set[NodeGroupKey] = set()
         for summarizer, aggs in by_summarizer.items():
             cap = self.node_group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
@@ -438,8 +439,10 @@ class Renderer:
         node_groups = self._node_group_chunks()  # first: workloads fold node groups by its outcome
         workloads = self._workload_chunks()
         flavors = self._flavor_chunks()
-        for table, rendered in ((NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads),
-                                (FLAVOR_FAMILIES, flavors)):
+        # (rows, their chunks per aggregate); each table's rows take another kind of aggregate
+        tables: tuple[tuple[tuple[FamilyGenerator[Any], ...], list[tuple[str, ...]]], ...] = (
+            (NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads), (FLAVOR_FAMILIES, flavors))
+        for table, rendered in tables:
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))
                 out.extend(c[i] for c in rendered)
