@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from functools import partial
 
 from .api import ApiResource
 from .discovery import KindDiscovery, Need
@@ -73,8 +74,7 @@ class OwnerKinds:
         self.watched[gk] = resource
         self._forget_refs(gk)
         name = resource.name if resource.name not in self._reserved else f"{resource.name}.owners"
-        handler = Handler(lambda obj, gk=gk, name=name: self._upsert(gk, name, obj),
-                          lambda key, gk=gk, name=name: self._delete(gk, name, key))
+        handler = Handler(partial(self._upsert, gk, name), partial(self._delete, gk, name))
         log.info("watching %s (metadata only) for %s", resource.path, resource.kind)
         self.reflectors[gk] = self._start(name, resource.path, handler)
 

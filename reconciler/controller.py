@@ -22,6 +22,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NoReturn
 
 import msgspec
@@ -171,7 +172,7 @@ class Reconciler:
         self._inputs: tuple = ()  # (index stamp, summarizer uids) of the last desired computation
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
-                      Handler(lambda o, p=plural: self._seen(p, o), lambda k, p=plural: self._gone(p, k)),
+                      Handler(partial(self._seen, plural), partial(self._gone, plural)),
                       settings=sources.settings, label_selector=f"{MANAGED_BY}={MANAGER}")
             for plural in SUMMARIES
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from kubeindex.index import (
@@ -265,8 +266,7 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
         name = summary_names[key]
         seen.add(key)
         out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
-                           lambda agg=agg, name=name, label_key=label_key, uid=uid:
-                           node_summary(agg, name, label_key, uid)))
+                           partial(node_summary, agg, name, label_key, uid)))
     # Label workloads of a key no summarizer lists (the deprecated flag's) are in the metrics only.
     label_infos = {key: label_type(info) for key, info in index.label_types.items() if info.summarizer}
     infos = {w.uid: info for w in index.workloads.values()
@@ -285,7 +285,7 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
         refs = tuple(summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
         seen.add(w.uid)
         out.append(_cached(cache, w.uid, (w.generation, name, info, refs),
-                           lambda w=w, info=info, name=name: workload_summary(w, name, info, summary_names)))
-    for key in cache.keys() - seen:
-        del cache[key]
+                           partial(workload_summary, w, name, info, summary_names)))
+    for stale in cache.keys() - seen:
+        del cache[stale]
     return out
