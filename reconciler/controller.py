@@ -203,11 +203,13 @@ class Reconciler:
 
     def _unhold(self, plural: str, obj: Summary, key: str) -> None:
         claim = claim_of_summary(plural, obj)
-        names = self.held[plural].get(claim) if claim else None
+        if claim is None:
+            return
+        names = self.held[plural].get(claim)
         if names is not None:
             names.discard(obj.metadata.name)
             if not names:
-                del self.held[plural][claim]  # type: ignore[arg-type]
+                del self.held[plural][claim]
 
     # -- leadership ------------------------------------------------------------------------------
 
