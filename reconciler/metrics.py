@@ -7,21 +7,27 @@ Bounds: one series per write verb, per HTTP status seen, per summary kind, and t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator, Mapping, Sized
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 
+# Read-only members (properties): the collector reads them, so a reconciler's own, more precise
+# types (WriteStats, dict[str, dict[str, Summary]]) fit.
 class _Stats(Protocol):
-    writes: dict[str, int]
-    errors: dict[str, int]
+    @property
+    def writes(self) -> Mapping[str, int]: ...
+    @property
+    def errors(self) -> Mapping[str, int]: ...
 
 
 class _Reconciler(Protocol):
-    stats: _Stats
-    actual: dict[str, dict[str, Any]]  # plural -> objects
+    @property
+    def stats(self) -> _Stats: ...
+    @property
+    def actual(self) -> Mapping[str, Sized]: ...  # plural -> the objects
 
 
 class _Elector(Protocol):
