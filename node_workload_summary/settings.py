@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
@@ -26,19 +26,35 @@ MIN_SECONDS = 1.0
 JITTER_FACTOR = 1.2  # client-go's leader election refuses renewDeadline <= 1.2 x retryPeriod
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
-# Named types: --help shows these names instead of Python's (`SECONDS`, not `float`).
-FilePath = TypeAliasType("PATH", str)
-Name = TypeAliasType("NAME", str)
-Address = TypeAliasType("ADDRESS", str)
-Port = TypeAliasType("PORT", int)
-Count = TypeAliasType("N", int)
-Seconds = TypeAliasType("SECONDS", float)
-WholeSeconds = TypeAliasType("SECONDS", int)
-Rate = TypeAliasType("PER_SECOND", float)
-Labels = TypeAliasType("LABELS", list[str])
-Taints = TypeAliasType("TAINTS", list[str])
-Conditions = TypeAliasType("CONDITIONS", list[str])
-ResourceNames = TypeAliasType("RESOURCES", list[str])
+# Named types: --help shows these names instead of Python's (`SECONDS`, not `float`). mypy takes a
+# TypeAliasType only under its own variable's name (two of these share one), so it reads the plain
+# types of the first branch; pydantic, at run time, the named ones.
+if TYPE_CHECKING:
+    FilePath: TypeAlias = str
+    Name: TypeAlias = str
+    Address: TypeAlias = str
+    Port: TypeAlias = int
+    Count: TypeAlias = int
+    Seconds: TypeAlias = float
+    WholeSeconds: TypeAlias = int
+    Rate: TypeAlias = float
+    Labels: TypeAlias = list[str]
+    Taints: TypeAlias = list[str]
+    Conditions: TypeAlias = list[str]
+    ResourceNames: TypeAlias = list[str]
+else:
+    FilePath = TypeAliasType("PATH", str)
+    Name = TypeAliasType("NAME", str)
+    Address = TypeAliasType("ADDRESS", str)
+    Port = TypeAliasType("PORT", int)
+    Count = TypeAliasType("N", int)
+    Seconds = TypeAliasType("SECONDS", float)
+    WholeSeconds = TypeAliasType("SECONDS", int)
+    Rate = TypeAliasType("PER_SECOND", float)
+    Labels = TypeAliasType("LABELS", list[str])
+    Taints = TypeAliasType("TAINTS", list[str])
+    Conditions = TypeAliasType("CONDITIONS", list[str])
+    ResourceNames = TypeAliasType("RESOURCES", list[str])
 
 
 class Settings(BaseSettings):
