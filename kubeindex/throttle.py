@@ -18,7 +18,8 @@ class ThrottledLog:
         self.clock = clock
         self._said: dict[str, tuple[str, float]] = {}  # topic -> (reason, when) last logged
 
-    def __call__(self, topic: str, reason: str, level: int, message: str, *args: object, **kwargs: object) -> bool:
+    def __call__(self, topic: str, reason: str, level: int, message: str, *args: object,
+                 exc_info: BaseException | bool | None = None) -> bool:
         """Log ``message`` unless ``reason`` was said on ``topic`` within ``every`` seconds;
         True when it was logged."""
         now = self.clock()
@@ -26,7 +27,7 @@ class ThrottledLog:
         if last is not None and last[0] == reason and now - last[1] < self.every:
             return False
         self._said[topic] = (reason, now)
-        self.logger.log(level, message, *args, **kwargs)  # type: ignore[arg-type]
+        self.logger.log(level, message, *args, exc_info=exc_info)
         return True
 
     def clear(self, topic: str) -> bool:
