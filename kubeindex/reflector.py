@@ -204,7 +204,8 @@ class Reflector(Generic[T]):
         self._relist_requested = asyncio.Event()
         self._list_done = asyncio.Event()  # replaced after every completed LIST
         self._item = msgspec.json.Decoder(item_type)
-        self._list = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
+        # _Page of the item type, made at run time; mypy takes a subscript by a variable for no type.
+        self._list: msgspec.json.Decoder[_Page[T]] = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
         self._event = msgspec.json.Decoder(RawEvent)
         self._status = msgspec.json.Decoder(Status)
         self._bookmark = msgspec.json.Decoder(Bookmark)
