@@ -157,7 +157,7 @@ class OwnerGraph:
         """The other vertices of the cycle through ``vertex`` (none when it is on none)."""
         members = []
         for _ in range(self._cycle_length(vertex) - 1):
-            vertex = self.vertices[vertex.parent]  # type: ignore[index]
+            vertex = self.vertices[vertex.parent]  # type: ignore[index]  # on a cycle, every vertex has a parent
             members.append(vertex)
         return members
 

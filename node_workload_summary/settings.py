@@ -207,7 +207,7 @@ class Settings(BaseSettings):
     def _whole_seconds(cls, value: object) -> object:
         # Lease.spec.leaseDurationSeconds is an integer: 0.5 would become 0, which the API server refuses.
         try:
-            seconds = float(value)  # type: ignore[arg-type]
+            seconds = float(value)  # type: ignore[arg-type]  # whatever came: float() says if it is a number
         except (TypeError, ValueError):
             return value  # not a number: the type check says so
         _at_least_a_second(seconds)
@@ -290,6 +290,7 @@ class InvalidSettings(Exception):
 def load(argv: Sequence[str]) -> Settings:
     """Settings from these arguments and the environment, or InvalidSettings."""
     try:
+        # A BaseSettings argument, not a field: mypy's view of a model's __init__ has the fields only.
         return Settings(_cli_parse_args=list(argv))  # type: ignore[call-arg]
     except ValidationError as err:
         raise InvalidSettings([_problem(error, argv) for error in err.errors()]) from None
