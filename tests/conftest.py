@@ -11,10 +11,8 @@ import pytest
 
 from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
+from tests.paths import CRDS, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-CRDS = ROOT / "crds"
-EXAMPLES = ROOT / "examples"
 # Where a failed test's component logs are kept (a cluster's working directory goes at teardown).
 FAILED_LOGS = ROOT / ".test-logs"
 

@@ -13,7 +13,7 @@ import yaml
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
-from tests.conftest import CRDS
+from tests.paths import CRDS
 
 
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",

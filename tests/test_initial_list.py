@@ -21,8 +21,8 @@ from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import Handler, InitialList, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from tests.conftest import CRDS
 from tests.kube import create_pod, delete
+from tests.paths import CRDS
 from tests.test_sources import truth, until
 
 GATE_OFF = "--feature-gates=WatchList=false"

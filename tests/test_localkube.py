@@ -14,7 +14,7 @@ import pytest
 
 from localkube.build import BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, leftover_processes
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 
 def _alive(pid: int) -> bool:

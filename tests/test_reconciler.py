@@ -23,8 +23,8 @@ from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
-from tests.conftest import CRDS, EXAMPLES
 from tests.kube import delete, set_node_labels
+from tests.paths import CRDS, EXAMPLES
 
 POOL = "cloud.google.com/gke-nodepool"
 NS = "ml"

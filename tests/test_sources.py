@@ -29,8 +29,8 @@ from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from tests.conftest import CRDS
 from tests.kube import create_pod, delete, set_pod_phase, token_kubeconfig
+from tests.paths import CRDS
 
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
