@@ -27,9 +27,8 @@ from reconciler.desired import (
     workload_claim,
 )
 from reconciler.names import NameAllocator
-from tests.reference import Owner
-from tests.test_index import make_node, make_pod, ref
-from tests.test_names import SUBDOMAIN, label_values
+from tests.builders import SUBDOMAIN, label_values, make_node, make_pod, ref
+from tests.reference import Owner, old_from_new, old_quantity
 
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -252,19 +251,6 @@ def test_quantities_are_exact(nano: int, resource: str) -> None:
     assert parse_nano(text) == nano, text
 
 
-def _old_quantity(resource: str, nano: int) -> str:
-    """The quantity strings of the first v1alpha1 shape (millis rounded up, no decimal suffixes)."""
-    if nano % NANO:
-        return f"{-(-nano // 10**6)}m"
-    value = nano // NANO
-    if resource == "memory" or resource.startswith(("hugepages-", "ephemeral-storage")):
-        for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
-                               ("Ki", 2**10)):
-            if value and value % factor == 0:
-                return f"{value // factor}{suffix}"
-    return str(value)
-
-
 def old_shape(agg: GroupAgg) -> dict[str, Any]:
     """A NodeSummary status in the first v1alpha1 shape, computed from the aggregate as it was."""
     not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
@@ -274,23 +260,13 @@ def old_shape(agg: GroupAgg) -> dict[str, Any]:
                        {"type": "NotReady", "count": not_ready}],
         "unschedulableCount": agg.unschedulable, "podCount": sum(agg.pods.values()),
         "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
-        **{field: {r: _old_quantity(r, v) for r, v in sorted(getattr(agg, name).items())}
+        **{field: {r: old_quantity(r, v) for r, v in sorted(getattr(agg, name).items())}
            for field, name in (("allocatable", "allocatable"), ("capacity", "capacity"), ("requested", "requested"),
                                ("unhealthyAccelerators", "accelerators_unhealthy"))},
         "nodesByState": {s: agg.states.get(s, 0) for s in NODE_STATES},
         "unhealthyNodeCount": sum(n for s, n in agg.states.items() if s not in ("Ready", "Cordoned")),
     }
     return {k: v for k, v in status.items() if v not in ({}, [], "", None)}
-
-
-def old_from_new(status: dict[str, Any]) -> dict[str, Any]:
-    """The first v1alpha1 shape computed from the current one alone: nothing was lost."""
-    old = dict(status)
-    old["nodesByState"] = {s: status.get("nodesByState", {}).get(s, 0) for s in NODE_STATES}
-    for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):
-        if field in status:
-            old[field] = {r: _old_quantity(r, parse_nano(q)) for r, q in status[field].items()}
-    return old
 
 
 node_specs = st.fixed_dictionaries({

@@ -24,8 +24,9 @@ from kubeindex.objects import (
 )
 from kubeindex.quantity import NANO, parse_or_zero
 from localkube.service import parse, select, value
+from tests.builders import add_owner, make_node, make_pod
 from tests.reference import World, health_snapshot, node_state, snapshot
-from tests.test_index import Scenario, add_owner, make_node, make_pod
+from tests.scenario import Scenario
 
 GI = 2**30
 

@@ -11,72 +11,17 @@ import pytest
 from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests
 from kubeindex.objects import (
     Container,
-    Node,
-    NodeCondition,
-    NodeSpec,
-    NodeStatus,
-    ObjectMeta,
-    OwnerReference,
-    Pod,
     PodLabelWorkload,
     PodSpec,
-    PodStatus,
     Resources,
     Taint,
     WorkloadType,
 )
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP
 from kubeindex.quantity import NANO
-from tests.reference import Owner, World, health_snapshot, recompute, recompute_health, snapshot
-
-API_VERSIONS = {"apps": "apps/v1", "batch": "batch/v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2",
-                "leaderworkerset.x-k8s.io": "leaderworkerset.x-k8s.io/v1", "": "v1"}
-
-
-def ref(owner: Owner | tuple[str, str, str], name: str = "") -> OwnerReference:
-    """A controller reference to an owner, or to (group, kind, uid)."""
-    if isinstance(owner, Owner):
-        return OwnerReference(API_VERSIONS[owner.group], owner.kind, owner.name, owner.uid, controller=True)
-    group, kind, uid = owner
-    return OwnerReference(API_VERSIONS[group], kind, name or uid, uid, controller=True)
-
-
-def make_node(name: str, labels: dict[str, str], ready: str | None = "True", unschedulable: bool = False,
-              allocatable: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
-              taints: list[Taint] | None = None, conditions: dict[str, str] | None = None) -> Node:
-    """A node; ``ready=None`` leaves out the Ready condition; ``conditions``: more, type -> status;
-    ``capacity`` defaults to the allocatable."""
-    alloc = allocatable if allocatable is not None else {"cpu": "4", "memory": "16Gi", "pods": "110"}
-    conds = [NodeCondition(t, v) for t, v in (conditions or {}).items()]
-    if ready is not None:
-        conds.insert(0, NodeCondition("Ready", ready))
-    return Node(
-        ObjectMeta(name=name, uid=f"uid-{name}", labels=dict(labels)),
-        NodeSpec(unschedulable=unschedulable, taints=list(taints or [])),
-        NodeStatus(allocatable=alloc, capacity=capacity if capacity is not None else alloc, conditions=conds),
-    )
-
-
-def make_pod(name: str, uid: str, node: str = "", phase: str = "Running", owner: OwnerReference | None = None,
-             cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns") -> Pod:
-    return Pod(
-        ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels or {},
-                   ownerReferences=[owner] if owner else []),
-        PodSpec(nodeName=node, containers=[Container(Resources({"cpu": cpu, "memory": "64Mi"}))]),
-        PodStatus(phase=phase),
-    )
-
-
-def add_owner(index: ClusterIndex, owner: Owner) -> None:
-    parent = None
-    if owner.parent:
-        parent = ("v1", "Pod", owner.parent) if owner.parent.startswith("pod") else ("x/v1", "X", owner.parent)
-    index.upsert_owner((owner.group, owner.kind), owner.namespace, owner.name, owner.uid, parent)
-
-
-def configured(*pairs: tuple[str, str]) -> list[WorkloadType]:
-    return [WorkloadType(kind=k, group=g) for g, k in pairs]
-
+from tests.builders import DISRUPTED, GPU, add_owner, configured, labels_of, make_node, make_pod, ref
+from tests.reference import Owner, health_snapshot, recompute, recompute_health, snapshot
+from tests.scenario import Scenario
 
 # -- owner chains ------------------------------------------------------------------------------
 
@@ -225,10 +170,6 @@ def test_pod_label_names_the_workload_where_no_owner_does() -> None:
 VOLCANO, KUBENEXUS = "volcano.sh/job-name", "pod-group.scheduling.kubenexus.io/name"
 
 
-def labels_of(*keys: str) -> list[PodLabelWorkload]:
-    return [PodLabelWorkload(key) for key in keys]
-
-
 def label_workloads(index: ClusterIndex) -> dict[tuple[str, str], dict[str, int]]:
     """(label key, value) -> pods by phase, of the workloads named by a pod label."""
     return {(w.kind, w.name): w.pods for w in index.workloads.values() if not w.is_object}
@@ -360,8 +301,6 @@ def test_node_groups_exact_values() -> None:
 
 # -- node state -----------------------------------------------------------------------------------
 
-GPU = "nvidia.com/gpu"
-DISRUPTED = Taint("karpenter.sh/disrupted", "NoSchedule")
 SICK_GPU = {"allocatable": {"cpu": "8", GPU: "7"}, "capacity": {"cpu": "8", GPU: "8"}}
 
 
@@ -460,131 +399,6 @@ def test_node_state_reaches_groups_and_workloads() -> None:
 
 
 # -- incremental == from scratch --------------------------------------------------------------
-
-KINDS = [("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet"), ("batch", "Job"),
-         ("jobset.x-k8s.io", "JobSet"), ("leaderworkerset.x-k8s.io", "LeaderWorkerSet")]
-PHASES = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
-
-
-class Scenario:
-    """Random events applied to both the index and the truth (World)."""
-
-    def __init__(self, rnd: random.Random) -> None:
-        self.rnd = rnd
-        self.world = World({}, {}, {}, {}, set(), pod_labels=("team/job",), max_depth=4,
-                           disruption_taints=("karpenter.sh/disrupted", "example.com/drain:NoExecute"),
-                           accelerator_resources=(GPU, "aws.amazon.com/neuron*"))
-        w = self.world
-        self.index = ClusterIndex(workload_pod_labels=w.pod_labels, max_depth=4,
-                                  disruption_taints=w.disruption_taints, problem_conditions=w.problem_conditions,
-                                  accelerator_resources=w.accelerator_resources)
-        self.serial = 0
-
-    def uid(self, prefix: str) -> str:
-        self.serial += 1
-        return f"{prefix}{self.serial}"
-
-    def random_parent(self) -> str | None:
-        r = self.rnd.random()
-        candidates = list(self.world.owners) + [p.metadata.uid for p in self.world.pods.values()]
-        if r < 0.25 or not candidates:
-            return None
-        if r < 0.3:
-            return "dangling-" + str(self.rnd.randint(0, 2))
-        return self.rnd.choice(candidates)
-
-    def _parent_ref(self, uid: str | None) -> OwnerReference | None:
-        if uid is None:
-            return None
-        if uid in self.world.owners:
-            return ref(self.world.owners[uid])
-        return OwnerReference("v1", "Pod", uid, uid, controller=True)
-
-    def random_node(self, name: str, labels: dict[str, str]) -> Node:
-        """Mostly Ready, so that the other states come and go on nodes with pods."""
-        rnd = self.rnd
-        capacity = {"cpu": "8", GPU: "2", "aws.amazon.com/neuroncore": "4", "example.com/fpga": "2"}
-        allocatable = {r: str(int(q) - rnd.choice([0, 0, 0, 1])) for r, q in capacity.items()}
-        if rnd.random() < 0.1:
-            del allocatable[GPU]
-        taints = rnd.sample([DISRUPTED, Taint("example.com/drain", "NoExecute"),
-                             Taint("example.com/drain", "NoSchedule"), Taint("example.com/other", "NoSchedule")],
-                            rnd.choice([0, 0, 0, 1, 2]))
-        conditions = {t: rnd.choice(["True", "False"]) for t in ("KernelDeadlock", "MemoryPressure")
-                      if rnd.random() < 0.3}
-        return make_node(name, labels, ready=rnd.choice(["True", "True", "True", "False", "Unknown", None]),
-                         unschedulable=rnd.random() < 0.2, allocatable=allocatable, capacity=capacity,
-                         taints=taints, conditions=conditions)
-
-    def step(self) -> None:
-        rnd, w, idx = self.rnd, self.world, self.index
-        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "pod_del",
-                             "owner", "owner", "owner_del", "nsum", "wsum", "recreate"])
-        if action == "node":
-            name = f"n{rnd.randint(0, 5)}"
-            labels = {k: rnd.choice(["a", "b", "c"]) for k in ("pool", "zone") if rnd.random() < 0.8}
-            node = self.random_node(name, labels)
-            w.nodes[name] = node
-            idx.upsert_node(node)
-        elif action == "node_del" and w.nodes:
-            name = rnd.choice(list(w.nodes))
-            del w.nodes[name]
-            idx.delete_node(name)
-        elif action == "pod":
-            name = f"p{rnd.randint(0, 14)}"
-            existing = w.pods.get(f"ns/{name}")
-            uid = existing.metadata.uid if existing else self.uid("pod")
-            parent = self.random_parent() if not existing or rnd.random() < 0.3 else (
-                existing.metadata.ownerReferences[0].uid if existing.metadata.ownerReferences else None)
-            labels = {k: rnd.choice(["x", "y"]) for k in ("team/job", "team/gang", "team/other")
-                      if rnd.random() < 0.3}
-            pod = make_pod(name, uid, node=rnd.choice(["", "n0", "n1", "n2", "n3", "n4", "n5", "n9"]),
-                           phase=rnd.choice(PHASES), owner=self._parent_ref(parent),
-                           cpu=rnd.choice(["100m", "1", "250m"]), labels=labels)
-            w.pods[f"ns/{name}"] = pod
-            idx.upsert_pod(pod)
-        elif action == "pod_del" and w.pods:
-            key = rnd.choice(list(w.pods))
-            del w.pods[key]
-            idx.delete_pod(key)
-        elif action == "owner":
-            if w.owners and rnd.random() < 0.5:
-                old = w.owners[rnd.choice(list(w.owners))]
-                owner = Owner(old.uid, old.group, old.kind, old.namespace, old.name, self.random_parent())
-            else:
-                group, kind = rnd.choice(KINDS)
-                owner = Owner(self.uid("own"), group, kind, "ns", f"o{self.serial}", self.random_parent())
-            w.owners[owner.uid] = owner
-            add_owner(idx, owner)
-        elif action == "owner_del" and w.owners:
-            owner = w.owners.pop(rnd.choice(list(w.owners)))
-            idx.delete_owner((owner.group, owner.kind), f"{owner.namespace}/{owner.name}")
-        elif action == "recreate" and w.owners:  # same name, new UID: references to the old UID dangle
-            old = w.owners.pop(rnd.choice(list(w.owners)))
-            owner = Owner(self.uid("own"), old.group, old.kind, old.namespace, old.name, old.parent)
-            w.owners[owner.uid] = owner
-            add_owner(idx, owner)
-        elif action == "nsum":
-            name = rnd.choice(["s-pool", "s-zone", "s-pool2"])
-            if rnd.random() < 0.3:
-                w.node_summarizers.pop(name, None)
-                idx.delete_node_summarizer(name)
-            else:
-                key = rnd.choice(["pool", "zone"])
-                w.node_summarizers[name] = key
-                idx.set_node_summarizer(name, key)
-        elif action == "wsum":
-            name = rnd.choice(["w1", "w2"])
-            types = rnd.sample(KINDS, rnd.randint(1, 3))
-            keys = labels_of(*rnd.sample(["team/gang", "team/other", "team/job"], rnd.randint(0, 2)))
-            before = set(idx.label_keys)
-            idx.set_workload_summarizer(name, configured(*types), keys) if rnd.random() < 0.7 else (
-                idx.delete_workload_summarizer(name))
-            w.configured = {(t.group, t.kind) for ts in idx.workload_summarizers.values() for t in ts}
-            w.pod_labels = idx.label_keys
-            if set(idx.label_keys) - before:  # as Sources does: every pod again
-                for pod in w.pods.values():
-                    idx.upsert_pod(pod)
 
 
 @pytest.mark.parametrize("seed", range(40))
