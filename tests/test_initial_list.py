@@ -8,11 +8,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from kubeindex.api import ApiClient, load_connection, predates_watch_list
@@ -21,9 +20,8 @@ from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import Handler, InitialList, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from tests.kube import create_pod, delete
+from tests.kube import RecordingApi, create_pod, delete, truth, until
 from tests.paths import CRDS
-from tests.test_sources import truth, until
 
 GATE_OFF = "--feature-gates=WatchList=false"
 
@@ -53,37 +51,6 @@ def pods(kube: LocalCluster, namespace: str, count: int) -> None:
     kube.kubectl("create", "namespace", namespace)
     for i in range(count):
         create_pod(kube, namespace, f"p-{i}", "n-1")
-
-
-class RecordingApi(ApiClient):
-    """Records every LIST and every watch; ``break_after``: the first watch breaks after that many
-    lines (a connection lost in the middle of a WatchList's initial state)."""
-
-    def __init__(self, *args: Any, break_after: int = 0, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.lists: list[dict[str, str]] = []
-        self.watches: list[dict[str, str]] = []
-        self.break_after = break_after
-
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
-        if path != "/version":  # asked once, before the first WatchList
-            self.lists.append(dict(params or {}))
-        return await super().get(path, params, **kw)
-
-    async def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
-        self.watches.append(dict(params))
-        lines = 0
-        async for line in super().stream_lines(path, params, *args, **kw):
-            yield line
-            lines += 1
-            if lines == self.break_after:
-                self.break_after = 0
-                raise aiohttp.ClientPayloadError("connection lost (injected)")
-
-    @property
-    def streamed(self) -> int:
-        """WatchLists asked for."""
-        return sum(1 for w in self.watches if w.get("sendInitialEvents") == "true")
 
 
 class Recorder:

@@ -11,10 +11,9 @@ import logging
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -29,7 +28,7 @@ from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from tests.kube import create_pod, delete, set_pod_phase, token_kubeconfig
+from tests.kube import RecordingApi, create_pod, delete, set_pod_phase, token_kubeconfig, truth, until
 from tests.paths import CRDS
 
 NS = "src"
@@ -58,31 +57,6 @@ def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
         create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
 
 
-async def until(predicate: Callable[[], object], timeout: float = 20) -> float:
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
-class RecordingApi(ApiClient):
-    """Records the path and parameters of every GET, watches (and WatchLists) included."""
-
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.gets: list[tuple[str, dict[str, str]]] = []
-
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw: object) -> bytes:
-        self.gets.append((path, dict(params or {})))
-        return await super().get(path, params, **kw)  # type: ignore[arg-type]
-
-    def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
-        self.gets.append((path, dict(params)))
-        return super().stream_lines(path, params, *args, **kw)
-
-
 @asynccontextmanager
 async def running(kube: LocalCluster, kubeconfig: Path | None = None, grace: float = 60.0,
                   settings: WatchSettings = FAST) -> AsyncIterator[tuple[Sources, RecordingApi]]:
@@ -93,11 +67,6 @@ async def running(kube: LocalCluster, kubeconfig: Path | None = None, grace: flo
             yield sources, api
         finally:
             await sources.stop()
-
-
-def truth(kube: LocalCluster, namespace: str) -> set[str]:
-    out = kube.kubectl("get", "pods", "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}").stdout
-    return {f"{namespace}/{name}" for name in out.split()}
 
 
 # -- a handler that raises ----------------------------------------------------------------------
