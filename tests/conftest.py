@@ -18,9 +18,12 @@ FAILED_LOGS = ROOT / ".test-logs"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Any test that uses a cluster fixture is marked `cluster`, so `-m 'not cluster'` runs units only.
+    # One marker for everything that needs the local control plane: a test whose fixture closure
+    # (item.fixturenames: the fixtures it asks for and every fixture those depend on) holds
+    # `binaries` is marked `cluster`, so `-m 'not cluster'` (make unit) starts none. Every cluster
+    # fixture depends on `binaries`; a test that starts a control plane itself asks for it too.
     for item in items:
-        if {"cluster", "full_cluster", "binaries"} & set(getattr(item, "fixturenames", ())):
+        if "binaries" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
 
 
