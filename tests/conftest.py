@@ -11,6 +11,7 @@ import pytest
 
 from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
+from tests.kube import leaves_nothing
 from tests.paths import CRDS, ROOT
 
 # Where a failed test's component logs are kept (a cluster's working directory goes at teardown).
@@ -55,11 +56,20 @@ def binaries() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def cluster(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """etcd + kube-apiserver with this project's CRDs installed."""
+def control_plane(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver with this project's CRDs, started once for every module that needs no
+    flags and no cluster-wide state of its own. Tests take it through ``cluster``."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         yield c
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: LocalCluster) -> Iterator[LocalCluster]:
+    """The session's control plane for one module, which deletes what the module added when it
+    ends (see tests.kube.leaves_nothing): no module sees another's objects, whatever the order."""
+    with leaves_nothing(control_plane):
+        yield control_plane
 
 
 @pytest.fixture(scope="session")

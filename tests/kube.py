@@ -102,6 +102,39 @@ def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[Lo
         yield c
 
 
+# What one module may leave that another would see: cluster-scoped objects, and namespaced ones
+# that the service and its tests watch in every namespace. (Namespaces stay, empty of these: with
+# no namespace controller a deleted one would stay Terminating, so each module uses its own names.)
+SHARED_KINDS = ("customresourcedefinitions", "nodes", "nodesummarizers", "workloadsummarizers", "nodesummaries",
+                "workloadsummaries", "pods", "deployments.apps", "replicasets.apps", "statefulsets.apps",
+                "jobs.batch", "leases.coordination.k8s.io")
+SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")  # the control plane's own leases live there
+
+
+def _objects(cluster: LocalCluster) -> set[tuple[str, str, str]]:
+    """(kind.group, namespace, name) of every object of SHARED_KINDS outside the system namespaces."""
+    items = json.loads(cluster.kubectl("get", ",".join(SHARED_KINDS), "-A", "-o", "json").stdout)["items"]
+    return {(".".join([o["kind"].lower(), *o["apiVersion"].split("/")[:-1]]), o["metadata"].get("namespace", ""),
+             o["metadata"]["name"]) for o in items if o["metadata"].get("namespace") not in SYSTEM_NAMESPACES}
+
+
+@contextmanager
+def leaves_nothing(cluster: LocalCluster) -> Iterator[None]:
+    """Delete, at the end, every object of SHARED_KINDS made meanwhile (pods at once: no kubelet
+    would ever finish a graceful delete)."""
+    before = _objects(cluster)
+    try:
+        yield
+    finally:
+        by_scope: dict[tuple[str, str], list[str]] = {}
+        for kind, namespace, name in _objects(cluster) - before:
+            by_scope.setdefault((kind, namespace), []).append(name)
+        for (kind, namespace), names in sorted(by_scope.items()):
+            scope = ("-n", namespace) if namespace else ()
+            cluster.kubectl("delete", kind, *names, *scope, "--grace-period=0", "--force", "--wait=false",
+                            "--ignore-not-found")
+
+
 def token_kubeconfig(kube: LocalCluster, account: str, namespace: str, name: str | None = None) -> Path:
     """The cluster's kubeconfig with a token of ServiceAccount ``namespace/account`` as its user."""
     token = kube.kubectl("create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()

@@ -26,21 +26,18 @@ from tests.paths import CRDS
 GATE_OFF = "--feature-gates=WatchList=false"
 
 
-def _cluster(binaries: dict[str, Path], *args: str) -> Iterator[LocalCluster]:
-    with LocalCluster(Options(extra_apiserver_args=list(args)), binaries) as c:
-        c.install_crds(CRDS)
-        yield c
-
-
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """WatchList on (the default); this module's own, as its API server is restarted."""
-    yield from _cluster(binaries)
+def kube(cluster: LocalCluster) -> LocalCluster:
+    """The session's control plane: every test here reads pods in a namespace of its own (wl-*)."""
+    return cluster
 
 
 @pytest.fixture(scope="module")
 def gate_off(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    yield from _cluster(binaries, GATE_OFF)
+    """A control plane of this module's own: its WatchList feature gate is off."""
+    with LocalCluster(Options(extra_apiserver_args=[GATE_OFF]), binaries) as c:
+        c.install_crds(CRDS)
+        yield c
 
 
 def settings(mode: InitialList, timeout: int = 3) -> WatchSettings:

@@ -11,7 +11,7 @@ import logging
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -27,22 +27,20 @@ from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION, Pod
 from kubeindex.reflector import Handler, Reflector, WatchSettings
 from kubeindex.sources import Sources
-from localkube.cluster import LocalCluster, Options
+from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, create_pod, delete, set_pod_phase, token_kubeconfig, truth, until
-from tests.paths import CRDS
 
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
 
 
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """A control plane of this module's own: its API server is restarted and frozen here."""
-    with LocalCluster(Options(), binaries) as c:
-        c.install_crds(CRDS)
-        ok(c.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": NS}}))
-        yield c
+def kube(cluster: LocalCluster) -> LocalCluster:
+    """The session's control plane with this module's namespace (its tests make the others they
+    use, and delete the summarizers they make); its API server is restarted and frozen here."""
+    ok(cluster.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": NS}}))
+    return cluster
 
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
