@@ -1,16 +1,9 @@
-"""Unit tests of the write path's pure parts: managedFields projection and the work queue."""
+"""Unit tests of the write path's pure parts: managedFields projection and comparison
+(reconciler/fields.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
 from reconciler import fields
-from reconciler.workqueue import WorkQueue
-
-T = TypeVar("T")
 
 # As the API server records them after our applies (metadata+spec, then status).
 MANAGED = [
@@ -56,60 +49,3 @@ def test_same_ignores_order_of_list_items() -> None:
     assert fields.same({"l": [{"a": 1}, {"b": 2}]}, {"l": [{"b": 2}, {"a": 1}]})
     assert not fields.same({"l": [{"a": 1}]}, {"l": [{"a": 1}, {"b": 2}]})
     assert not fields.same({"a": 1}, {"a": 1, "b": 2})
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def test_queue_dedupes_and_never_hands_a_key_to_two_workers() -> None:
-    async def main() -> list[str]:
-        q: WorkQueue[str] = WorkQueue(debounce=0)
-        for key in ("a", "b", "a"):
-            q.add(key)
-        first = await q.get()
-        q.add(first)  # added while processing: queued again only after done
-        second = await q.get()
-        assert second != first
-        q.done(second)
-        q.done(first)
-        third = await q.get()
-        q.done(third)
-        return [first, second, third]
-
-    assert run(main()) == ["a", "b", "a"]
-
-
-def test_queue_debounce_and_backoff() -> None:
-    async def main() -> None:
-        q: WorkQueue[str] = WorkQueue(debounce=0.3, base_delay=0.1)
-        q.add("k")
-        assert await q.get() == "k"
-        q.wrote("k")
-        q.done("k")
-        started = time.monotonic()
-        for _ in range(5):
-            q.add("k")  # a flapping object: one more write after the debounce, not five
-        assert await q.get() == "k"
-        assert time.monotonic() - started >= 0.25
-        q.done("k")
-        assert len(q) == 0
-        q.retry("k")
-        q.retry("k")  # the earlier due time wins; failures grow the next delay
-        assert await asyncio.wait_for(q.get(), 1) == "k"
-        q.done("k")
-
-    run(main())
-
-
-def test_queue_clear_drops_waiting_keys() -> None:
-    async def main() -> None:
-        q: WorkQueue[str] = WorkQueue(debounce=0)
-        q.add("a")
-        q.retry("b")
-        q.clear()
-        assert len(q) == 0
-        q.add("c")
-        assert await q.get() == "c"
-
-    run(main())
