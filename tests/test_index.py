@@ -420,13 +420,6 @@ def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
     assert index.workloads == {} and index.unresolved == {NONE: 1}
 
 
-def test_bad_quantities_count_as_zero() -> None:
-    from kubeindex.quantity import parse_or_zero
-
-    for bad in ("1e999999999", "1E400000", "abc", "", "1.2.3Gi"):
-        assert parse_or_zero(bad) == 0, bad
-
-
 def test_stamp_changes_with_every_change_the_summaries_are_made_of() -> None:
     """The reconciler skips a pass when the stamp is unchanged: a workload that appears or goes
     without a pod (a configured owner alone) must change it too."""
