@@ -1,7 +1,9 @@
-"""The initial list and every relist, each way (--initial-list), against a real kube-apiserver with
-its WatchList feature gate on (1.36's default) and off: the state is complete, deletes made while
-nothing watched are emitted, 410 and restarts are survived, a handler failure is retried, readiness
-waits for the initial-events-end bookmark, and auto falls back to LISTs once per server."""
+"""The reflector (kubeindex/reflector.py) against a real kube-apiserver. The initial list and every
+relist, each way (--initial-list), with the WatchList feature gate on (1.36's default) and off: the
+state is complete, deletes made while nothing watched are emitted, 410 and restarts are survived, a
+handler failure is retried, readiness waits for the initial-events-end bookmark, and auto falls back
+to LISTs once per server. A handler failure in a LIST or a watch is repaired by the next relist; a
+continue token that expires between pages starts the LIST again, still paged."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ from typing import Any
 
 import pytest
 
-from kubeindex.api import ApiClient, load_connection, predates_watch_list
+from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import Handler, InitialList, Reflector, WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from tests.kube import RecordingApi, create_pod, delete, truth, until
+from tests.kube import RecordingApi, create_pod, delete, set_pod_phase, truth, until
 from tests.paths import CRDS
 
 GATE_OFF = "--feature-gates=WatchList=false"
@@ -28,7 +30,8 @@ GATE_OFF = "--feature-gates=WatchList=false"
 
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> LocalCluster:
-    """The session's control plane: every test here reads pods in a namespace of its own (wl-*)."""
+    """The session's control plane: each test makes its pods in a namespace of its own (one lists
+    every namespace: nothing else changes pods meanwhile)."""
     return cluster
 
 
@@ -289,6 +292,124 @@ def test_list_mode_lists(kube: LocalCluster) -> None:
     asyncio.run(run())
 
 
+# -- a handler that raises ----------------------------------------------------------------------
+
+class FlakyIndex(ClusterIndex):
+    """upsert_pod raises once for each name in ``flaky``."""
+
+    def __init__(self, flaky: set[str]) -> None:
+        super().__init__()
+        self.flaky = set(flaky)
+
+    def upsert_pod(self, pod: Pod) -> None:
+        if pod.metadata.name in self.flaky:
+            self.flaky.discard(pod.metadata.name)
+            raise RuntimeError(f"injected failure for {pod.metadata.name}")
+        super().upsert_pod(pod)
+
+
+def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalCluster,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """Before: the exception escaped _list_and_sync, so one bad object aborted the whole LIST
+    (and the store had recorded the pages before it)."""
+    ns = "flaky-list"
+    kube.kubectl("create", "namespace", ns)
+    for i in range(5):
+        create_pod(kube, ns, f"p-{i}", "n-1")
+    index = FlakyIndex({"p-2"})
+
+    async def run() -> tuple[set[str], set[str], set[str], set[str], int]:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
+                                  Handler(index.upsert_pod, index.delete_pod), settings=settings("auto"))
+            await reflector._list_and_sync()  # the failure is logged and counted, the LIST completes
+            first = (set(reflector.store), set(index.pods), set(reflector.failed))
+            await reflector._list_and_sync()  # the relist retries p-2
+            return *first, set(reflector.store), reflector.stats.handler_errors
+
+    caplog.set_level(logging.ERROR, logger="kubeindex.reflector")
+    store, pods, failed, store_after, errors = asyncio.run(run())
+    everything = truth(kube, ns)
+    assert store == pods == everything - {f"{ns}/p-2"} and failed == {f"{ns}/p-2"}
+    assert f"handler failed for {ns}/p-2" in caplog.text and errors == 1
+    assert store_after == set(index.pods) == everything
+
+
+def test_handler_failure_in_a_watch_is_repaired_by_a_relist(kube: LocalCluster) -> None:
+    """Before: _handle recorded the new resourceVersion before the handler raised, so the relist
+    that followed skipped the object and the index kept the old phase for good."""
+    ns = "flaky-watch"
+    kube.kubectl("create", "namespace", ns)
+    create_pod(kube, ns, "a", "n-1", phase="Pending")
+    create_pod(kube, ns, "b", "n-1", phase="Pending")
+    index = FlakyIndex(set())
+
+    def phase(name: str) -> str | None:
+        entry = index.pods.get(f"{ns}/{name}")
+        return entry.phase if entry else None
+
+    async def run() -> None:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
+                                  Handler(index.upsert_pod, index.delete_pod), settings=settings("auto"))
+            task = asyncio.create_task(reflector.run())
+            try:
+                await until(reflector.synced.is_set)
+                index.flaky = {"a"}
+                await asyncio.to_thread(set_pod_phase, kube, ns, "a", "Running")  # its handler raises
+                await until(lambda: reflector.stats.handler_errors == 1)
+                await asyncio.to_thread(set_pod_phase, kube, ns, "b", "Running")  # the loop goes on
+                await until(lambda: phase("b") == "Running", timeout=2)
+                assert phase("a") == "Pending" and not task.done()
+                # The watch ends (timeoutSeconds=3): the relist it is due hands "a" over again.
+                await until(lambda: phase("a") == "Running", timeout=15)
+                assert set(reflector.store) == truth(kube, ns) and not reflector.failed
+            finally:
+                task.cancel()
+
+    asyncio.run(run())
+
+
+# -- paged LISTs ---------------------------------------------------------------------------------------
+
+def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
+    """Between two pages of a LIST the resourceVersion expires (compaction + restart) and a pod
+    from the first page is deleted: the reflector lists again from the first page, still paged
+    (an unpaginated LIST of 150k pods times out or runs out of memory), and the index is exact.
+    Before: the fallback was one LIST without `limit`."""
+    ns = "paged"
+    pods(kube, ns, 6)
+    index = ClusterIndex()
+
+    class ExpiringBetweenPages(ApiClient):
+        expired = False
+        unpaginated = 0  # requests without `limit`
+
+        async def get(self, path: str, params: dict[str, str] | None = None, **kw: object) -> bytes:
+            self.unpaginated += "limit" not in (params or {})
+            if params and "continue" in params and not self.expired:
+                self.expired = True
+                delete(kube, f"/api/v1/namespaces/{ns}/pods/p-0")  # listed on page 1, now gone
+                kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
+            return await super().get(path, params, **kw)  # type: ignore[arg-type]
+
+    async def run() -> tuple[bool, int, set[str]]:
+        async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
+            reflector = Reflector(api, "pods", "/api/v1/pods", Pod, Handler(index.upsert_pod, index.delete_pod),
+                                  settings=WatchSettings(page_size=2))
+            await reflector._list_and_sync()
+            return api.expired, api.unpaginated, set(reflector.store)
+
+    caplog.set_level(logging.INFO, logger="kubeindex.reflector")
+    expired, unpaginated, store = asyncio.run(run())
+    assert expired and "continue token expired after" in caplog.text
+    assert "listing again from the first page" in caplog.text and unpaginated == 0
+    truth = set(kube.kubectl("get", "pods", "-A", "-o", "jsonpath={range .items[*]}{.metadata.namespace}/"
+                             "{.metadata.name} {end}").stdout.split())
+    assert store == truth and set(index.pods) == truth
+    assert f"{ns}/p-0" not in index.pods
+
+
 # -- WatchList off -----------------------------------------------------------------------------------
 
 def test_auto_falls_back_to_lists_once_per_server(gate_off: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
@@ -335,45 +456,3 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
                 await stopped(task)
 
     asyncio.run(run())
-
-
-def test_version_asked_once_and_never_clears_a_refusal(kube: LocalCluster) -> None:
-    """The reflectors start together: one GET /version for all of them, and a 422 that another
-    reflector records while it is asked stays recorded (the server's version, new enough, once
-    overwrote it, and the next reflector tried a WatchList again and logged a second refusal)."""
-
-    class SlowVersion(ApiClient):
-        def __init__(self, *args: Any, **kw: Any) -> None:
-            super().__init__(*args, **kw)
-            self.asked, self.answer = 0, asyncio.Event()
-
-        async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
-            if path == "/version":
-                self.asked += 1
-                await self.answer.wait()
-            return await super().get(path, params, **kw)
-
-    async def run() -> None:
-        async with SlowVersion(load_connection(str(kube.kubeconfig))) as api:
-            askers = [asyncio.create_task(api.may_stream_lists()) for _ in range(5)]
-            await asyncio.sleep(0.1)
-            api.watch_list_refused = "422: the WatchList feature gate is off"  # another reflector's 422
-            api.answer.set()
-            assert await asyncio.gather(*askers) == [False] * 5
-            assert api.asked == 1
-            assert api.watch_list_refused == "422: the WatchList feature gate is off"
-            assert await api.may_stream_lists() is False and api.asked == 1
-
-    asyncio.run(run())
-
-
-@pytest.mark.parametrize(("version", "why"), [
-    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, ""),
-    ({"major": "1", "minor": "27", "gitVersion": "v1.27.0"}, ""),
-    ({"major": "1", "minor": "26+", "gitVersion": "v1.26.15"}, "the API server is v1.26.15, older than 1.27"),
-    ({"major": "1", "minor": "25"}, "the API server is 1.25, older than 1.27"),
-    ({"major": "2", "minor": "0"}, ""),
-])
-def test_servers_before_watch_list_are_not_asked_for_one(version: dict[str, str], why: str) -> None:
-    """A server before 1.27 ignores sendInitialEvents and would never end the initial state."""
-    assert predates_watch_list(version) == why
