@@ -207,6 +207,12 @@ def test_node_state_precedence(node: dict, state: str) -> None:
     assert _state(**node) == state
 
 
+def test_unhealthy_states_are_every_state_but_ready() -> None:
+    """Workloads count their pods by UNHEALTHY_STATES, a slice of NODE_STATES: Ready must be the
+    slice left out, and the only one."""
+    assert set(UNHEALTHY_STATES) == set(NODE_STATES) - {"Ready"} and len(UNHEALTHY_STATES) == len(NODE_STATES) - 1
+
+
 def test_node_health_settings_replace_the_defaults() -> None:
     index = ClusterIndex(disruption_taints=["example.com/drain:NoExecute"], problem_conditions=["GPUXid"],
                          accelerator_resources=["example.com/fpga*"])
@@ -223,7 +229,6 @@ def test_node_health_settings_replace_the_defaults() -> None:
         index.upsert_node(node)
     assert {n: index.nodes[n].state for n in cases} == {
         "a": "Disrupting", "b": "Ready", "c": "Ready", "d": "Degraded", "e": "Ready", "f": "Degraded", "g": "Ready"}
-    assert NODE_STATES[0] == "Ready" and NODE_STATES[1:] == UNHEALTHY_STATES
 
 
 def test_node_state_reaches_groups_and_workloads() -> None:
