@@ -274,12 +274,16 @@ class ApiClient:
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
                   timeout: float = 60) -> bytes:
-        return await self.request("GET", path, params=params, accept=accept, timeout=timeout)
+        return await self._send("GET", path, None, params, JSON, timeout, accept)
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
-                      content_type: str = JSON, timeout: float = 30, accept: str = JSON) -> bytes:
+                      content_type: str = JSON, timeout: float = 30) -> bytes:
         """Any request: the body of a 2xx answer, else the typed ApiError (Transient when no
         answer came: aiohttp's exceptions never leave this client)."""
+        return await self._send(method, path, body, params, content_type, timeout, JSON)
+
+    async def _send(self, method: str, path: str, body: Any, params: dict[str, str] | None, content_type: str,
+                    timeout: float, accept: str) -> bytes:
         data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
         headers = self._headers(accept)
         if data is not None:

@@ -11,18 +11,20 @@ import pytest
 
 from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
+from tests.kube import leaves_nothing
+from tests.paths import CRDS, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-CRDS = ROOT / "crds"
-EXAMPLES = ROOT / "examples"
 # Where a failed test's component logs are kept (a cluster's working directory goes at teardown).
 FAILED_LOGS = ROOT / ".test-logs"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # Any test that uses a cluster fixture is marked `cluster`, so `-m 'not cluster'` runs units only.
+    # One marker for everything that needs the local control plane: a test whose fixture closure
+    # (item.fixturenames: the fixtures it asks for and every fixture those depend on) holds
+    # `binaries` is marked `cluster`, so `-m 'not cluster'` (make unit) starts none. Every cluster
+    # fixture depends on `binaries`; a test that starts a control plane itself asks for it too.
     for item in items:
-        if {"cluster", "full_cluster", "binaries"} & set(getattr(item, "fixturenames", ())):
+        if "binaries" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
 
 
@@ -54,11 +56,20 @@ def binaries() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def cluster(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """etcd + kube-apiserver with this project's CRDs installed."""
+def control_plane(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    """etcd + kube-apiserver with this project's CRDs, started once for every module that needs no
+    flags and no cluster-wide state of its own. Tests take it through ``cluster``."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         yield c
+
+
+@pytest.fixture(scope="module")
+def cluster(control_plane: LocalCluster) -> Iterator[LocalCluster]:
+    """The session's control plane for one module, which deletes what the module added when it
+    ends (see tests.kube.leaves_nothing): no module sees another's objects, whatever the order."""
+    with leaves_nothing(control_plane):
+        yield control_plane
 
 
 @pytest.fixture(scope="session")

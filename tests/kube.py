@@ -1,19 +1,24 @@
-"""Test helpers that talk to the local control plane through its REST API (admin credentials)."""
+"""Test helpers that talk to the local control plane through its REST API (admin credentials),
+and an API client that records what the code under test asks of it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
+from kubeindex.api import ApiClient, ApiError
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
-from tests.conftest import CRDS
+from tests.paths import CRDS
 
 
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",
@@ -61,6 +66,12 @@ def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) 
                               {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
 
 
+def truth(kube: LocalCluster, namespace: str) -> set[str]:
+    """The keys of the pods in ``namespace``, as kubectl lists them."""
+    out = kube.kubectl("get", "pods", "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}").stdout
+    return {f"{namespace}/{name}" for name in out.split()}
+
+
 def delete(cluster: LocalCluster, path: str) -> None:
     """Delete now; Background propagation, so no GC finalizer keeps the object (Jobs default to
     orphaning, which waits for kube-controller-manager)."""
@@ -89,6 +100,39 @@ def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[Lo
         workload_summarizer(c, "apps", [("apps", "Deployment")])
         c.kubectl("create", "namespace", namespace)
         yield c
+
+
+# What one module may leave that another would see: cluster-scoped objects, and namespaced ones
+# that the service and its tests watch in every namespace. (Namespaces stay, empty of these: with
+# no namespace controller a deleted one would stay Terminating, so each module uses its own names.)
+SHARED_KINDS = ("customresourcedefinitions", "nodes", "nodesummarizers", "workloadsummarizers", "nodesummaries",
+                "workloadsummaries", "pods", "deployments.apps", "replicasets.apps", "statefulsets.apps",
+                "jobs.batch", "leases.coordination.k8s.io")
+SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")  # the control plane's own leases live there
+
+
+def _objects(cluster: LocalCluster) -> set[tuple[str, str, str]]:
+    """(kind.group, namespace, name) of every object of SHARED_KINDS outside the system namespaces."""
+    items = json.loads(cluster.kubectl("get", ",".join(SHARED_KINDS), "-A", "-o", "json").stdout)["items"]
+    return {(".".join([o["kind"].lower(), *o["apiVersion"].split("/")[:-1]]), o["metadata"].get("namespace", ""),
+             o["metadata"]["name"]) for o in items if o["metadata"].get("namespace") not in SYSTEM_NAMESPACES}
+
+
+@contextmanager
+def leaves_nothing(cluster: LocalCluster) -> Iterator[None]:
+    """Delete, at the end, every object of SHARED_KINDS made meanwhile (pods at once: no kubelet
+    would ever finish a graceful delete)."""
+    before = _objects(cluster)
+    try:
+        yield
+    finally:
+        by_scope: dict[tuple[str, str], list[str]] = {}
+        for kind, namespace, name in _objects(cluster) - before:
+            by_scope.setdefault((kind, namespace), []).append(name)
+        for (kind, namespace), names in sorted(by_scope.items()):
+            scope = ("-n", namespace) if namespace else ()
+            cluster.kubectl("delete", kind, *names, *scope, "--grace-period=0", "--force", "--wait=false",
+                            "--ignore-not-found")
 
 
 def token_kubeconfig(kube: LocalCluster, account: str, namespace: str, name: str | None = None) -> Path:
@@ -124,3 +168,62 @@ def settled(svc: Service, quiet: float = 1.5) -> float:
 
 def is_leader(svc: Service) -> bool:
     return value(svc.scrape(), "nws_reconciler_leader") == 1
+
+
+# -- in-process clients ----------------------------------------------------------------------------
+
+async def until(predicate: Callable[[], object], timeout: float = 20) -> float:
+    """Wait, on the event loop, until ``predicate()`` holds; how long that took."""
+    started = time.monotonic()
+    while not predicate():
+        if time.monotonic() - started > timeout:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+class RecordingApi(ApiClient):
+    """Records what it is asked: ``gets`` every GET and watch (path, parameters), ``lists`` the
+    parameters of every GET but /version (asked once, before the first WatchList), ``watches``
+    those of every watch, ``requests`` every other request (method, path, HTTP status).
+    ``break_after``: the first watch breaks after that many lines (a connection lost in the
+    middle of a WatchList's initial state)."""
+
+    def __init__(self, *args: Any, break_after: int = 0, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.gets: list[tuple[str, dict[str, str]]] = []
+        self.lists: list[dict[str, str]] = []
+        self.watches: list[dict[str, str]] = []
+        self.requests: list[tuple[str, str, int]] = []
+        self.break_after = break_after
+
+    async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+        self.gets.append((path, dict(params or {})))
+        if path != "/version":
+            self.lists.append(dict(params or {}))
+        return await super().get(path, params, **kw)
+
+    async def request(self, method: str, path: str, *args: Any, **kw: Any) -> bytes:
+        try:
+            body = await super().request(method, path, *args, **kw)
+        except ApiError as err:
+            self.requests.append((method, path, err.status))
+            raise
+        self.requests.append((method, path, 200))  # any 2xx
+        return body
+
+    async def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
+        self.gets.append((path, dict(params)))
+        self.watches.append(dict(params))
+        lines = 0
+        async for line in super().stream_lines(path, params, *args, **kw):
+            yield line
+            lines += 1
+            if lines == self.break_after:
+                self.break_after = 0
+                raise aiohttp.ClientPayloadError("connection lost (injected)")
+
+    @property
+    def streamed(self) -> int:
+        """WatchLists asked for."""
+        return sum(1 for w in self.watches if w.get("sendInitialEvents") == "true")

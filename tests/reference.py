@@ -1,15 +1,18 @@
 """A from-scratch recomputation of the index's aggregates: slow, obvious, independent of the
-incremental code, so tests can compare the two after any sequence of events."""
+incremental code, so tests can compare the two after any sequence of events. And the first
+v1alpha1 shape of a NodeSummary status, computed from the current one."""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
+from typing import Any
 
 from kubeindex.index import (
     ACCELERATOR_RESOURCES,
     DISRUPTION_TAINTS,
+    NODE_STATES,
     PROBLEM_CONDITIONS,
     TERMINATED,
     ClusterIndex,
@@ -18,7 +21,7 @@ from kubeindex.index import (
 )
 from kubeindex.objects import Node, Pod
 from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
-from kubeindex.quantity import parse_or_zero
+from kubeindex.quantity import NANO, parse_nano, parse_or_zero
 
 
 @dataclass
@@ -240,3 +243,28 @@ def health_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
         {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.unhealthy_nodes_by_node_group))
          for uid, w in index.workloads.items()},
     )
+
+
+# -- the first v1alpha1 shape of a NodeSummary status --------------------------------------------
+
+def old_quantity(resource: str, nano: int) -> str:
+    """The quantity strings of the first v1alpha1 shape (millis rounded up, no decimal suffixes)."""
+    if nano % NANO:
+        return f"{-(-nano // 10**6)}m"
+    value = nano // NANO
+    if resource == "memory" or resource.startswith(("hugepages-", "ephemeral-storage")):
+        for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
+                               ("Ki", 2**10)):
+            if value and value % factor == 0:
+                return f"{value // factor}{suffix}"
+    return str(value)
+
+
+def old_from_new(status: dict[str, Any]) -> dict[str, Any]:
+    """The first v1alpha1 shape computed from the current one alone: nothing was lost."""
+    old = dict(status)
+    old["nodesByState"] = {s: status.get("nodesByState", {}).get(s, 0) for s in NODE_STATES}
+    for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):
+        if field in status:
+            old[field] = {r: old_quantity(r, parse_nano(q)) for r, q in status[field].items()}
+    return old

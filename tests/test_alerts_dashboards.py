@@ -24,9 +24,9 @@ from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
-from tests.conftest import CRDS, ROOT
 from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
+from tests.paths import CRDS, ROOT
 
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"
 PROMTOOL_TESTS = ROOT / "tests" / "promtool" / "alerts.test.yaml"

@@ -1,14 +1,18 @@
-"""kubeindex/api.py without a cluster: the credentials a Connection sends, however they were loaded."""
+"""kubeindex/api.py: the credentials a Connection sends, however they were loaded; whether a server
+is asked for WatchLists (by its version, asked once; a refusal stays)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from kubeindex.api import Connection
+from kubeindex.api import ApiClient, Connection, load_connection, predates_watch_list
+from localkube.cluster import LocalCluster
 
 
 def _in_cluster(tmp_path: Path, token: str) -> client.Configuration:
@@ -37,3 +41,48 @@ def test_every_spelling_of_a_token_becomes_one_bearer_header(stored: str) -> Non
 
 def test_no_token_no_header() -> None:
     assert Connection("https://h", False, client.Configuration()).headers() == {}
+
+
+# -- WatchList or not --------------------------------------------------------------------------------
+
+def test_version_asked_once_and_never_clears_a_refusal(cluster: LocalCluster) -> None:
+    """The reflectors start together: one GET /version for all of them, and a 422 that another
+    reflector records while it is asked stays recorded (the server's version, new enough, once
+    overwrote it, and the next reflector tried a WatchList again and logged a second refusal)."""
+
+    class SlowVersion(ApiClient):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, **kw)
+            self.asked, self.answer = 0, asyncio.Event()
+
+        async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+            if path == "/version":
+                self.asked += 1
+                await self.answer.wait()
+            return await super().get(path, params, **kw)
+
+    async def run() -> None:
+        async with SlowVersion(load_connection(str(cluster.kubeconfig))) as api:
+            askers = [asyncio.create_task(api.may_stream_lists()) for _ in range(5)]
+            await asyncio.sleep(0.1)
+            api.watch_list_refused = "422: the WatchList feature gate is off"  # another reflector's 422
+            api.answer.set()
+            assert await asyncio.gather(*askers) == [False] * 5
+            assert api.asked == 1
+            assert api.watch_list_refused == "422: the WatchList feature gate is off"
+            assert await api.may_stream_lists() is False and api.asked == 1
+
+    asyncio.run(run())
+
+
+
+@pytest.mark.parametrize(("version", "why"), [
+    ({"major": "1", "minor": "36", "gitVersion": "v1.36.3"}, ""),
+    ({"major": "1", "minor": "27", "gitVersion": "v1.27.0"}, ""),
+    ({"major": "1", "minor": "26+", "gitVersion": "v1.26.15"}, "the API server is v1.26.15, older than 1.27"),
+    ({"major": "1", "minor": "25"}, "the API server is 1.25, older than 1.27"),
+    ({"major": "2", "minor": "0"}, ""),
+])
+def test_servers_before_watch_list_are_not_asked_for_one(version: dict[str, str], why: str) -> None:
+    """A server before 1.27 ignores sendInitialEvents and would never end the initial state."""
+    assert predates_watch_list(version) == why

@@ -9,7 +9,7 @@ import ast
 import re
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.paths import ROOT
 
 PRODUCT = ("kubeindex", "exporter", "reconciler", "node_workload_summary")
 TOOLS = ("localkube", "dashboards", "alerts", "deploy", "demo", "bench", "tests")

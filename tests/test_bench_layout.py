@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import re
 
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 BENCH = ROOT / "bench"
 

@@ -21,8 +21,8 @@ from demo.workloads import kwok_node
 from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
-from tests.conftest import CRDS, ROOT
 from tests.kube import token_kubeconfig
+from tests.paths import CRDS, ROOT
 
 CHART = ROOT / "charts" / "node-workload-summary"
 DEPLOY = ROOT / "deploy"

@@ -11,7 +11,7 @@ from kubeindex.objects import API_VERSION, GROUP
 from localkube.build import KUEUE, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
-from tests.conftest import CRDS, EXAMPLES
+from tests.paths import CRDS, EXAMPLES
 
 KINDS = ("nodesummarizers", "nodesummaries", "workloadsummarizers", "workloadsummaries")
 

@@ -15,7 +15,7 @@ import pytest
 from localkube.build import ensure_binaries
 from localkube.controllers import BUILD
 from localkube.service import wait_for
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 
 def _processes_mentioning(text: str) -> list[str]:

@@ -17,9 +17,9 @@ from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
-from tests.conftest import ROOT
 from tests.kube import token_kubeconfig
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
+from tests.paths import ROOT
 
 DEPLOY = ROOT / "deploy"
 WITH_MONITORING = DEPLOY / "with-monitoring"

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from kubeindex.discovery import describe
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
-from kubeindex.quantity import NANO, format_quantity, parse_nano
+from kubeindex.quantity import parse_nano
 from reconciler.controller import Summary, SummaryMeta, claim_of_summary
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
@@ -31,10 +31,9 @@ from reconciler.desired import (
     workload_claim,
 )
 from reconciler.names import NameAllocator
-from tests.conftest import CRDS
-from tests.reference import Owner
-from tests.test_index import make_node, make_pod, ref
-from tests.test_names import SUBDOMAIN, label_values
+from tests.builders import SUBDOMAIN, label_values, make_node, make_pod, ref
+from tests.paths import CRDS
+from tests.reference import Owner, old_from_new, old_quantity
 
 DNS = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -224,54 +223,6 @@ def test_any_label_value_gets_a_valid_name_unique_per_claim(values: list[str]) -
 
 # -- the NodeSummary's size, and that its shape since v1alpha1's first loses nothing --------------
 
-# apimachinery v0.36.3's canonical strings (resource.NewDecimalQuantity(value, format).String() and
-# resource.MustParse(s).String(), a small Go program run on these values): (nano-units, DecimalSI
-# form, the BinarySI form where it has a suffix).
-CANONICAL = [
-    (0, "0", None), (1, "1n", None), (1500, "1500n", None), (10**6, "1m", None), (25 * 10**4, "250u", None),
-    (1000000500, "1000000500n", None), (3_500_000_000, "3500m", None), (NANO, "1", None),
-    (2 * NANO, "2", None), (1000 * NANO, "1k", None), (1023 * NANO, "1023", None), (1024 * NANO, "1024", "1Ki"),
-    (1536 * NANO, "1536", "1536"), (2000 * NANO, "2k", None), (550_000 * NANO, "550k", None),
-    (159_250 * 10**6, "159250m", None), (7_962_500 * 10**6, "7962500m", None), (96 * 10**9 * NANO, "96G", "93750000Ki"),
-    (644_245_094_400 * NANO, "644245094400", "600Gi"), (32880576 * 1024 * NANO, "33669709824", "32880576Ki"),
-    (94_580_335_255 * NANO, "94580335255", None), (2**40 * NANO, "1099511627776", "1Ti"),
-    (10**15 * NANO, "1P", "976562500000Ki"), (10**18 * NANO, "1E", "976562500000000Ki"),
-    (5 * 10**18 * NANO, "5E", "4882812500000000Ki"), (123_456_789 * NANO, "123456789", None),
-]
-
-
-def test_quantities_are_apimachinerys_canonical_strings() -> None:
-    """Every status quantity is a fixed point of apimachinery's parse-and-format: decimal
-    suffixes where they are exact (2k, 550k, 250u: never rounded to millis), binary ones for
-    memory-like resources where shorter (600Gi, but 96G rather than 93750000Ki)."""
-    for nano, decimal, binary in CANONICAL:
-        assert format_quantity("cpu", nano) == decimal, nano
-        shortest = binary if binary is not None and binary[-1] == "i" and len(binary) <= len(decimal) else decimal
-        for resource in ("memory", "ephemeral-storage", "hugepages-2Mi"):
-            assert format_quantity(resource, nano) == shortest, (resource, nano)
-        assert parse_nano(format_quantity("cpu", nano)) == nano == parse_nano(format_quantity("memory", nano))
-
-
-@settings(max_examples=300, deadline=None)
-@given(st.integers(min_value=0, max_value=2**63 * 10**3), st.sampled_from(["cpu", "memory", "pods", "nvidia.com/gpu"]))
-def test_quantities_are_exact(nano: int, resource: str) -> None:
-    text = format_quantity(resource, nano)
-    assert parse_nano(text) == nano, text
-
-
-def _old_quantity(resource: str, nano: int) -> str:
-    """The quantity strings of the first v1alpha1 shape (millis rounded up, no decimal suffixes)."""
-    if nano % NANO:
-        return f"{-(-nano // 10**6)}m"
-    value = nano // NANO
-    if resource == "memory" or resource.startswith(("hugepages-", "ephemeral-storage")):
-        for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20),
-                               ("Ki", 2**10)):
-            if value and value % factor == 0:
-                return f"{value // factor}{suffix}"
-    return str(value)
-
-
 def old_shape(agg: NodeGroupAgg) -> dict[str, Any]:
     """A NodeSummary status in the first v1alpha1 shape, computed from the aggregate as it was."""
     not_ready = agg.conditions.get("NotReady", 0) + agg.conditions.get("Unknown", 0)
@@ -281,23 +232,13 @@ def old_shape(agg: NodeGroupAgg) -> dict[str, Any]:
                        {"type": "NotReady", "count": not_ready}],
         "unschedulableCount": agg.unschedulable, "podCount": sum(agg.pods.values()),
         "pods": {p: agg.pods[p] for p in PHASES if agg.pods.get(p)},
-        **{field: {r: _old_quantity(r, v) for r, v in sorted(getattr(agg, name).items())}
+        **{field: {r: old_quantity(r, v) for r, v in sorted(getattr(agg, name).items())}
            for field, name in (("allocatable", "allocatable"), ("capacity", "capacity"), ("requested", "requested"),
                                ("unhealthyAccelerators", "accelerators_unhealthy"))},
         "nodesByState": {s: agg.states.get(s, 0) for s in NODE_STATES},
         "unhealthyNodeCount": sum(n for s, n in agg.states.items() if s not in ("Ready", "Cordoned")),
     }
     return {k: v for k, v in status.items() if v not in ({}, [], "", None)}
-
-
-def old_from_new(status: dict[str, Any]) -> dict[str, Any]:
-    """The first v1alpha1 shape computed from the current one alone: nothing was lost."""
-    old = dict(status)
-    old["nodesByState"] = {s: status.get("nodesByState", {}).get(s, 0) for s in NODE_STATES}
-    for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):
-        if field in status:
-            old[field] = {r: _old_quantity(r, parse_nano(q)) for r, q in status[field].items()}
-    return old
 
 
 node_specs = st.fixed_dictionaries({

@@ -13,7 +13,7 @@ from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import SourceStats
 from node_workload_summary.settings import Settings
 from reconciler.metrics import ReconcilerCollector
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 METRICS = (ROOT / "docs" / "metrics.md").read_text()
 SETTINGS = (ROOT / "docs" / "settings.md").read_text()

@@ -23,10 +23,10 @@ from kubeindex.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.metrics import ReconcilerCollector
-from tests.conftest import CRDS
+from tests.builders import add_owner, configured, make_node, make_pod, ref
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status
+from tests.paths import CRDS
 from tests.reference import Owner
-from tests.test_index import add_owner, configured, make_node, make_pod, ref
 
 NS = "exp"
 POOL = "example.com/pool"

@@ -3,8 +3,6 @@ lost (restarts and 410 after a freeze are in test_exporter.py, user edits in tes
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import signal
 import threading
 import time
@@ -15,10 +13,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_VERSION, Pod
-from kubeindex.reflector import Handler, Reflector, WatchSettings
+from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
@@ -58,44 +53,6 @@ def test_silent_watch_is_noticed_by_the_read_timeout(kube: LocalCluster) -> None
         svc.stop()
         proxy.close()
         set_node_status(kube, "n-0", "True")
-
-
-def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
-    """Between two pages of a LIST the resourceVersion expires (compaction + restart) and a pod
-    from the first page is deleted: the reflector lists again from the first page, still paged
-    (an unpaginated LIST of 150k pods times out or runs out of memory), and the index is exact.
-    Before: the fallback was one LIST without `limit`."""
-    for i in range(6):
-        create_pod(kube, NS, f"page-{i}", "n-1")
-    index = ClusterIndex()
-
-    class ExpiringBetweenPages(ApiClient):
-        expired = False
-        unpaginated = 0  # requests without `limit`
-
-        async def get(self, path: str, params: dict[str, str] | None = None, **kw: object) -> bytes:
-            self.unpaginated += "limit" not in (params or {})
-            if params and "continue" in params and not self.expired:
-                self.expired = True
-                delete(kube, f"/api/v1/namespaces/{NS}/pods/page-0")  # listed on page 1, now gone
-                kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
-            return await super().get(path, params, **kw)  # type: ignore[arg-type]
-
-    async def run() -> tuple[bool, int, set[str]]:
-        async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", "/api/v1/pods", Pod, Handler(index.upsert_pod, index.delete_pod),
-                                  settings=WatchSettings(page_size=2))
-            await reflector._list_and_sync()
-            return api.expired, api.unpaginated, set(reflector.store)
-
-    caplog.set_level(logging.INFO, logger="kubeindex.reflector")
-    expired, unpaginated, store = asyncio.run(run())
-    assert expired and "continue token expired after" in caplog.text
-    assert "listing again from the first page" in caplog.text and unpaginated == 0
-    truth = set(kube.kubectl("get", "pods", "-A", "-o", "jsonpath={range .items[*]}{.metadata.namespace}/"
-                             "{.metadata.name} {end}").stdout.split())
-    assert store == truth and set(index.pods) == truth
-    assert f"{NS}/page-0" not in index.pods
 
 
 def test_odd_input_never_crashes(kube: LocalCluster) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Callable
 
 import prometheus_client
 import pytest
@@ -24,8 +25,9 @@ from kubeindex.objects import (
 )
 from kubeindex.quantity import NANO, parse_or_zero
 from localkube.service import parse, select, value
+from tests.builders import add_owner, make_node, make_pod
 from tests.reference import World, health_snapshot, node_state, snapshot
-from tests.test_index import Scenario, add_owner, make_node, make_pod
+from tests.scenario import Scenario
 
 GI = 2**30
 
@@ -203,8 +205,6 @@ def test_node_changes_pod_churn_and_flavor_edits_move_the_sums() -> None:
     assert sorted(gpu.node_names) == ["gpu-2"] and gpu.allocatable["nvidia.com/gpu"] == 4 * NANO
     index.kueue.upsert_flavor(flavor("gpu", pool="cpu"))  # edited: re-matched
     assert sorted(gpu.node_names) == ["cpu-1", "gpu-1"] and gpu.pods == {"Running": 2}
-    index.kueue.delete_flavor("gpu")
-    assert "gpu" not in index.kueue.flavors
 
 
 def test_nominal_quota_is_summed_over_cluster_queues_incrementally() -> None:
@@ -222,23 +222,55 @@ def test_nominal_quota_is_summed_over_cluster_queues_incrementally() -> None:
     assert gpu.quota_refs == {"cpu": 2, "memory": 1}
     index.kueue.delete_cluster_queue("team-b")
     assert gpu.quota == {"cpu": 4 * NANO} and "spot" not in index.kueue.flavors
+
+
+def test_a_flavor_lives_while_its_resource_flavor_or_a_cluster_queue_names_it() -> None:
+    index = pools()
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    index.kueue.delete_flavor("gpu")  # named by nothing else: gone
+    assert "gpu" not in index.kueue.flavors
+    index.kueue.upsert_flavor(flavor("gpu", pool="gpu"))
+    index.kueue.upsert_cluster_queue(queue("team", {"gpu": {"cpu": 4}}))
     index.kueue.delete_flavor("gpu")  # quota without a ResourceFlavor: kept, without nodes
     assert index.kueue.flavors["gpu"].nodes == 0 and index.kueue.flavors["gpu"].quota == {"cpu": 4 * NANO}
-    index.kueue.delete_cluster_queue("team-a")
+    assert not index.kueue.flavors["gpu"].defined
+    index.kueue.delete_cluster_queue("team")  # the last name of it
     assert index.kueue.flavors == {}
 
 
-def test_every_change_moves_the_stamp() -> None:
+def generations(index: ClusterIndex) -> dict[str, int]:
+    """The generation of every flavor and node group, by name."""
+    return {**{f"flavor {name}": f.generation for name, f in index.kueue.flavors.items()},
+            **{f"group {value}": g.generation for (_, value), g in index.node_groups.items()}}
+
+
+def test_every_change_moves_the_stamp_and_the_generation_of_each_aggregate_it_changes() -> None:
+    """The stamp tells the reconciler that something changed; the generations tell it (and the
+    exporter's renderer) what: each change moves those of the flavors and node groups it changed
+    (or makes or removes them), and no other."""
     index = pools()
-    for change in (lambda: index.kueue.upsert_flavor(flavor("gpu", pool="gpu")),
-                   lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 1}})),
-                   lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 2}})),
-                   lambda: index.kueue.upsert_flavor(flavor("gpu", pool="cpu")),
-                   lambda: index.kueue.delete_cluster_queue("q"),
-                   lambda: index.kueue.delete_flavor("gpu")):
-        before = index.stamp
+    changes: list[tuple[Callable[[], None], set[str]]] = [
+        (lambda: index.kueue.upsert_flavor(flavor("cpu", pool="cpu")), {"flavor cpu"}),
+        (lambda: index.kueue.upsert_flavor(flavor("gpu", pool="gpu")), {"flavor gpu"}),
+        (lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 1}})), {"flavor gpu"}),
+        (lambda: index.kueue.upsert_cluster_queue(queue("q", {"gpu": {"cpu": 2}})), {"flavor gpu"}),
+        (lambda: index.kueue.upsert_cluster_queue(queue("spot-q", {"spot": {"cpu": 1}})), {"flavor spot"}),
+        (lambda: index.kueue.upsert_flavor(flavor("gpu", pool="cpu")), {"flavor gpu"}),  # re-matched to cpu-1
+        (lambda: index.upsert_node(make_node("cpu-1", {"pool": "cpu", "zone": "a"}, ready="False")),
+         {"group cpu", "flavor cpu", "flavor gpu"}),
+        (lambda: index.kueue.delete_cluster_queue("q"), {"flavor gpu"}),
+        (lambda: index.kueue.delete_cluster_queue("spot-q"), {"flavor spot"}),
+        (lambda: index.kueue.delete_flavor("gpu"), {"flavor gpu"}),
+    ]
+    for n, (change, changed) in enumerate(changes):
+        stamp, before = index.stamp, generations(index)
         change()
-        assert index.stamp != before
+        after = generations(index)
+        assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == changed, n
+        assert index.stamp != stamp, n
+    stamp, before = index.stamp, generations(index)
+    index.kueue.upsert_flavor(flavor("cpu", pool="cpu"))  # as it is: nothing changes
+    assert (index.stamp, generations(index)) == (stamp, before)
 
 
 # -- on /metrics ----------------------------------------------------------------------------------

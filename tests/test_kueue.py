@@ -28,9 +28,9 @@ from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import ScrapeFailed, Service, select, value, wait_for
-from tests.conftest import CRDS
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status, token_kubeconfig
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
+from tests.paths import CRDS
 
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
 FOLLOW = 2.0  # seconds within which /metrics follows a change

@@ -14,7 +14,7 @@ import pytest
 
 from localkube.build import BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, leftover_processes
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 
 def _alive(pid: int) -> bool:
@@ -70,8 +70,9 @@ def test_interrupted_start_leaves_nothing(binaries: dict[str, Path]) -> None:
     assert set(leftover_processes()) == before
 
 
-def test_killed_parent_leaves_no_process(tmp_path: Path) -> None:
-    """Even SIGKILL of the Python process that started the control plane leaves nothing behind."""
+def test_killed_parent_leaves_no_process(binaries: dict[str, Path]) -> None:
+    """Even SIGKILL of the Python process that started the control plane leaves nothing behind.
+    (``binaries``: built beforehand, and the test marked `cluster`.)"""
     script = (
         "import sys, time\n"
         "from localkube.cluster import LocalCluster\n"

@@ -17,8 +17,8 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, ScrapeFailed, Service, select, value, wait_for
 from node_workload_summary.main import main
 from node_workload_summary.settings import Settings
-from tests.conftest import CRDS
 from tests.kube import create_node, create_pod, set_node_status
+from tests.paths import CRDS
 
 NS = "health"
 POOL = "example.com/pool"

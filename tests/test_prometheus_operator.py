@@ -17,7 +17,7 @@ from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import start_operator
 from localkube.service import wait_for
-from tests.conftest import ROOT
+from tests.paths import ROOT
 
 WITH_MONITORING = ROOT / "deploy" / "with-monitoring"
 NS = "node-workload-summary"

@@ -30,7 +30,7 @@ from localkube.cluster import LocalCluster, Options
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
 from localkube.prometheus import start_operator
 from localkube.service import wait_for
-from tests.conftest import CRDS, ROOT
+from tests.paths import CRDS, ROOT
 
 pytestmark = pytest.mark.node
 

@@ -31,8 +31,8 @@ from kubeindex.api import error_from_body
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
-from tests.conftest import CRDS
 from tests.kube import create_node, set_node_status
+from tests.paths import CRDS
 
 SCRAPES = 100
 HANDFUL = 3  # TokenReviews allowed for SCRAPES concurrent scrapes with one token

@@ -1,6 +1,6 @@
-"""The watch layer against a real kube-apiserver: a handler failure is repaired by the next relist,
-kinds are needed exactly while configured or referenced, a configured version is honoured, and
-/readyz tells forbidden, not installed and out of contact apart from an initial sync.
+"""Sources (kubeindex/sources.py) against a real kube-apiserver: kinds are needed exactly while
+configured or referenced, a configured version is honoured, /readyz tells forbidden, not installed
+and out of contact apart from an initial sync, and a label key configured later reads the pods again.
 
 Each test failed against the code before the change (recorded in its docstring)."""
 
@@ -11,10 +11,9 @@ import logging
 import re
 import signal
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -24,27 +23,25 @@ import kubeindex.discovery as discovery
 import kubeindex.sources as sources_module
 from demo.workloads import create, ok
 from exporter.server import make_app
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.api import load_connection
 from kubeindex.index import ClusterIndex, label_workload_uid
-from kubeindex.objects import API_VERSION, Pod
-from kubeindex.reflector import Handler, Reflector, WatchSettings
+from kubeindex.objects import API_VERSION
+from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
-from localkube.cluster import LocalCluster, Options
-from tests.conftest import CRDS
-from tests.kube import create_pod, delete, set_pod_phase, token_kubeconfig
+from localkube.cluster import LocalCluster
+from tests.kube import RecordingApi, create_pod, delete, token_kubeconfig, until
 
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
 
 
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
-    """A control plane of this module's own: its API server is restarted and frozen here."""
-    with LocalCluster(Options(), binaries) as c:
-        c.install_crds(CRDS)
-        ok(c.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
-                                                     "metadata": {"name": NS}}))
-        yield c
+def kube(cluster: LocalCluster) -> LocalCluster:
+    """The session's control plane with this module's namespace (its tests make the others they
+    use, and delete the summarizers they make); its API server is restarted and frozen here."""
+    ok(cluster.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
+                                                       "metadata": {"name": NS}}))
+    return cluster
 
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
@@ -59,31 +56,6 @@ def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
         create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
 
 
-async def until(predicate: Callable[[], object], timeout: float = 20) -> float:
-    started = time.monotonic()
-    while not predicate():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
-class RecordingApi(ApiClient):
-    """Records the path and parameters of every GET, watches (and WatchLists) included."""
-
-    def __init__(self, *args: object, **kw: object) -> None:
-        super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.gets: list[tuple[str, dict[str, str]]] = []
-
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw: object) -> bytes:
-        self.gets.append((path, dict(params or {})))
-        return await super().get(path, params, **kw)  # type: ignore[arg-type]
-
-    def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
-        self.gets.append((path, dict(params)))
-        return super().stream_lines(path, params, *args, **kw)
-
-
 @asynccontextmanager
 async def running(kube: LocalCluster, kubeconfig: Path | None = None, grace: float = 60.0,
                   settings: WatchSettings = FAST) -> AsyncIterator[tuple[Sources, RecordingApi]]:
@@ -94,89 +66,6 @@ async def running(kube: LocalCluster, kubeconfig: Path | None = None, grace: flo
             yield sources, api
         finally:
             await sources.stop()
-
-
-def truth(kube: LocalCluster, namespace: str) -> set[str]:
-    out = kube.kubectl("get", "pods", "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}").stdout
-    return {f"{namespace}/{name}" for name in out.split()}
-
-
-# -- a handler that raises ----------------------------------------------------------------------
-
-class FlakyIndex(ClusterIndex):
-    """upsert_pod raises once for each name in ``flaky``."""
-
-    def __init__(self, flaky: set[str]) -> None:
-        super().__init__()
-        self.flaky = set(flaky)
-
-    def upsert_pod(self, pod: Pod) -> None:
-        if pod.metadata.name in self.flaky:
-            self.flaky.discard(pod.metadata.name)
-            raise RuntimeError(f"injected failure for {pod.metadata.name}")
-        super().upsert_pod(pod)
-
-
-def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalCluster,
-                                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """Before: the exception escaped _list_and_sync, so one bad object aborted the whole LIST
-    (and the store had recorded the pages before it)."""
-    ns = "flaky-list"
-    kube.kubectl("create", "namespace", ns)
-    for i in range(5):
-        create_pod(kube, ns, f"p-{i}", "n-1")
-    index = FlakyIndex({"p-2"})
-
-    async def run() -> tuple[set[str], set[str], set[str], set[str], int]:
-        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
-                                  Handler(index.upsert_pod, index.delete_pod), settings=FAST)
-            await reflector._list_and_sync()  # the failure is logged and counted, the LIST completes
-            first = (set(reflector.store), set(index.pods), set(reflector.failed))
-            await reflector._list_and_sync()  # the relist retries p-2
-            return *first, set(reflector.store), reflector.stats.handler_errors
-
-    caplog.set_level(logging.ERROR, logger="kubeindex.reflector")
-    store, pods, failed, store_after, errors = asyncio.run(run())
-    everything = truth(kube, ns)
-    assert store == pods == everything - {f"{ns}/p-2"} and failed == {f"{ns}/p-2"}
-    assert f"handler failed for {ns}/p-2" in caplog.text and errors == 1
-    assert store_after == set(index.pods) == everything
-
-
-def test_handler_failure_in_a_watch_is_repaired_by_a_relist(kube: LocalCluster) -> None:
-    """Before: _handle recorded the new resourceVersion before the handler raised, so the relist
-    that followed skipped the object and the index kept the old phase for good."""
-    ns = "flaky-watch"
-    kube.kubectl("create", "namespace", ns)
-    create_pod(kube, ns, "a", "n-1", phase="Pending")
-    create_pod(kube, ns, "b", "n-1", phase="Pending")
-    index = FlakyIndex(set())
-
-    def phase(name: str) -> str | None:
-        entry = index.pods.get(f"{ns}/{name}")
-        return entry.phase if entry else None
-
-    async def run() -> None:
-        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
-                                  Handler(index.upsert_pod, index.delete_pod), settings=FAST)
-            task = asyncio.create_task(reflector.run())
-            try:
-                await until(reflector.synced.is_set)
-                index.flaky = {"a"}
-                await asyncio.to_thread(set_pod_phase, kube, ns, "a", "Running")  # its handler raises
-                await until(lambda: reflector.stats.handler_errors == 1)
-                await asyncio.to_thread(set_pod_phase, kube, ns, "b", "Running")  # the loop goes on
-                await until(lambda: phase("b") == "Running", timeout=2)
-                assert phase("a") == "Pending" and not task.done()
-                # The watch ends (timeoutSeconds=3): the relist it is due hands "a" over again.
-                await until(lambda: phase("a") == "Running", timeout=15)
-                assert set(reflector.store) == truth(kube, ns) and not reflector.failed
-            finally:
-                task.cancel()
-
-    asyncio.run(run())
 
 
 # -- kinds needed, versions -----------------------------------------------------------------------

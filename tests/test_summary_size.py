@@ -16,7 +16,7 @@ from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod
-from tests.test_desired import old_from_new
+from tests.reference import old_from_new
 
 LABEL = "size.example.com/pool"
 NAME = "size-pool-a"

@@ -17,7 +17,7 @@ from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
-from tests.conftest import CRDS, EXAMPLES
+from tests.paths import CRDS, EXAMPLES
 
 NS = "ml"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")

@@ -1,4 +1,5 @@
-"""The work queue's timing rules on a fake clock: debounce, backoff, forget, the earlier due time."""
+"""The keyed work queue (reconciler/workqueue.py): one key at a time, and its timing rules on a fake
+clock: debounce, backoff, forget, the earlier due time."""
 
 from __future__ import annotations
 
@@ -100,3 +101,21 @@ def test_clear_drops_waiting_keys() -> None:
         return await q.get()
 
     assert asyncio.run(main()) == "c"
+
+
+def test_queue_dedupes_and_never_hands_a_key_to_two_workers() -> None:
+    async def main() -> list[str]:
+        q: WorkQueue[str] = WorkQueue(debounce=0)
+        for key in ("a", "b", "a"):
+            q.add(key)
+        first = await q.get()
+        q.add(first)  # added while processing: queued again only after done
+        second = await q.get()
+        assert second != first
+        q.done(second)
+        q.done(first)
+        third = await q.get()
+        q.done(third)
+        return [first, second, third]
+
+    assert asyncio.run(main()) == ["a", "b", "a"]

@@ -1,15 +1,9 @@
-"""Unit tests of the write path's pure parts: managedFields projection and the work queue."""
+"""Unit tests of the write path's pure parts: managedFields projection and comparison
+(reconciler/fields.py)."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Coroutine
-from typing import Any, TypeVar
-
 from reconciler import fields
-from reconciler.workqueue import WorkQueue
-
-T = TypeVar("T")
 
 # As the API server records them after our applies (metadata+spec, then status).
 MANAGED = [
@@ -55,27 +49,3 @@ def test_same_ignores_order_of_list_items() -> None:
     assert fields.same({"l": [{"a": 1}, {"b": 2}]}, {"l": [{"b": 2}, {"a": 1}]})
     assert not fields.same({"l": [{"a": 1}]}, {"l": [{"a": 1}, {"b": 2}]})
     assert not fields.same({"a": 1}, {"a": 1, "b": 2})
-
-
-def run(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run(coro)
-
-
-def test_queue_dedupes_and_never_hands_a_key_to_two_workers() -> None:
-    async def main() -> list[str]:
-        q: WorkQueue[str] = WorkQueue(debounce=0)
-        for key in ("a", "b", "a"):
-            q.add(key)
-        first = await q.get()
-        q.add(first)  # added while processing: queued again only after done
-        second = await q.get()
-        assert second != first
-        q.done(second)
-        q.done(first)
-        third = await q.get()
-        q.done(third)
-        return [first, second, third]
-
-    assert run(main()) == ["a", "b", "a"]
-
-

@@ -1,0 +1,91 @@
+"""Objects for unit tests, built in memory: nodes, pods, owner references, configured kinds, and
+the label values property tests draw from."""
+
+from __future__ import annotations
+
+import re
+
+from hypothesis import strategies as st
+
+from kubeindex.index import ClusterIndex
+from kubeindex.objects import (
+    Container,
+    Node,
+    NodeCondition,
+    NodeSpec,
+    NodeStatus,
+    ObjectMeta,
+    OwnerReference,
+    Pod,
+    PodLabelWorkload,
+    PodSpec,
+    PodStatus,
+    Resources,
+    Taint,
+    WorkloadType,
+)
+from tests.reference import Owner
+
+GPU = "nvidia.com/gpu"
+DISRUPTED = Taint("karpenter.sh/disrupted", "NoSchedule")  # Karpenter's disruption taint
+
+API_VERSIONS = {"apps": "apps/v1", "batch": "batch/v1", "jobset.x-k8s.io": "jobset.x-k8s.io/v1alpha2",
+                "leaderworkerset.x-k8s.io": "leaderworkerset.x-k8s.io/v1", "": "v1"}
+
+
+def ref(owner: Owner | tuple[str, str, str], name: str = "") -> OwnerReference:
+    """A controller reference to an owner, or to (group, kind, uid)."""
+    if isinstance(owner, Owner):
+        return OwnerReference(API_VERSIONS[owner.group], owner.kind, owner.name, owner.uid, controller=True)
+    group, kind, uid = owner
+    return OwnerReference(API_VERSIONS[group], kind, name or uid, uid, controller=True)
+
+
+def make_node(name: str, labels: dict[str, str], ready: str | None = "True", unschedulable: bool = False,
+              allocatable: dict[str, str] | None = None, capacity: dict[str, str] | None = None,
+              taints: list[Taint] | None = None, conditions: dict[str, str] | None = None) -> Node:
+    """A node; ``ready=None`` leaves out the Ready condition; ``conditions``: more, type -> status;
+    ``capacity`` defaults to the allocatable."""
+    alloc = allocatable if allocatable is not None else {"cpu": "4", "memory": "16Gi", "pods": "110"}
+    conds = [NodeCondition(t, v) for t, v in (conditions or {}).items()]
+    if ready is not None:
+        conds.insert(0, NodeCondition("Ready", ready))
+    return Node(
+        ObjectMeta(name=name, uid=f"uid-{name}", labels=dict(labels)),
+        NodeSpec(unschedulable=unschedulable, taints=list(taints or [])),
+        NodeStatus(allocatable=alloc, capacity=capacity if capacity is not None else alloc, conditions=conds),
+    )
+
+
+def make_pod(name: str, uid: str, node: str = "", phase: str = "Running", owner: OwnerReference | None = None,
+             cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns") -> Pod:
+    return Pod(
+        ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels or {},
+                   ownerReferences=[owner] if owner else []),
+        PodSpec(nodeName=node, containers=[Container(Resources({"cpu": cpu, "memory": "64Mi"}))]),
+        PodStatus(phase=phase),
+    )
+
+
+def add_owner(index: ClusterIndex, owner: Owner) -> None:
+    parent = None
+    if owner.parent:
+        parent = ("v1", "Pod", owner.parent) if owner.parent.startswith("pod") else ("x/v1", "X", owner.parent)
+    index.upsert_owner((owner.group, owner.kind), owner.namespace, owner.name, owner.uid, parent)
+
+
+def configured(*pairs: tuple[str, str]) -> list[WorkloadType]:
+    return [WorkloadType(kind=k, group=g) for g, k in pairs]
+
+
+def labels_of(*keys: str) -> list[PodLabelWorkload]:
+    return [PodLabelWorkload(key) for key in keys]
+
+
+# apimachinery's regexes, written out independently of the code under test.
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+# Small alphabets make collisions (`gke` + `pool-a` against `gke-pool` + `a`) likely.
+label_values = st.text(alphabet="aB1-._", max_size=63).filter(lambda v: LABEL_VALUE.fullmatch(v) is not None) | \
+    st.sampled_from(["a..b", "a.-b", "a-.b", "x" * 63, "A_b", ""])

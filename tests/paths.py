@@ -1,0 +1,9 @@
+"""Where the checkout's files are, for tests that read or apply them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CRDS = ROOT / "crds"
+EXAMPLES = ROOT / "examples"
