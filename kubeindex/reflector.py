@@ -88,7 +88,6 @@ from .throttle import ThrottledLog
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-PERMANENT = (401, 403, 404)  # the statuses of Forbidden and NotFound: repeat until someone acts
 
 
 def _explain(err: Exception) -> str:
@@ -188,7 +187,7 @@ class Reflector(Generic[T]):
         self.failed: set[str] = set()  # keys whose last handler call raised: a relist is due
         self.synced = asyncio.Event()
         self.resource_version = ""
-        self.last_error_status = 0  # HTTP status of the last failed request (0: none, or no answer)
+        self.failure: Exception | None = None  # what the last failed request raised (None since contact)
         self.last_error = ""  # the server's Status message, or what went wrong
         self.connected = False  # the last request was answered (see the module docstring)
         self.lost_at = 0.0  # self.clock.monotonic() when the connection was lost (while not connected)
@@ -212,11 +211,31 @@ class Reflector(Generic[T]):
 
     # -- health -------------------------------------------------------------------------------
 
+    @property
+    def forbidden(self) -> bool:
+        """The last request was refused (401, 403): until someone changes RBAC or the credentials."""
+        return isinstance(self.failure, Forbidden)
+
+    @property
+    def not_served(self) -> bool:
+        """The last request found no resource (404): a CRD not (or no longer) installed."""
+        return isinstance(self.failure, NotFound)
+
+    @property
+    def permanent(self) -> bool:
+        """Failing in a way that repeats until someone acts (retried quietly, with the long backoff)."""
+        return self.forbidden or self.not_served
+
+    @property
+    def last_error_status(self) -> int:
+        """The HTTP status of the last failed request (0: none since contact, or no answer)."""
+        return self.failure.status if isinstance(self.failure, ApiError) else 0
+
     def problem(self, grace: float, now: float) -> str | None:
         """Why this resource is not in sync (None: it is). ``now`` is self.clock.monotonic()."""
-        if self.last_error_status in (401, 403):
+        if self.forbidden:
             return f"forbidden ({self.last_error})"
-        if self.last_error_status == 404:
+        if self.not_served:
             return f"not installed ({self.last_error}: the resource is not served; is its CRD installed?)"
         if not self.synced.is_set():
             return "initial sync in progress" + (f" (last error: {self.last_error})" if self.last_error else "")
@@ -229,7 +248,7 @@ class Reflector(Generic[T]):
         if self._say.clear("failure"):
             log.info("%s: API server reachable again after %.0fs", self.name, self.clock.monotonic() - self.lost_at)
         self.connected = True
-        self.last_error_status = 0
+        self.failure = None
         self.last_error = ""
 
     def _failure(self, err: Exception, listing: bool) -> float:
@@ -237,7 +256,7 @@ class Reflector(Generic[T]):
         if self.connected or not self.lost_at:
             self.lost_at = self.clock.monotonic()
         self.connected = False
-        self.last_error_status = err.status if isinstance(err, ApiError) else 0
+        self.failure = err
         self.last_error = err.message.strip() if isinstance(err, ApiError) and err.status else _explain(err)
         reason = _reason(err)
         self.stats.restart(reason)
@@ -249,7 +268,7 @@ class Reflector(Generic[T]):
             self._need_sync = True
             self._say("failure", reason, logging.ERROR, "%s: unexpected error in %s %s; relisting after backoff",
                       self.name, verb, self.path, exc_info=err)
-        return SLOW_BACKOFF_CAP if isinstance(err, (Forbidden, NotFound)) else BACKOFF_CAP
+        return SLOW_BACKOFF_CAP if self.permanent else BACKOFF_CAP
 
     # -- the loop -------------------------------------------------------------------------------
 

@@ -52,7 +52,7 @@ from .objects import (
 )
 from .ownerkinds import OwnerKinds
 from .owners import POD, GroupKind
-from .reflector import PERMANENT, Handler, Reflector, SourceStats, WatchSettings
+from .reflector import Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
     now = time.monotonic()
-    return [f"{r.name}: {r.problem(grace, now)}" for r in reflectors if r.last_error_status in PERMANENT]
+    return [f"{r.name}: {r.problem(grace, now)}" for r in reflectors if r.permanent]
 
 
 @dataclass
@@ -194,7 +194,7 @@ class Sources:
         its pods count as missing_owner and the reflector keeps retrying)."""
         if reflector.synced.is_set():
             return True
-        return reflector.name not in CORE and reflector.last_error_status in PERMANENT
+        return reflector.name not in CORE and reflector.permanent
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -204,7 +204,7 @@ class Sources:
         now = time.monotonic()
         problems = []
         for name, reflector in self.reflectors.items():
-            if name not in CORE and (reflector.last_error_status in PERMANENT
+            if name not in CORE and (reflector.permanent
                                      or (self.ready.is_set() and not reflector.synced.is_set())):
                 continue
             problem = reflector.problem(self.sync_grace, now)
@@ -227,7 +227,7 @@ class Sources:
     def forbidden_kinds(self) -> set[GroupKind]:
         """Owner and optional kinds whose list/watch the API server denies (401/403)."""
         reflectors = {**self.owner_kinds.reflectors, **self._optional_reflectors}
-        return {gk for gk, r in reflectors.items() if r.last_error_status in (401, 403)}
+        return {gk for gk, r in reflectors.items() if r.forbidden}
 
     def kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
         """Why a configured workload type cannot be summarized, as (reason, message); None when
@@ -245,9 +245,9 @@ class Sources:
             return "KindNotNamespaced", (f"{resource.name} is cluster-scoped; WorkloadSummaries are namespaced, "
                                          f"so it cannot be a root workload")
         reflector = self.owner_kinds.reflectors.get((group, kind))
-        if reflector is not None and reflector.last_error_status in (401, 403):
+        if reflector is not None and reflector.forbidden:
             return "KindForbidden", f"list/watch of {reflector.name} is denied: {reflector.last_error}"
-        if reflector is not None and reflector.last_error_status == 404:
+        if reflector is not None and reflector.not_served:
             return "KindNotServed", f"{reflector.name} is not served any more: {reflector.last_error}"
         return None
 
