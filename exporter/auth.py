@@ -21,6 +21,8 @@ from kubeindex.api import ApiClient
 log = logging.getLogger(__name__)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+CACHE_TTL = 60.0  # seconds a decision for a token is reused (--metrics-auth-cache-ttl)
+CACHE_SIZE = 1024  # tokens whose decision is cached (--metrics-auth-cache-size)
 REVIEW_TIMEOUT = 10.0
 
 
@@ -45,7 +47,8 @@ def bearer_token(authorization: str) -> str:
 class Authorizer:
     """Decides whether a bearer token may `get` ``path``, through the service's API client."""
 
-    def __init__(self, api: ApiClient, path: str = "/metrics", ttl: float = 60.0, max_entries: int = 1024) -> None:
+    def __init__(self, api: ApiClient, path: str = "/metrics", ttl: float = CACHE_TTL,
+                 max_entries: int = CACHE_SIZE) -> None:
         self.api, self.path, self.ttl, self.max_entries = api, path, ttl, max_entries
         self._cache: OrderedDict[str, tuple[float, Decision]] = OrderedDict()  # token digest -> (expiry, decision)
         self._pending: dict[str, asyncio.Task[Decision]] = {}

@@ -45,6 +45,8 @@ PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 OTHER = "other"  # the explicit overflow series when a series cap is reached
+MAX_WORKLOAD_SERIES = 5000  # workloads with series of their own (--max-workload-series)
+MAX_NODEGROUP_SERIES = 2000  # node groups with series of their own, per NodeSummarizer
 ALWAYS_PHASES = ("Pending", "Running")  # workload phases emitted even at 0 (stable series)
 UNRESOLVED_REASONS = (NONE, MISSING, CYCLE, TOO_DEEP)  # emitted even at 0
 BROKEN_REASONS = (MISSING,)  # the only break a workload can sit below
@@ -309,7 +311,8 @@ def _sum_node_groups(summarizer: str, node_groups: Iterable[NodeGroupAgg]) -> No
 
 
 class Renderer:
-    def __init__(self, index: ClusterIndex, max_workload_series: int, max_nodegroup_series: int = 2000,
+    def __init__(self, index: ClusterIndex, max_workload_series: int = MAX_WORKLOAD_SERIES,
+                 max_nodegroup_series: int = MAX_NODEGROUP_SERIES,
                  build_info: dict[str, str] | None = None,
                  registry: prometheus_client.CollectorRegistry | None = None) -> None:
         # Annotated: RENDERER_FAMILIES, above the class, reads them.

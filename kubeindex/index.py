@@ -46,6 +46,7 @@ READY_STATES = ("Ready", "NotReady", "Unknown")
 READY = "Ready"
 NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
 UNHEALTHY_STATES = NODE_STATES[1:]
+MAX_OWNER_DEPTH = 10  # ownerReference hops followed from a pod (--max-owner-depth)
 
 # Defaults of --disruption-taints, --problem-conditions and --accelerator-resources.
 DISRUPTION_TAINTS = ("karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler",
@@ -260,7 +261,7 @@ class ClusterIndex:
     events."""
 
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
-                 max_depth: int = 10, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
+                 max_depth: int = MAX_OWNER_DEPTH, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
                  problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
                  accelerator_resources: Iterable[str] = ACCELERATOR_RESOURCES) -> None:
         self.nodes: dict[str, NodeEntry] = {}

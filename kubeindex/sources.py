@@ -72,12 +72,15 @@ class Summarizers:
     workload: dict[str, WorkloadSummarizer] = field(default_factory=dict)
 
 
+SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem
+
+
 class Sources:
     """The one owner of every watch of the process: those feeding the index, and those another
     part reads (``add_watch``), all in ``stats`` (the nws_watch_* metrics), stopped by ``stop``."""
 
     def __init__(self, api: ApiClient, index: ClusterIndex, settings: WatchSettings | None = None,
-                 sync_grace: float = 60.0) -> None:
+                 sync_grace: float = SYNC_GRACE) -> None:
         self.api = api
         self.index = index
         self.settings = settings or WatchSettings()

@@ -14,8 +14,11 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import TypeAliasType
 
-from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, PROBLEM_CONDITIONS
+from exporter.auth import CACHE_SIZE, CACHE_TTL
+from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
+from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
 from kubeindex.reflector import InitialList, WatchSettings
+from kubeindex.sources import SYNC_GRACE
 from reconciler.controller import ReconcilerSettings
 from reconciler.leader import LeaseSettings
 
@@ -86,11 +89,12 @@ class Settings(BaseSettings):
                                     "instead, plain HTTP without authentication (needed with --metrics-secure). "
                                     "Unset: on --port.")
     max_workload_series: Count = Field(
-        5000, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
+        MAX_WORKLOAD_SERIES, ge=0, description="Cap on workloads with series of their own; the rest are summed into "
         "workload=\"other\" and counted in nws_workload_series_dropped_total.")
     max_nodegroup_series: Count = Field(
-        2000, ge=0, description="Cap on node groups with series of their own, per NodeSummarizer; the rest are "
-        "summed into group=\"other\" and counted in nws_nodegroup_series_dropped_total.")
+        MAX_NODEGROUP_SERIES, ge=0, description="Cap on node groups with series of their own, per "
+        "NodeSummarizer; the rest are summed into group=\"other\" and counted in "
+        "nws_nodegroup_series_dropped_total.")
     workload_pod_labels: Annotated[Labels, NoDecode] = Field(
         [], description="Deprecated: list the keys in a WorkloadSummarizer's spec.podLabelWorkloads instead. "
         "Pod labels that name a workload where no ownerReference leads to a configured kind "
@@ -106,7 +110,7 @@ class Settings(BaseSettings):
         list(ACCELERATOR_RESOURCES), description="Accelerator resources, names or prefixes ending in *: a Ready node "
         "with allocatable below capacity for one of them is Degraded, the difference counted in "
         "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
-    max_owner_depth: Count = Field(10, ge=1, le=50, description="ownerReference hops followed from a pod.")
+    max_owner_depth: Count = Field(MAX_OWNER_DEPTH, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(WATCH.page_size, ge=1, description="Objects per page of the initial and recovery LISTs.")
     initial_list: InitialList = Field(
         WATCH.initial_list, description="How the initial state (and every relist after 410 Gone) is read: watchlist (a "
@@ -120,7 +124,7 @@ class Settings(BaseSettings):
         WATCH.read_timeout, gt=0, description="Seconds without any byte on a watch before the connection is "
         "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
     sync_loss_grace: Seconds = Field(
-        60.0, gt=0, description="Seconds a watch may stay unable to reach the API server before /readyz "
+        SYNC_GRACE, gt=0, description="Seconds a watch may stay unable to reach the API server before /readyz "
         "fails and the replica gives up the Lease.")
     exporter: bool = Field(True, description="Serve the metrics on /metrics (--no-exporter: only /healthz, /readyz).")
     reconciler: bool = Field(True, description="Maintain NodeSummary and WorkloadSummary objects and the "
@@ -153,10 +157,10 @@ class Settings(BaseSettings):
                                                "reloaded when it changes. Unset: a self-signed certificate "
                                                "made at start (needs the openssl command).")
     metrics_key_file: FilePath | None = Field(None, description="PEM private key of --metrics-cert-file.")
-    metrics_auth_cache_ttl: Seconds = Field(60.0, ge=0, description="Seconds an authentication and "
+    metrics_auth_cache_ttl: Seconds = Field(CACHE_TTL, ge=0, description="Seconds an authentication and "
                                             "authorization decision for a token is reused (0: not cached; "
                                             "concurrent requests with one token still share one review).")
-    metrics_auth_cache_size: Count = Field(1024, ge=1, description="Tokens whose decision is cached; the least "
+    metrics_auth_cache_size: Count = Field(CACHE_SIZE, ge=1, description="Tokens whose decision is cached; the least "
                                            "recently used is dropped beyond this.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
     version: bool = Field(False, description="Print the version, the source revision and Python's version, "
