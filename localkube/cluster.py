@@ -153,7 +153,9 @@ class Process:
         self.popen = None
 
 
-def _wait(what: str, check: Callable[[], bool], timeout: float, procs: list[Process]) -> None:
+def wait_until(what: str, check: Callable[[], bool], timeout: float, procs: list[Process]) -> None:
+    """Until ``check()`` holds, or a ClusterError: one of ``procs`` exited (its log tail said) or
+    ``timeout`` passed (with the last error the check raised)."""
     deadline = time.monotonic() + timeout
     last_error: object = None
     while time.monotonic() < deadline:
@@ -312,14 +314,14 @@ class LocalCluster:
 
     def wait_apiserver_ready(self) -> None:
         procs = [self.processes["etcd"], self.processes["kube-apiserver"]]
-        _wait("kube-apiserver /readyz", lambda: self._http_ok(f"{self.server}/readyz"),
-              self.options.start_timeout, procs)
-        _wait("namespace default", lambda: self._http_ok(f"{self.server}/api/v1/namespaces/default"),
-              self.options.start_timeout, procs)
+        wait_until("kube-apiserver /readyz", lambda: self._http_ok(f"{self.server}/readyz"),
+                   self.options.start_timeout, procs)
+        wait_until("namespace default", lambda: self._http_ok(f"{self.server}/api/v1/namespaces/default"),
+                   self.options.start_timeout, procs)
 
     def _wait_http(self, proc: Process, url: str) -> None:
         """Wait for a component's health endpoint (its serving certificate is self-signed)."""
-        _wait(f"{proc.name} {url}", lambda: self._http_ok(url, verify=False), self.options.start_timeout, [proc])
+        wait_until(f"{proc.name} {url}", lambda: self._http_ok(url, verify=False), self.options.start_timeout, [proc])
 
     def _component_args(self, port: int) -> list[str]:
         return [

@@ -38,7 +38,7 @@ import yaml
 
 from . import pki
 from .build import JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, Component, ensure_binaries
-from .cluster import LocalCluster, Process, _wait, free_port
+from .cluster import LocalCluster, Process, free_port, wait_until
 
 
 @dataclass(frozen=True)
@@ -134,9 +134,9 @@ class Controller:
         # Registered with the cluster, so cluster.stop() stops it too and the leftover check sees it.
         self.cluster.processes[self.name] = self.process
         self.process.start()
-        _wait(f"{self.name} webhook server", lambda: _listening(self.webhook_port), timeout, [self.process])
-        _wait(f"{self.name} /readyz", lambda: self.cluster._http_ok(f"http://127.0.0.1:{self.probe_port}/readyz"),
-              timeout, [self.process])
+        wait_until(f"{self.name} webhook server", lambda: _listening(self.webhook_port), timeout, [self.process])
+        wait_until(f"{self.name} /readyz", lambda: self.cluster._http_ok(f"http://127.0.0.1:{self.probe_port}/readyz"),
+                   timeout, [self.process])
         self._configurations = webhook_configurations(self.project, self.paths, self.webhook_port, ca.read_bytes())
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-",
                              input=json.dumps({"apiVersion": "v1", "kind": "List", "items": self._configurations}))

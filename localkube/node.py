@@ -32,7 +32,7 @@ from typing import TextIO
 
 from . import pki
 from .build import KUBERNETES_NODE, NODE_COMPONENTS, cache_root, ensure_binaries, go_binary
-from .cluster import LocalCluster, Process, _wait
+from .cluster import LocalCluster, Process, wait_until
 
 NODE_ADDRESS = "10.88.0.1"  # the bridge's address: the node's InternalIP and the API server's
 POD_CIDR = "10.88.0.0/16"
@@ -370,7 +370,7 @@ class RealNode:
     def _start_containerd(self) -> None:
         containerd = self._spawn("containerd", [str(self.binaries["containerd"]), "--config",
                                                 str(self.dir / "etc/containerd/config.toml")])
-        _wait("containerd", lambda: self.ctr("version", check=False).returncode == 0, 30, [containerd])
+        wait_until("containerd", lambda: self.ctr("version", check=False).returncode == 0, 30, [containerd])
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return _run(str(self.binaries["ctr"]), "--address", str(self.sock), "-n", "k8s.io", *args, check=check)
@@ -395,7 +395,7 @@ class RealNode:
             proc = self.cluster.kubectl("get", "node", self.name, "-o",
                                         "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}", check=False)
             return proc.stdout.strip() == "True"
-        _wait(f"node {self.name} Ready", ready, timeout, list(self.processes.values()))
+        wait_until(f"node {self.name} Ready", ready, timeout, list(self.processes.values()))
 
     # -- stop --------------------------------------------------------------------------------
 

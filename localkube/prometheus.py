@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from .build import PROMETHEUS_OPERATOR, ensure_binaries
-from .cluster import ClusterError, LocalCluster, Process, _wait, free_port
+from .cluster import ClusterError, LocalCluster, Process, free_port, wait_until
 
 
 class Prometheus:
@@ -71,7 +71,7 @@ class Prometheus:
             "--storage.tsdb.retention.time=1d", "--log.level=warn",
         ], self.workdir)
         self.process.start()
-        _wait("prometheus /-/ready", lambda: self._get("/-/ready")[0] == 200, timeout, [self.process])
+        wait_until("prometheus /-/ready", lambda: self._get("/-/ready")[0] == 200, timeout, [self.process])
         return self
 
     def stop(self) -> None:

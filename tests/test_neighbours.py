@@ -118,6 +118,8 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
             reconciler = Reconciler(api, sources.index, sources, None, ReconcilerSettings(debounce=0))
             for reflector in reconciler.reflectors:
                 reflector.selector = {"labelSelector": "test.example.com/delete-404=yes"}
+            # Its own watches run without the Sources' others (which would see the replicas' summarizers).
+            watches = [asyncio.create_task(r.run()) for r in reconciler.reflectors]
             running = asyncio.create_task(reconciler.run())
             try:
                 await until(reconciler.ready.is_set)
@@ -128,8 +130,9 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
 
                 await until(lambda: deletes().keys() == {there, gone})
             finally:
-                running.cancel()
-                await asyncio.gather(running, return_exceptions=True)
+                for task in (running, *watches):
+                    task.cancel()
+                await asyncio.gather(running, *watches, return_exceptions=True)
             return deletes(), reconciler.stats.writes, reconciler.stats.errors
 
     try:
