@@ -626,6 +626,7 @@ def model_scaled(c: ModelClaim, capacity: dict[str, int]) -> dict[str, dict[str,
 class ModelResult:
     duplicate: bool
     over: str  # "True" / "False" / "Unknown"
+    missing: str  # "True" / "False"
     assigned: dict[str, int] | None
     gives: tuple[str, dict[str, dict[str, int]]]  # flavor, queue -> resource -> nano
 
@@ -655,7 +656,10 @@ def model_claims(world: World) -> dict[str, ModelResult]:
             gives = last if last[0] == c.flavor else (c.flavor, {})
         else:
             gives = (c.flavor, model_scaled(c, capacity))
-        out[c.name] = ModelResult(duplicate, over, assigned, gives)
+        named = {(q, c.flavor, r) for q, rs in (*c.absolute.items(), *c.shares.items()) for r in rs}
+        named |= {(q, gives[0], r) for q, rs in gives[1].items() for r in rs}
+        missing = not duplicate and any((f, r) not in world.queues.get(q, {}) for q, f, r in named)
+        out[c.name] = ModelResult(duplicate, over, str(missing), assigned, gives)
     return out
 
 
@@ -807,6 +811,7 @@ def check(plan: Plan, results: dict[str, ModelResult], scenario: Scenario, where
         conditions = {c["type"]: c["status"] for c in got.status["conditions"]}
         assert conditions["Duplicate"] == str(expected.duplicate), (where, name)
         assert conditions["OverAllocated"] == expected.over, (where, name)
+        assert conditions["QueueMissing"] == expected.missing, (where, name)
         assert (got.contribution.flavor, got.contribution.queues) == expected.gives, (where, name)
         if expected.assigned is not None:
             assert got.status.get("assigned", {}) == formatted(expected.assigned), (where, name)
