@@ -468,7 +468,8 @@ class Plan:
     quota: dict[str, dict[QuotaKey, int]]  # what to write: desired under the lendingLimit rule
 
     def patch(self, queue: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """The patch of one ClusterQueue object (as read, with its resourceVersion)."""
+        """The patch of one ClusterQueue: the object that was evaluated (its resourceVersion makes
+        the patch fail with 409 if the queue changed since; then read, evaluate and patch again)."""
         meta = queue.get("metadata")
         name = meta.get("name", "") if isinstance(meta, Mapping) else ""
         return queue_patch(queue, self.quota.get(name, {}))
