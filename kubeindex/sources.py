@@ -57,6 +57,7 @@ from .reflector import Handler, Reflector, SourceStats, WatchSettings
 log = logging.getLogger(__name__)
 
 CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
+SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem (--sync-loss-grace)
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
@@ -70,9 +71,6 @@ class Summarizers:
 
     node: dict[str, NodeSummarizer] = field(default_factory=dict)
     workload: dict[str, WorkloadSummarizer] = field(default_factory=dict)
-
-
-SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem
 
 
 class Sources:
