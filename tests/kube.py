@@ -15,7 +15,7 @@ import aiohttp
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.api import ApiClient, ApiError
+from kubeindex.api import JSON, ApiClient, ApiError
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS
@@ -197,11 +197,12 @@ class RecordingApi(ApiClient):
         self.requests: list[tuple[str, str, int]] = []
         self.break_after = break_after
 
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                  timeout: float = 60) -> bytes:
         self.gets.append((path, dict(params or {})))
         if path != "/version":
             self.lists.append(dict(params or {}))
-        return await super().get(path, params, **kw)
+        return await super().get(path, params, accept, timeout)
 
     async def request(self, method: str, path: str, *args: Any, **kw: Any) -> bytes:
         try:
