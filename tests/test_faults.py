@@ -3,7 +3,6 @@ lost (restarts and 410 after a freeze are in test_exporter.py, user edits in tes
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import urllib.request
@@ -159,7 +158,7 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
                  retry=ScrapeFailed)
         thread.start()
         time.sleep(3)
-        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        leader.kill()
         time.sleep(10)  # churn goes on through the failover
         stop.set()
         thread.join(timeout=30)

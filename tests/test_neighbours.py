@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -339,7 +338,7 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
     try:
         assert is_leader(leader) and not is_leader(standby)
         proxy.stall_existing()  # its watches go silent; new connections still work
-        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        leader.kill()
         wait_for(lambda: is_leader(standby), timeout=20)
         deployment(kube, NS, "after-failover")
         ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},

@@ -4,7 +4,6 @@ and LeaderWorkerSet controllers)."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -196,7 +195,7 @@ def test_two_replicas_one_writer_and_failover(kube: LocalCluster, service: Servi
         kube.kubectl("scale", "deployment/nginx", "-n", NS, "--replicas=4")
         wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 4, timeout=20)
         assert writes(standby) == 0  # the standby watched everything and wrote nothing
-        service.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # no graceful release
+        service.kill()  # no graceful release
         killed = time.monotonic()
         took = wait_for(lambda: leader(standby) == 1, timeout=20)
         print(f"standby took over {took:.1f}s after the leader was killed")

@@ -6,7 +6,6 @@ while the controllers scale and delete them under two replicas of the service.""
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -163,7 +162,7 @@ def test_controllers_scale_and_delete_under_two_replicas(kube: LocalCluster, ser
         for svc in (service, standby):
             wait_for(lambda: exported_pods(svc, "LeaderWorkerSet") == {"llm": 9}, timeout=10)  # noqa: B023
 
-        service.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # the leader dies
+        service.kill()  # the leader dies
         ok(kube.request(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/train", "DELETE"))
         wait_for(lambda: not get(kube, "pods", "-l", f"{JS}/jobset-name=train")["items"], timeout=60)
         wait_for(lambda: exported_pods(standby, "JobSet") == {}, timeout=10)
