@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
@@ -64,6 +64,24 @@ def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "",
 def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict:
     return ok(cluster.request(f"/api/v1/namespaces/{namespace}/pods/{name}/status", "PATCH",
                               {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
+
+
+T = TypeVar("T")
+
+
+def get_object(cluster: LocalCluster, path: str) -> dict[str, Any] | None:
+    """The object at ``path``, or None when the answer is not 200 (not there, or not yet)."""
+    code, body = cluster.request(path)
+    if code != 200:
+        return None
+    assert isinstance(body, dict), body
+    return body
+
+
+def found(obj: T | None) -> T:
+    """``obj``, which the test knows is there by now."""
+    assert obj is not None
+    return obj
 
 
 def truth(kube: LocalCluster, namespace: str) -> set[str]:

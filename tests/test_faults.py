@@ -17,7 +17,7 @@ from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.names import is_dns1123_subdomain
-from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
+from tests.kube import create_node, create_pod, delete, get_object, set_node_status, summarized_cluster
 
 NS = "faults"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
@@ -166,8 +166,8 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
         assert truth >= 1
 
         def summary_pods() -> int | None:
-            code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
-            return body.get("status", {}).get("podCount") if code == 200 else None  # type: ignore[union-attr]
+            churn = get_object(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
+            return (churn or {}).get("status", {}).get("podCount")
 
         wait_for(lambda: summary_pods() == truth, timeout=20)
         assert select(standby.scrape(), "nws_reconciler_leader").get(frozenset()) == 1

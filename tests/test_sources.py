@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,7 +30,7 @@ from kubeindex.objects import API_VERSION
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster
-from tests.kube import RecordingApi, create_pod, delete, token_kubeconfig, until
+from tests.kube import RecordingApi, create_pod, delete, get_object, token_kubeconfig, until
 
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
@@ -46,11 +47,11 @@ def kube(cluster: LocalCluster) -> LocalCluster:
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
     """Create or replace a WorkloadSummarizer with ``types`` ({group, kind, version?})."""
-    code, body = kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}")
-    obj = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
-           "spec": {"workloadTypes": types}}
-    if code == 200:
-        obj["metadata"]["resourceVersion"] = body["metadata"]["resourceVersion"]  # type: ignore[index]
+    existing = get_object(kube, f"/apis/{API_VERSION}/workloadsummarizers/{name}")
+    obj: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+                           "spec": {"workloadTypes": types}}
+    if existing is not None:
+        obj["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
         ok(kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}", "PUT", obj))
     else:
         create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
