@@ -513,7 +513,7 @@ def test_sources_and_reconciler_collectors() -> None:
                                  actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}})
     elector = SimpleNamespace(is_leader=False)
     registry = CollectorRegistry()
-    registry.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry.register(SourcesCollector(sources))
     registry.register(ReconcilerCollector(reconciler, elector))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
     assert value(s, "nws_watch_events_total", resource="pods", type="ADDED") == 3
@@ -531,7 +531,7 @@ def test_sources_and_reconciler_collectors() -> None:
     assert value(s, "nws_reconciler_leader") == 1 and not select(s, "nws_kind_not_served")
     sources.forbidden_kinds.clear()  # the kind was granted: its series goes
     registry2 = CollectorRegistry()
-    registry2.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry2.register(SourcesCollector(sources))
     registry2.register(ReconcilerCollector(reconciler, None))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry2))
     assert not select(s, "nws_kind_forbidden") and value(s, "nws_reconciler_leader") == 1
