@@ -44,8 +44,8 @@ def conditions(kernel_deadlock: str) -> dict:
 @dataclass(frozen=True)
 class Transition:
     state: str
-    sick: Callable[[LocalCluster], None]
-    heal: Callable[[LocalCluster], None]
+    sick: Callable[[LocalCluster], object]  # what they return is not used
+    heal: Callable[[LocalCluster], object]
 
 
 TRANSITIONS = {
