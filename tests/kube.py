@@ -108,6 +108,15 @@ def deployment(kube: LocalCluster, namespace: str, name: str) -> dict:
                               "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})
 
 
+class AuditedCluster(LocalCluster):
+    """A control plane whose API server writes an audit log to ``audit_log`` (its options name the
+    same path in --audit-log-path, with an --audit-policy-file)."""
+
+    def __init__(self, options: Options, binaries: dict[str, Path], audit_log: Path) -> None:
+        super().__init__(options, binaries)
+        self.audit_log = audit_log
+
+
 @contextmanager
 def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[LocalCluster]:
     """A control plane of a test module's own: the CRDs, NodeSummarizer `pool` (label `pool`),
