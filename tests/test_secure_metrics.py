@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -195,7 +196,7 @@ class FakeApi:
         self.calls: dict[str, int] = {"tokenreviews": 0, "subjectaccessreviews": 0}
         self.fail = False
 
-    async def request(self, method: str, path: str, body: dict, timeout: float) -> bytes:
+    async def request(self, method: str, path: str, body: dict[str, Any], timeout: float) -> bytes:
         resource = path.rsplit("/", 1)[1]
         self.calls[resource] += 1
         await asyncio.sleep(0.05)
@@ -209,7 +210,7 @@ class FakeApi:
 
 
 def _authorizer(api: FakeApi, ttl: float = 60, size: int = 10) -> Authorizer:
-    return Authorizer(api, "/metrics", ttl, size)  # type: ignore[arg-type]
+    return Authorizer(api, "/metrics", ttl, size)
 
 
 def test_concurrent_requests_share_one_review_and_the_answer_is_cached() -> None:
