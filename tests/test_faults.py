@@ -126,8 +126,10 @@ def test_many_concurrent_scrapes_do_not_stall_the_watch(kube: LocalCluster) -> N
             status = "False" if i % 2 == 0 else "True"
             started = time.monotonic()
             set_node_status(kube, "n-2", status)
-            wait_for(lambda status=status: _node_not_ready(svc) == (1 if status == "False" else 0), timeout=10,
-                     interval=0.01)
+            def shown(status: str = status) -> bool:
+                return _node_not_ready(svc) == (1 if status == "False" else 0)
+
+            wait_for(shown, timeout=10, interval=0.01)
             latencies.append(time.monotonic() - started)
         print(f"under 100 concurrent scrapers ({scrapes[0]} scrapes): NotReady -> metric max {max(latencies):.2f}s")
         assert max(latencies) < 1.0, latencies
