@@ -212,23 +212,23 @@ def plot(rows: list[dict], path: Path) -> None:
     nodes = [r["nodes"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     ax = axes[0]
-    for label, path in (("kube-apiserver", "apiserver_peak_rss_during_service_mb"), ("etcd", "etcd_rss_mb"),
+    for label, key in (("kube-apiserver", "apiserver_peak_rss_during_service_mb"), ("etcd", "etcd_rss_mb"),
                         ("etcd database", "etcd_db_mb"), ("service", "service.peak_rss_mb"),
                         ("kubectl get pods -A", "kubectl.pods.kubectl_peak_rss_mb")):
-        have = [(r["nodes"], lookup(r, path)) for r in rows if lookup(r, path) is not None]
+        have = [(r["nodes"], lookup(r, key)) for r in rows if lookup(r, key) is not None]
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
     ax.set_title("memory (MB)"), ax.legend(fontsize=7)
     ax = axes[1]
-    for label, path in (("service initial sync", "service.initial_sync_seconds"),
+    for label, key in (("service initial sync", "service.initial_sync_seconds"),
                         ("bare paginated LIST", "list_floor_seconds"), ("kubectl get pods -A", "kubectl.pods.seconds")):
-        have = [(r["nodes"], lookup(r, path)) for r in rows if lookup(r, path) is not None]
+        have = [(r["nodes"], lookup(r, key)) for r in rows if lookup(r, key) is not None]
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
     ax.set_yscale("log"), ax.set_title("seconds"), ax.legend(fontsize=7)
     ax = axes[2]
-    for label, path in (("NotReady -> /metrics p99", "service.latency.metric_p99_ms"),
+    for label, key in (("NotReady -> /metrics p99", "service.latency.metric_p99_ms"),
                         ("plain watch floor p99", "service.latency.floor_p99_ms"),
                         ("NotReady -> /metrics p50", "service.latency.metric_p50_ms")):
-        ax.plot(nodes, [lookup(r, path) for r in rows], "o-", label=label)
+        ax.plot(nodes, [lookup(r, key) for r in rows], "o-", label=label)
     ax.set_title("latency (ms)"), ax.legend(fontsize=7)
     for a in axes:
         a.set_xlabel(f"nodes ({rows[0]['pods'] // rows[0]['nodes']} pods each)")
