@@ -27,7 +27,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
-from .common import CRDS, ROOT, Sampler, add_out, clean, sayer, status_kb
+from .common import CRDS, ROOT, Sampler, add_out, clean, control_plane_pids, sayer, status_kb
 from .plot import pyplot
 from .populate import populate_cluster
 from .scale import measure
@@ -39,10 +39,10 @@ say = sayer("tier")
 
 def control_plane(cluster: LocalCluster) -> dict:
     """kube-apiserver's and etcd's memory now, and etcd's database (allocated and in use)."""
-    pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
+    pids = control_plane_pids(cluster, "apiserver", "etcd")
     with urllib.request.urlopen(f"{cluster.etcd_url}/metrics", timeout=30) as resp:
         samples = parse(resp.read().decode())
-    out = {f"{name}_rss_mb": round(status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}  # type: ignore[arg-type]
+    out = {f"{name}_rss_mb": round(status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}
     out["etcd_db_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_bytes") or 0) / MB)
     out["etcd_db_in_use_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_use_in_bytes") or 0) / MB)
     return out
@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             say("kubectl reads ...")
             row["kubectl"] = {"nodes": kubectl_read(cluster, "nodes"), "pods": kubectl_read(cluster, "pods", "-A")}
             say(json.dumps(row["kubectl"]))
-            pids = {"apiserver": cluster.processes["kube-apiserver"].pid}
-            base = status_kb(pids["apiserver"], "VmRSS")  # type: ignore[arg-type]
-            sampler = Sampler(pids)  # type: ignore[arg-type]
+            pids = control_plane_pids(cluster, "apiserver")
+            base = status_kb(pids["apiserver"], "VmRSS")
+            sampler = Sampler(pids)
             sampler.start()
             try:
                 size = {k: row[k] for k in ("nodes", "pods", "groups", "workloads", "list_floor_seconds")}
@@ -136,17 +136,19 @@ CURVES: list[tuple[str, str, float | None, str]] = [
 
 
 def lookup(row: dict, path: str) -> float | None:
+    """The number at ``path`` (keys joined by dots) in ``row``; None where there is none."""
+    value: object = row
     for key in path.split("."):
-        if not isinstance(row, dict) or key not in row:
+        if not isinstance(value, dict) or key not in value:
             return None
-        row = row[key]
-    return row  # type: ignore[return-value]
+        value = value[key]
+    return value if isinstance(value, int | float) else None
 
 
 def projections(rows: list[dict], target_nodes: int) -> list[dict]:
     """Per curve: the slope per 1,000 nodes between the last two sizes (the pods per node fixed),
     the value at ``target_nodes`` on that line, and at which size it meets its limit."""
-    out = []
+    out: list[dict] = []
     if len(rows) < 2:
         return out
     a, b = rows[-2], rows[-1]
