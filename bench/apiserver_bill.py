@@ -35,7 +35,7 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
-from .common import CRDS, Sampler, add_out, cpu_seconds, say, status_kb
+from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
@@ -100,13 +100,12 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
     """Start ``argv``, wait until ``ready_url`` answers 200 (or ``ready_check()`` is true), keep
     measuring ``after`` seconds more, stop it; the API server's and etcd's bill for that start."""
     is_ready = ready_check or (lambda: _get(ready_url)[0] == 200)
-    pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
-    assert all(pids.values())
-    base_rss = {name: status_kb(pid, "VmRSS") for name, pid in pids.items()}  # type: ignore[arg-type]
-    base_cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}  # type: ignore[arg-type]
+    pids = control_plane_pids(cluster, "apiserver", "etcd")
+    base_rss = {name: status_kb(pid, "VmRSS") for name, pid in pids.items()}
+    base_cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
     base_counters = apiserver_counters(cluster)
-    base_written = written_bytes(pids["apiserver"])  # type: ignore[arg-type]
-    sampler = Sampler(pids)  # type: ignore[arg-type]
+    base_written = written_bytes(pids["apiserver"])
+    sampler = Sampler(pids)
     sampler.start()
     started = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -121,8 +120,8 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
         extra = _extra_metrics(ready_url) if ready_check is None else {}
     finally:
         peak = sampler.stop()
-        cpu = {name: cpu_seconds(pid) - base_cpu[name] for name, pid in pids.items()}  # type: ignore[arg-type]
-        written = written_bytes(pids["apiserver"]) - base_written  # type: ignore[arg-type]
+        cpu = {name: cpu_seconds(pid) - base_cpu[name] for name, pid in pids.items()}
+        written = written_bytes(pids["apiserver"]) - base_written
         proc.terminate()
         proc.wait(30)
     counters = apiserver_counters(cluster)
@@ -159,11 +158,11 @@ def run(args: argparse.Namespace) -> dict:
         say(f"populating {args.nodes} nodes / {pods} pods")
         seconds = populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, args.workloads)
         result["populate_seconds"] = round(seconds, 1)
-        pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
+        pids = control_plane_pids(cluster, "apiserver", "etcd")
         for r in range(args.repeat):
             order = args.modes if r % 2 == 0 else list(reversed(args.modes))
             for mode in order:
-                settle(cluster, pids, args.settle)  # type: ignore[arg-type]
+                settle(cluster, pids, args.settle)
                 if mode == KSM:
                     run_ = {"mode": mode, "round": r} | measure_ksm(cluster, args)
                 else:
@@ -194,7 +193,7 @@ def summary(runs: list[dict], modes: list[str]) -> dict:
     return out
 
 
-ROWS = [
+ROWS: list[tuple[str, str | tuple[str, str]]] = [  # (label, a run's key, or two keys: a / b)
     ("kube-apiserver CPU s", "apiserver_cpu_seconds"),
     ("etcd CPU s", "etcd_cpu_seconds"),
     ("kube-apiserver peak RSS increase MB", "apiserver_peak_rss_increase_mb"),

@@ -83,6 +83,17 @@ def p50_p99_ms(seconds: list[float]) -> tuple[float | None, float | None]:
 
 # -- processes, from /proc ------------------------------------------------------------------------
 
+def control_plane_pids(cluster: LocalCluster, *names: str) -> dict[str, int]:
+    """The pids of these running control plane processes, by short name: "apiserver" is
+    kube-apiserver, any other name the process of that name ("etcd")."""
+    pids = {}
+    for name in names:
+        pid = cluster.processes["kube-apiserver" if name == "apiserver" else name].pid
+        assert pid is not None, f"{name} is not running"
+        pids[name] = pid
+    return pids
+
+
 def status_kb(pid: int, field: str) -> int:
     """A kB field of /proc/<pid>/status (VmRSS, VmHWM, ...); 0 when absent."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -137,8 +148,12 @@ def clean(cluster: LocalCluster) -> None:
     cluster.request(f"{api}/nodesummaries", "DELETE")
 
     def gone() -> bool:
-        return all(not body["items"] for _, body in (cluster.request(f"{api}/{plural}?limit=1")
-                                                    for plural in ("workloadsummaries", "nodesummaries")))
+        for plural in ("workloadsummaries", "nodesummaries"):
+            _, listed = cluster.request(f"{api}/{plural}?limit=1")
+            assert isinstance(listed, dict)
+            if listed["items"]:
+                return False
+        return True
 
     wait_for(gone, timeout=900, interval=1)
 

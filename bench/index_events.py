@@ -12,6 +12,9 @@ import random
 import sys
 import time
 
+from kubernetes import client
+
+from kubeindex.api import ApiClient, Connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import Node, Pod, WorkloadType
 from kubeindex.reflector import Handler, Reflector
@@ -48,9 +51,11 @@ def build(args: argparse.Namespace) -> tuple[ClusterIndex, Reflector, list[bytes
     index.set_node_summarizer("pool", "cloud.google.com/gke-nodepool")
     index.set_node_summarizer("zone", "topology.kubernetes.io/zone")
     index.set_workload_summarizer("apps", [WorkloadType(kind="Deployment", group="apps")])
-    # The reflectors' event handling needs no connection: only _handle(line) is exercised.
-    pods = Reflector(None, "pods", "", Pod, Handler(index.upsert_pod, index.delete_pod))  # type: ignore[arg-type]
-    nodes = Reflector(None, "nodes", "", Node, Handler(index.upsert_node, index.delete_node))  # type: ignore[arg-type]
+    # The reflectors' event handling needs no connection: only _handle(line) is exercised, and the
+    # client is never asked anything (it opens a connection on its first request).
+    api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
+    pods = Reflector(api, "pods", "", Pod, Handler(index.upsert_pod, index.delete_pod))
+    nodes = Reflector(api, "nodes", "", Node, Handler(index.upsert_node, index.delete_node))
     for i in range(args.nodes):
         node = node_manifest(i, 10) | node_status(i)
         node["metadata"]["resourceVersion"] = "1"

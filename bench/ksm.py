@@ -40,8 +40,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Awaitable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from alerts.replicas import CLUSTER, one
 from kubeindex.api import ApiClient, load_connection
@@ -258,8 +261,8 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
 
     async def make(kind: str, i: int) -> None:
         name = f"{kind.lower()}-{i}"
-        template = {"metadata": {"labels": {"app": name}},
-                    "spec": {"containers": [{"name": "c", "image": "x"}], "restartPolicy": "Never"}}
+        template: dict[str, Any] = {"metadata": {"labels": {"app": name}},
+                                    "spec": {"containers": [{"name": "c", "image": "x"}], "restartPolicy": "Never"}}
         if kind == "StatefulSet":
             template["spec"].pop("restartPolicy")
             body = {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
@@ -271,10 +274,10 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
                     "spec": {"parallelism": pods_each, "completions": pods_each, "template": template}}
             owners.append(("batch/v1", kind, await create(api, "/apis/batch/v1/namespaces/bench/jobs", body)))
 
-    await run_all([lambda k=k, i=i: make(k, i) for k, n in kinds.items() for i in range(n)], concurrency, "owners")
+    await run_all([partial(make, k, i) for k, n in kinds.items() for i in range(n)], concurrency, "owners")
     owners.sort(key=lambda o: o[2]["metadata"]["name"])
 
-    def make_pod(p: int, owner: tuple[str, str, dict], k: int):
+    def make_pod(p: int, owner: tuple[str, str, dict], k: int) -> Awaitable[dict]:
         version, kind, obj = owner
         name = obj["metadata"]["name"]
         manifest = pod_manifest(f"{name}-{k}", f"node-{p % nodes:05d}", obj, name)

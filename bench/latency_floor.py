@@ -118,7 +118,7 @@ def whole_run(trace: list[dict], since: float) -> dict:
     renders = [r for r in phase if r["k"] == "render"]
     refresh = [r["d"] for r in phase if r["k"] == "refresh"]
     seconds = (max(r["t"] for r in phase) - since) if phase else 0
-    cpu = {}  # traces since the cpu field: the thread's own CPU, against the wall time above
+    cpu: dict[str, dict | int] = {}  # traces since the cpu field: the thread's own CPU, against the wall time above
     for kind in ("render", "refresh", "lag"):
         own = [r["cpu"] for r in phase if r["k"] == kind and "cpu" in r]
         if own:

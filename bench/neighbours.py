@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -322,9 +323,11 @@ class Bench:
         world = read_world(self.cluster)
         want_metrics, want_summaries = expected_metrics(world), expected_summaries(world)
         skipped = [r.identity for r in self.live() if time.monotonic() < r.stalled_until]
+        def metrics(r: Replica) -> list[str]:
+            return diff(want_metrics, scraped_metrics(r.svc))
+
         pending: dict[str, Callable[[], list[str]]] = {
-            f"metrics {r.identity}": lambda r=r: diff(want_metrics, scraped_metrics(r.svc))
-            for r in self.live() if r.identity not in skipped}
+            f"metrics {r.identity}": partial(metrics, r) for r in self.live() if r.identity not in skipped}
 
         def summaries() -> list[str]:
             got, problems = actual_summaries(self.cluster)

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 from kubeindex.api import ApiClient, ApiError, Conflict, Transient, load_connection
@@ -127,7 +128,7 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
         await api.request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", node_status(i),
                           content_type="application/merge-patch+json")
 
-    await run_all([lambda i=i: make_node(i) for i in range(first_node, nodes)], concurrency, "nodes")
+    await run_all([partial(make_node, i) for i in range(first_node, nodes)], concurrency, "nodes")
     replicasets: list[dict] = []
 
     async def make_workload(w: int) -> None:
@@ -143,7 +144,7 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
             "spec": {"selector": {"matchLabels": {"app": f"app-{w}"}}, "template": template}})
         replicasets.append(rs)
 
-    await run_all([lambda w=w: make_workload(w) for w in range(first_workload, workloads)], concurrency, "workloads")
+    await run_all([partial(make_workload, w) for w in range(first_workload, workloads)], concurrency, "workloads")
     replicasets.sort(key=lambda r: r["metadata"]["name"])
 
     def make_pod(p: int) -> Awaitable[dict]:
@@ -153,7 +154,7 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
         return create(api, "/api/v1/namespaces/bench/pods",
                      pod_manifest(f"{app}-{p:06d}", f"node-{node:05d}", rs, app, lean))
 
-    await run_all([lambda p=p: make_pod(p) for p in range(first_pod, pods)], concurrency, "pods")
+    await run_all([partial(make_pod, p) for p in range(first_pod, pods)], concurrency, "pods")
 
 
 def populate_cluster(kubeconfig: Path, nodes: int, groups: int, pods: int, workloads: int,

@@ -130,7 +130,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
             def summary_shows(want: float = want) -> bool:
                 code, body = cluster.request(f"{API_PATH}/nodesummaries/pool-{group}")
                 conds = ({c["type"]: c["count"] for c in body.get("status", {}).get("conditions", [])}
-                         if code == 200 else {})
+                         if code == 200 and isinstance(body, dict) else {})
                 return conds.get("NotReady") == want
 
             wait_for(metric_shows, timeout=30, interval=0.005)
@@ -204,7 +204,7 @@ def events(svc: Service) -> float:
 
 def run_size(nodes: int, pods: int, groups: int, workloads: int, args: argparse.Namespace) -> list[dict]:
     size: dict = {"nodes": nodes, "pods": pods, "groups": groups, "workloads": workloads}
-    runs = []
+    runs: list[dict] = []
     with LocalCluster(Options(controller_manager=False,
                               extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
         cluster.install_crds(CRDS)

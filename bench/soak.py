@@ -20,6 +20,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Awaitable
 
 import prometheus_client
 
@@ -38,7 +39,7 @@ from .populate import pod_manifest, populate
 PODS = "/api/v1/namespaces/bench/pods"
 
 
-async def _status(request) -> int:
+async def _status(request: Awaitable[object]) -> int:
     """The answer's status; 0 for a timeout or a lost connection (not fatal under load)."""
     try:
         await request
@@ -60,7 +61,8 @@ async def soak(cluster: LocalCluster, svc: Service, args: argparse.Namespace) ->
 
         def sample(replaced: int) -> None:
             metrics = parse(svc.get("/metrics")[1])
-            rss = status_kb(svc.proc.pid, "VmRSS") / 1024  # type: ignore[union-attr]
+            assert svc.proc is not None
+            rss = status_kb(svc.proc.pid, "VmRSS") / 1024
             elapsed = time.monotonic() - started
             samples.append({"t": round(elapsed), "rss_mb": round(rss, 2),
                             "pods": value(metrics, "nws_watch_objects", resource="pods"),

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     add_out(parser, "summary-size.json")
     args = parser.parse_args(argv)
     pods = args.nodes * args.pods_per_node
-    runs = []
+    runs: list[dict] = []
     with LocalCluster(Options(controller_manager=False)) as cluster:
         cluster.install_crds(CRDS)
         say(f"{args.nodes} nodes / {pods} pods ...")

@@ -27,7 +27,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 
-from .common import CRDS, ROOT, Sampler, add_out, clean, sayer, status_kb
+from .common import CRDS, ROOT, Sampler, add_out, clean, control_plane_pids, sayer, status_kb
 from .plot import pyplot
 from .populate import populate_cluster
 from .scale import measure
@@ -39,10 +39,10 @@ say = sayer("tier")
 
 def control_plane(cluster: LocalCluster) -> dict:
     """kube-apiserver's and etcd's memory now, and etcd's database (allocated and in use)."""
-    pids = {"apiserver": cluster.processes["kube-apiserver"].pid, "etcd": cluster.processes["etcd"].pid}
+    pids = control_plane_pids(cluster, "apiserver", "etcd")
     with urllib.request.urlopen(f"{cluster.etcd_url}/metrics", timeout=30) as resp:
         samples = parse(resp.read().decode())
-    out = {f"{name}_rss_mb": round(status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}  # type: ignore[arg-type]
+    out = {f"{name}_rss_mb": round(status_kb(pid, "VmRSS") / 1024) for name, pid in pids.items()}
     out["etcd_db_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_bytes") or 0) / MB)
     out["etcd_db_in_use_mb"] = round((value(samples, "etcd_mvcc_db_total_size_in_use_in_bytes") or 0) / MB)
     return out
@@ -100,9 +100,9 @@ def run(args: argparse.Namespace) -> list[dict]:
             say("kubectl reads ...")
             row["kubectl"] = {"nodes": kubectl_read(cluster, "nodes"), "pods": kubectl_read(cluster, "pods", "-A")}
             say(json.dumps(row["kubectl"]))
-            pids = {"apiserver": cluster.processes["kube-apiserver"].pid}
-            base = status_kb(pids["apiserver"], "VmRSS")  # type: ignore[arg-type]
-            sampler = Sampler(pids)  # type: ignore[arg-type]
+            pids = control_plane_pids(cluster, "apiserver")
+            base = status_kb(pids["apiserver"], "VmRSS")
+            sampler = Sampler(pids)
             sampler.start()
             try:
                 size = {k: row[k] for k in ("nodes", "pods", "groups", "workloads", "list_floor_seconds")}
@@ -136,17 +136,19 @@ CURVES: list[tuple[str, str, float | None, str]] = [
 
 
 def lookup(row: dict, path: str) -> float | None:
+    """The number at ``path`` (keys joined by dots) in ``row``; None where there is none."""
+    value: object = row
     for key in path.split("."):
-        if not isinstance(row, dict) or key not in row:
+        if not isinstance(value, dict) or key not in value:
             return None
-        row = row[key]
-    return row  # type: ignore[return-value]
+        value = value[key]
+    return value if isinstance(value, int | float) else None
 
 
 def projections(rows: list[dict], target_nodes: int) -> list[dict]:
     """Per curve: the slope per 1,000 nodes between the last two sizes (the pods per node fixed),
     the value at ``target_nodes`` on that line, and at which size it meets its limit."""
-    out = []
+    out: list[dict] = []
     if len(rows) < 2:
         return out
     a, b = rows[-2], rows[-1]
@@ -212,23 +214,23 @@ def plot(rows: list[dict], path: Path) -> None:
     nodes = [r["nodes"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(14, 4.2))
     ax = axes[0]
-    for label, path in (("kube-apiserver", "apiserver_peak_rss_during_service_mb"), ("etcd", "etcd_rss_mb"),
+    for label, key in (("kube-apiserver", "apiserver_peak_rss_during_service_mb"), ("etcd", "etcd_rss_mb"),
                         ("etcd database", "etcd_db_mb"), ("service", "service.peak_rss_mb"),
                         ("kubectl get pods -A", "kubectl.pods.kubectl_peak_rss_mb")):
-        have = [(r["nodes"], lookup(r, path)) for r in rows if lookup(r, path) is not None]
+        have = [(r["nodes"], lookup(r, key)) for r in rows if lookup(r, key) is not None]
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
     ax.set_title("memory (MB)"), ax.legend(fontsize=7)
     ax = axes[1]
-    for label, path in (("service initial sync", "service.initial_sync_seconds"),
+    for label, key in (("service initial sync", "service.initial_sync_seconds"),
                         ("bare paginated LIST", "list_floor_seconds"), ("kubectl get pods -A", "kubectl.pods.seconds")):
-        have = [(r["nodes"], lookup(r, path)) for r in rows if lookup(r, path) is not None]
+        have = [(r["nodes"], lookup(r, key)) for r in rows if lookup(r, key) is not None]
         ax.plot([n for n, _ in have], [v for _, v in have], "o-", label=label)
     ax.set_yscale("log"), ax.set_title("seconds"), ax.legend(fontsize=7)
     ax = axes[2]
-    for label, path in (("NotReady -> /metrics p99", "service.latency.metric_p99_ms"),
+    for label, key in (("NotReady -> /metrics p99", "service.latency.metric_p99_ms"),
                         ("plain watch floor p99", "service.latency.floor_p99_ms"),
                         ("NotReady -> /metrics p50", "service.latency.metric_p50_ms")):
-        ax.plot(nodes, [lookup(r, path) for r in rows], "o-", label=label)
+        ax.plot(nodes, [lookup(r, key) for r in rows], "o-", label=label)
     ax.set_title("latency (ms)"), ax.legend(fontsize=7)
     for a in axes:
         a.set_xlabel(f"nodes ({rows[0]['pods'] // rows[0]['nodes']} pods each)")

@@ -15,8 +15,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-
-from kubeindex.api import ApiClient
+from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
@@ -44,10 +43,16 @@ def bearer_token(authorization: str) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+class ReviewApi(Protocol):
+    """What the authorizer needs of the API client (ApiClient; a fake reviewer in tests)."""
+
+    async def request(self, method: str, path: str, body: dict[str, Any], *, timeout: float) -> bytes: ...
+
+
 class Authorizer:
     """Decides whether a bearer token may `get` ``path``, through the service's API client."""
 
-    def __init__(self, api: ApiClient, path: str = "/metrics", ttl: float = CACHE_TTL,
+    def __init__(self, api: ReviewApi, path: str = "/metrics", ttl: float = CACHE_TTL,
                  max_entries: int = CACHE_SIZE) -> None:
         self.api, self.path, self.ttl, self.max_entries = api, path, ttl, max_entries
         self._cache: OrderedDict[str, tuple[float, Decision]] = OrderedDict()  # token digest -> (expiry, decision)

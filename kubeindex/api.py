@@ -14,7 +14,7 @@ import random
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from kubernetes import client as k8s_client
@@ -244,7 +244,7 @@ class ApiClient:
                         log.warning("WatchList not used (%s); using paged LISTs with this server", too_old)
         return not self.watch_list_refused
 
-    async def __aenter__(self) -> ApiClient:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -7,18 +7,30 @@ or referenced kind that is not served or not allowed.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping, Set
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .sources import Sources
+    from .reflector import SourceStats
+
+
+# What the collector reads of Sources, read-only (properties), so Sources' own types fit.
+class _Sources(Protocol):
+    @property
+    def stats(self) -> Mapping[str, SourceStats]: ...
+    @property
+    def sync_seconds(self) -> float | None: ...
+    @property
+    def missing_kinds(self) -> Set[tuple[str, str]]: ...  # (group, kind)
+    @property
+    def forbidden_kinds(self) -> Set[tuple[str, str]]: ...
 
 
 class SourcesCollector(Collector):
-    def __init__(self, sources: Sources) -> None:
+    def __init__(self, sources: _Sources) -> None:
         self.sources = sources
 
     def collect(self) -> Iterator[Metric]:
@@ -64,7 +76,7 @@ class SourcesCollector(Collector):
                      sources.forbidden_kinds)
 
 
-def _kinds(name: str, help_: str, kinds: set[tuple[str, str]]) -> GaugeMetricFamily:
+def _kinds(name: str, help_: str, kinds: Iterable[tuple[str, str]]) -> GaugeMetricFamily:
     family = GaugeMetricFamily(name, help_, labels=["group", "kind"])
     for group, kind in sorted(kinds):
         family.add_metric([group, kind], 1)

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Self
 
 from . import pki
 from .build import ensure_binaries
@@ -188,7 +189,7 @@ class LocalCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
 
-    def __enter__(self) -> LocalCluster:
+    def __enter__(self) -> Self:
         self.start()
         return self
 

@@ -168,6 +168,11 @@ class Service:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash: no graceful shutdown, the lease is not released."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGCONT)

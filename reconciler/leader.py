@@ -23,8 +23,9 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-from kubeindex.api import ApiClient, ApiError, Conflict, NotFound
+from kubeindex.api import ApiError, Conflict, NotFound
 from kubeindex.clock import REAL, Clock
 from kubeindex.throttle import ThrottledLog
 
@@ -33,6 +34,12 @@ log = logging.getLogger(__name__)
 # Why this replica may not lead now ([] = it may). Called every retry period: keep it cheap.
 Readiness = Callable[[], list[str]]
 Listener = Callable[[bool], None]
+
+
+class LeaseApi(Protocol):
+    """What the elector needs of the API client (ApiClient; a Lease store in memory in tests)."""
+
+    async def request(self, method: str, path: str, body: object = None, *, timeout: float = 30) -> bytes: ...
 
 
 @dataclass
@@ -59,7 +66,7 @@ class LeaseError(Exception):
 
 
 class LeaderElector:
-    def __init__(self, api: ApiClient, settings: LeaseSettings, may_lead: Readiness | None = None,
+    def __init__(self, api: LeaseApi, settings: LeaseSettings, may_lead: Readiness | None = None,
                  clock: Clock = REAL) -> None:
         self.api = api
         self.settings = settings

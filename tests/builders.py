@@ -4,6 +4,7 @@ the label values property tests draw from."""
 from __future__ import annotations
 
 import re
+from typing import TypedDict
 
 from hypothesis import strategies as st
 
@@ -39,6 +40,17 @@ def ref(owner: Owner | tuple[str, str, str], name: str = "") -> OwnerReference:
         return OwnerReference(API_VERSIONS[owner.group], owner.kind, owner.name, owner.uid, controller=True)
     group, kind, uid = owner
     return OwnerReference(API_VERSIONS[group], kind, name or uid, uid, controller=True)
+
+
+class NodeFields(TypedDict, total=False):
+    """make_node's keyword arguments, for a test that keeps them in a dict."""
+
+    ready: str | None
+    unschedulable: bool
+    allocatable: dict[str, str] | None
+    capacity: dict[str, str] | None
+    taints: list[Taint] | None
+    conditions: dict[str, str] | None
 
 
 def make_node(name: str, labels: dict[str, str], ready: str | None = "True", unschedulable: bool = False,

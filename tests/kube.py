@@ -9,13 +9,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.api import ApiClient, ApiError
+from kubeindex.api import JSON, ApiClient, ApiError
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS
@@ -66,6 +66,24 @@ def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) 
                               {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
 
 
+T = TypeVar("T")
+
+
+def get_object(cluster: LocalCluster, path: str) -> dict[str, Any] | None:
+    """The object at ``path``, or None when the answer is not 200 (not there, or not yet)."""
+    code, body = cluster.request(path)
+    if code != 200:
+        return None
+    assert isinstance(body, dict), body
+    return body
+
+
+def found(obj: T | None) -> T:
+    """``obj``, which the test knows is there by now."""
+    assert obj is not None
+    return obj
+
+
 def truth(kube: LocalCluster, namespace: str) -> set[str]:
     """The keys of the pods in ``namespace``, as kubectl lists them."""
     out = kube.kubectl("get", "pods", "-n", namespace, "-o", "jsonpath={.items[*].metadata.name}").stdout
@@ -88,6 +106,15 @@ def deployment(kube: LocalCluster, namespace: str, name: str) -> dict:
         "spec": {"replicas": 0, "selector": {"matchLabels": labels},
                  "template": {"metadata": {"labels": labels},
                               "spec": {"containers": [{"name": "c", "image": "example.com/x"}]}}}})
+
+
+class AuditedCluster(LocalCluster):
+    """A control plane whose API server writes an audit log to ``audit_log`` (its options name the
+    same path in --audit-log-path, with an --audit-policy-file)."""
+
+    def __init__(self, options: Options, binaries: dict[str, Path], audit_log: Path) -> None:
+        super().__init__(options, binaries)
+        self.audit_log = audit_log
 
 
 @contextmanager
@@ -197,11 +224,12 @@ class RecordingApi(ApiClient):
         self.requests: list[tuple[str, str, int]] = []
         self.break_after = break_after
 
-    async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                  timeout: float = 60) -> bytes:
         self.gets.append((path, dict(params or {})))
         if path != "/version":
             self.lists.append(dict(params or {}))
-        return await super().get(path, params, **kw)
+        return await super().get(path, params, accept, timeout)
 
     async def request(self, method: str, path: str, *args: Any, **kw: Any) -> bytes:
         try:

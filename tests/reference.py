@@ -121,8 +121,8 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             workload(owner.uid, owner.namespace, owner.name, owner.group, owner.kind)
     for pod in world.pods.values():
         phase = pod.status.phase
-        node = pod.spec.nodeName
-        for key in node_groups.get(node, []) if node else []:
+        node_name = pod.spec.nodeName
+        for key in node_groups.get(node_name, []) if node_name else []:
             groups[key]["pods"][phase] += 1
             if phase not in TERMINATED:
                 for r, v in effective_requests(pod.spec).items():
@@ -144,9 +144,9 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             workload(top, o.namespace, o.name, o.group, o.kind)
         w = workloads[top]
         w["pods"][phase] += 1
-        if node:
-            for key in node_groups.get(node, []):
-                w["nodes"].setdefault(key, set()).add(node)
+        if node_name:
+            for key in node_groups.get(node_name, []):
+                w["nodes"].setdefault(key, set()).add(node_name)
     norm_groups = {
         k: (g["nodes"], _clean(g["conditions"]), g["unschedulable"], _clean(g["allocatable"]),
             _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]))
@@ -216,8 +216,8 @@ def recompute_health(world: World) -> tuple[dict, dict]:
             group_health[key][1].update(accelerators_unhealthy(world, node))
     workload_health: dict = {uid: (Counter(), set(), {}) for uid in workloads}
     for pod in world.pods.values():
-        node = pod.spec.nodeName
-        if states.get(node, "Ready") == "Ready":  # unbound, on a node not seen, or on a Ready node
+        node_name = pod.spec.nodeName
+        if states.get(node_name, "Ready") == "Ready":  # unbound, on a node not seen, or on a Ready node
             continue
         top, status = walk(world, pod.metadata.uid)
         label = _label(world, pod) if top is None and status == NONE else None
@@ -226,10 +226,10 @@ def recompute_health(world: World) -> tuple[dict, dict]:
         if top is None:
             continue
         by_state, nodes, per_group = workload_health[top]
-        by_state[states[node]] += 1
-        nodes.add(node)
-        for key in node_groups[node]:
-            per_group.setdefault(key, set()).add(node)
+        by_state[states[node_name]] += 1
+        nodes.add(node_name)
+        for key in node_groups[node_name]:
+            per_group.setdefault(key, set()).add(node_name)
     return (
         {k: (_clean(by_state), _clean(accel)) for k, (by_state, accel) in group_health.items()},
         {uid: (_clean(by_state), len(nodes), {k: len(v) for k, v in per_group.items()})

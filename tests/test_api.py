@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from kubeindex.api import ApiClient, Connection, load_connection, predates_watch_list
+from kubeindex.api import JSON, ApiClient, Connection, load_connection, predates_watch_list
 from localkube.cluster import LocalCluster
 
 
@@ -55,11 +55,12 @@ def test_version_asked_once_and_never_clears_a_refusal(cluster: LocalCluster) ->
             super().__init__(*args, **kw)
             self.asked, self.answer = 0, asyncio.Event()
 
-        async def get(self, path: str, params: dict[str, str] | None = None, **kw: Any) -> bytes:
+        async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                      timeout: float = 60) -> bytes:
             if path == "/version":
                 self.asked += 1
                 await self.answer.wait()
-            return await super().get(path, params, **kw)
+            return await super().get(path, params, accept, timeout)
 
     async def run() -> None:
         async with SlowVersion(load_connection(str(cluster.kubeconfig))) as api:

@@ -10,7 +10,7 @@ import copy
 import hashlib
 import json
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 Key = tuple[str, str, str]  # kind, namespace ("" for cluster-scoped), name
 Objects = dict[Key, dict[str, Any]]
+Change = Callable[[dict[str, Any]], None]  # what a value does to the default Deployment
 
 MONITORING = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
 
@@ -167,19 +168,19 @@ def _container(deployment: dict[str, Any]) -> dict[str, Any]:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
-def _pod_value(key: str, value: Any) -> Any:
+def _pod_value(key: str, value: Any) -> Change:
     def change(d: dict[str, Any]) -> None:
         d["spec"]["template"]["spec"][key] = value
     return change
 
 
-def _container_value(key: str, value: Any) -> Any:
+def _container_value(key: str, value: Any) -> Change:
     def change(d: dict[str, Any]) -> None:
         _container(d)[key] = value
     return change
 
 
-def _container_list(key: str, extra: list[Any]) -> Any:
+def _container_list(key: str, extra: list[Any]) -> Change:
     def change(d: dict[str, Any]) -> None:
         _container(d)[key] += extra
     return change
@@ -193,7 +194,7 @@ def _cert_secret(d: dict[str, Any]) -> None:
 
 
 # (values, how the default Deployment must change): nothing else may change.
-DEPLOYMENT_VALUES = {
+DEPLOYMENT_VALUES: dict[str, tuple[dict[str, Any], list[Change]]] = {
     "metrics.certSecret": ({"metrics": {"secure": True, "certSecret": CERT_SECRET}}, [_cert_secret]),
     "image": ({"image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"}},
               [_container_value("image", "registry.example.com/nws:9.9.9"),

@@ -6,6 +6,7 @@ import asyncio
 import time
 
 import pytest
+from kubernetes import client
 
 from kubeindex.api import ApiClient, Connection
 from kubeindex.index import ClusterIndex
@@ -15,7 +16,7 @@ from reconciler.leader import LeaderElector, LeaseSettings
 
 
 def _reconciler(relist_timeout: float) -> tuple[Reconciler, LeaderElector]:
-    api = ApiClient(Connection("https://127.0.0.1:1", False, None))  # type: ignore[arg-type]
+    api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
     elector = LeaderElector(api, LeaseSettings("default", identity="me"))
     sources = Sources(api, ClusterIndex())
     settings = ReconcilerSettings(relist_timeout=relist_timeout)

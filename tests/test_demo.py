@@ -31,6 +31,13 @@ def _processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def _group(pattern: str, text: str) -> str:
+    """Group 1 of ``pattern``'s first match in ``text`` (``.`` matches newlines too)."""
+    match = re.search(pattern, text, re.S)
+    assert match is not None, text
+    return match.group(1)
+
+
 def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
     ensure_binaries()
     ensure_binaries(BUILD)  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
@@ -45,10 +52,10 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
                 break
         out = "".join(lines)
         assert "Ready in" in out, out
-        summaries = re.search(r"\$ kubectl get nodesummaries\n(.*?)\n\n", out, re.S).group(1).splitlines()  # type: ignore[union-attr]
+        summaries = _group(r"\$ kubectl get nodesummaries\n(.*?)\n\n", out).splitlines()
         assert summaries[0].split()[:4] == ["NAME", "NODES", "READY", "NOT"]
         assert {row.split()[0] for row in summaries[1:]} == {"gke-nodepool-cpu", "gke-nodepool-gpu", "gke-nodepool-tpu"}
-        workloads = re.search(r"\$ kubectl get workloads.ux -A\n(.*?)\n\n", out, re.S).group(1).splitlines()  # type: ignore[union-attr]
+        workloads = _group(r"\$ kubectl get workloads.ux -A\n(.*?)\n\n", out).splitlines()
         names = {row.split()[1]: row.split()[3] for row in workloads[1:]}
         assert names == {"web": "deploy", "nightly-report": "job", "train": "js", "llm": "lws"}, workloads
 
@@ -59,7 +66,7 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
         wait_for(lambda: subprocess.run([*kubectl, "get", "nodesummary", "gke-nodepool-gpu", "-o",
                                          "jsonpath={.status.conditions[?(@.type=='NotReady')].count}"],
                                         capture_output=True, text=True).stdout == "2", timeout=30)
-        workdir = re.search(r"export KUBECONFIG=(\S+)/kubeconfig", out).group(1)  # type: ignore[union-attr]
+        workdir = _group(r"export KUBECONFIG=(\S+)/kubeconfig", out)
         assert _processes_mentioning(workdir)  # the demo's control plane is running
 
         demo.send_signal(2)  # Ctrl-C

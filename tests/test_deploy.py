@@ -17,7 +17,7 @@ from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
-from tests.kube import token_kubeconfig
+from tests.kube import AuditedCluster, token_kubeconfig
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
 from tests.paths import ROOT
 
@@ -31,7 +31,7 @@ READER_ROLE = "node-workload-summary-metrics-reader"  # for Prometheus, not the 
 
 
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditedCluster]:
     """A fresh cluster: no CRDs at all, as a user's cluster before the first apply."""
     audit = tmp_path_factory.mktemp("audit")
     (audit / "policy.yaml").write_text(yaml.safe_dump({
@@ -39,8 +39,7 @@ def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
         "rules": [{"level": "Metadata", "users": [SA]}, {"level": "None"}]}))
     options = Options(controller_manager=True, scheduler=True, kwok=True, extra_apiserver_args=[
         f"--audit-policy-file={audit / 'policy.yaml'}", f"--audit-log-path={audit / 'audit.log'}"])
-    with LocalCluster(options, binaries) as c:
-        c.audit_log = audit / "audit.log"  # type: ignore[attr-defined]
+    with AuditedCluster(options, binaries, audit / "audit.log") as c:
         yield c
 
 
@@ -252,9 +251,9 @@ def _granted() -> set[tuple[str, str, str]]:
     return granted
 
 
-def _used(kube: LocalCluster) -> set[tuple[str, str, str]]:
+def _used(kube: AuditedCluster) -> set[tuple[str, str, str]]:
     used = set()
-    for line in kube.audit_log.read_text().splitlines():  # type: ignore[attr-defined]
+    for line in kube.audit_log.read_text().splitlines():
         event = json.loads(line)
         ref = event.get("objectRef")
         if ref is None or event["responseStatus"]["code"] >= 400:
@@ -266,7 +265,7 @@ def _used(kube: LocalCluster) -> set[tuple[str, str, str]]:
     return used
 
 
-def test_role_grants_exactly_what_the_service_uses(kube: LocalCluster, as_service_account: Service) -> None:
+def test_role_grants_exactly_what_the_service_uses(kube: AuditedCluster, as_service_account: Service) -> None:
     expected = {("ux.sean.example.com", "workloadsummaries", "delete"), ("coordination.k8s.io", "leases", "update"),
                 ("authentication.k8s.io", "tokenreviews", "create"),
                 ("authorization.k8s.io", "subjectaccessreviews", "create"),
@@ -277,7 +276,7 @@ def test_role_grants_exactly_what_the_service_uses(kube: LocalCluster, as_servic
         raise AssertionError(f"not used within 30 s: {sorted(expected - _used(kube))}") from None
     granted, used = _granted(), _used(kube)
     assert used <= granted, f"used without a grant: {sorted(used - granted)}"
-    denied = [line for line in kube.audit_log.read_text().splitlines()  # type: ignore[attr-defined]
+    denied = [line for line in kube.audit_log.read_text().splitlines()
               if json.loads(line)["responseStatus"]["code"] == 403]
     assert not denied, denied[:3]
     # Every grant is used, except owner kinds this cluster has no objects or API for.

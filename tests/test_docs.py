@@ -27,7 +27,7 @@ def exposed_families() -> set[str]:
                               forbidden_kinds={("y.io", "Y")})
     reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 1}, errors={"409": 1}),
                                  actual={"nodesummaries": {}})
-    registry.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry.register(SourcesCollector(sources))
     registry.register(ReconcilerCollector(reconciler, None))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()
     return set(re.findall(r"^# TYPE (nws_\w+) ", text, re.M))

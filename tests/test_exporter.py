@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -28,6 +29,7 @@ from tests.kube import create_node, create_pod, delete, set_node_labels, set_nod
 from tests.paths import CRDS
 from tests.reference import Owner
 
+A = TypeVar("A")  # the aggregate of a family table's rows
 NS = "exp"
 POOL = "example.com/pool"
 
@@ -417,7 +419,8 @@ def test_node_groups_keep_their_slot_and_free_slots_are_taken() -> None:
     groups = {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")}
     assert "n1" in groups and "other" in groups and len(groups) == 3
     assert value(s, "nws_nodegroup_nodes", summarizer="host", group="other") == 1
-    index.delete_node("n3"), index.delete_node("n2")
+    index.delete_node("n3")
+    index.delete_node("n2")
     s = _render(renderer)
     assert {dict(k)["group"] for k in select(s, "nws_nodegroup_nodes")} == {"n1"}  # no other left
 
@@ -428,7 +431,12 @@ def test_scrape_formats_only_what_changed(monkeypatch: pytest.MonkeyPatch) -> No
     renderer.render()
     calls: list[str] = []
     real = metrics.chunks
-    monkeypatch.setattr(metrics, "chunks", lambda table, base, agg: calls.append(base) or real(table, base, agg))
+
+    def recording(table: tuple[metrics.FamilyGenerator[A], ...], base: str, agg: A) -> tuple[str, ...]:
+        calls.append(base)
+        return real(table, base, agg)
+
+    monkeypatch.setattr(metrics, "chunks", recording)
     renderer.render()
     assert calls == []
     index.upsert_pod(make_pod("agent-3", "ds-3", node="n3", owner=ref(("apps", "DaemonSet", "ds")), phase="Failed"))
@@ -445,12 +453,13 @@ def test_node_states_exact_values_other_series_and_no_stale_series() -> None:
     index.set_node_summarizer("pool", "pool")
     index.set_workload_summarizer("w", configured(("apps", "Deployment")))
     gpu = {"cpu": "8", "nvidia.com/gpu": "8"}
-    healthy = {"g0": {}, "g1": {}, "g2": {}, "g3": {}, "c0": {}}
-    sick = {"g0": {"ready": "False"}, "g1": {"taints": [Taint("karpenter.sh/disrupted", "NoSchedule")]},
-            "g2": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "5"}, "capacity": gpu},
-            "g3": {"conditions": {"KernelDeadlock": "True"}}, "c0": {"unschedulable": True}}
+    healthy: dict[str, dict[str, Any]] = {"g0": {}, "g1": {}, "g2": {}, "g3": {}, "c0": {}}
+    sick: dict[str, dict[str, Any]] = {
+        "g0": {"ready": "False"}, "g1": {"taints": [Taint("karpenter.sh/disrupted", "NoSchedule")]},
+        "g2": {"allocatable": {"cpu": "8", "nvidia.com/gpu": "5"}, "capacity": gpu},
+        "g3": {"conditions": {"KernelDeadlock": "True"}}, "c0": {"unschedulable": True}}
 
-    def nodes(states: dict[str, dict]) -> None:
+    def nodes(states: dict[str, dict[str, Any]]) -> None:
         for name, extra in states.items():
             pool = "cpu" if name.startswith("c") else "gpu"
             index.upsert_node(make_node(name, {"pool": pool}, **{"allocatable": gpu, **extra}))
@@ -513,7 +522,7 @@ def test_sources_and_reconciler_collectors() -> None:
                                  actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}})
     elector = SimpleNamespace(is_leader=False)
     registry = CollectorRegistry()
-    registry.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry.register(SourcesCollector(sources))
     registry.register(ReconcilerCollector(reconciler, elector))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
     assert value(s, "nws_watch_events_total", resource="pods", type="ADDED") == 3
@@ -531,7 +540,7 @@ def test_sources_and_reconciler_collectors() -> None:
     assert value(s, "nws_reconciler_leader") == 1 and not select(s, "nws_kind_not_served")
     sources.forbidden_kinds.clear()  # the kind was granted: its series goes
     registry2 = CollectorRegistry()
-    registry2.register(SourcesCollector(sources))  # type: ignore[arg-type]
+    registry2.register(SourcesCollector(sources))
     registry2.register(ReconcilerCollector(reconciler, None))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry2))
     assert not select(s, "nws_kind_forbidden") and value(s, "nws_reconciler_leader") == 1

@@ -3,7 +3,6 @@ lost (restarts and 410 after a freeze are in test_exporter.py, user edits in tes
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import urllib.request
@@ -18,7 +17,7 @@ from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.names import is_dns1123_subdomain
-from tests.kube import create_node, create_pod, delete, set_node_status, summarized_cluster
+from tests.kube import create_node, create_pod, delete, get_object, set_node_status, summarized_cluster
 
 NS = "faults"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
@@ -127,8 +126,10 @@ def test_many_concurrent_scrapes_do_not_stall_the_watch(kube: LocalCluster) -> N
             status = "False" if i % 2 == 0 else "True"
             started = time.monotonic()
             set_node_status(kube, "n-2", status)
-            wait_for(lambda status=status: _node_not_ready(svc) == (1 if status == "False" else 0), timeout=10,
-                     interval=0.01)
+            def shown(status: str = status) -> bool:
+                return _node_not_ready(svc) == (1 if status == "False" else 0)
+
+            wait_for(shown, timeout=10, interval=0.01)
             latencies.append(time.monotonic() - started)
         print(f"under 100 concurrent scrapers ({scrapes[0]} scrapes): NotReady -> metric max {max(latencies):.2f}s")
         assert max(latencies) < 1.0, latencies
@@ -159,7 +160,7 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
                  retry=ScrapeFailed)
         thread.start()
         time.sleep(3)
-        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        leader.kill()
         time.sleep(10)  # churn goes on through the failover
         stop.set()
         thread.join(timeout=30)
@@ -167,8 +168,8 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
         assert truth >= 1
 
         def summary_pods() -> int | None:
-            code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
-            return body.get("status", {}).get("podCount") if code == 200 else None  # type: ignore[union-attr]
+            churn = get_object(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
+            return (churn or {}).get("status", {}).get("podCount")
 
         wait_for(lambda: summary_pods() == truth, timeout=20)
         assert select(standby.scrape(), "nws_reconciler_leader").get(frozenset()) == 1

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from reconciler import fields
 
 # As the API server records them after our applies (metadata+spec, then status).
@@ -16,7 +18,7 @@ MANAGED = [
                      "f:conditions": {'k:{"type":"Ready"}': {".": {}, "f:type": {}, "f:count": {}}}}}},
     {"manager": "kubectl-label", "operation": "Update", "fieldsV1": {"f:metadata": {"f:labels": {"f:team": {}}}}},
 ]
-OBJECT = {
+OBJECT: dict[str, Any] = {
     "metadata": {"labels": {"ux.sean.example.com/managed-by": "node-workload-summary", "team": "ml"},
                  "annotations": {"policy": "x"},
                  "ownerReferences": [{"apiVersion": "v", "kind": "NodeSummarizer", "name": "s", "uid": "u1"}]},

@@ -68,10 +68,10 @@ def test_frozen_once_synced_then_after_each_full_collection() -> None:
 def test_full_collection_reaches_frozen_garbage() -> None:
     """A cycle frozen while alive and dropped later is freed by the periodic full collection."""
     class Node:
-        pass
+        other: Node
 
     a, b = Node(), Node()
-    a.other, b.other = b, a  # type: ignore[attr-defined]
+    a.other, b.other = b, a
     alive = weakref.ref(a)
     gc.freeze()
     del a, b

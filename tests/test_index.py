@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from typing import Unpack
 
 import msgspec
 import pytest
@@ -21,7 +22,7 @@ from kubeindex.objects import (
 )
 from kubeindex.owners import NONE
 from kubeindex.quantity import NANO
-from tests.builders import DISRUPTED, GPU, add_owner, configured, labels_of, make_node, make_pod, ref
+from tests.builders import DISRUPTED, GPU, NodeFields, add_owner, configured, labels_of, make_node, make_pod, ref
 from tests.reference import Owner, health_snapshot, recompute, recompute_health, snapshot
 from tests.scenario import Scenario
 
@@ -176,12 +177,12 @@ def test_node_groups_exact_values() -> None:
 
 # -- node state -----------------------------------------------------------------------------------
 
-SICK_GPU = {"allocatable": {"cpu": "8", GPU: "7"}, "capacity": {"cpu": "8", GPU: "8"}}
+SICK_GPU: NodeFields = {"allocatable": {"cpu": "8", GPU: "7"}, "capacity": {"cpu": "8", GPU: "8"}}
 
 
-def _state(**kwargs: object) -> str:
+def _state(**fields: Unpack[NodeFields]) -> str:
     index = ClusterIndex()
-    index.upsert_node(make_node("n", {}, **kwargs))  # type: ignore[arg-type]
+    index.upsert_node(make_node("n", {}, **fields))
     return index.nodes["n"].state
 
 
@@ -205,7 +206,7 @@ def _state(**kwargs: object) -> str:
      "Degraded"),
     ({"allocatable": {}, "capacity": {"google.com/tpu": "4"}}, "Degraded"),  # allocatable missing the resource: 0
 ])
-def test_node_state_precedence(node: dict, state: str) -> None:
+def test_node_state_precedence(node: NodeFields, state: str) -> None:
     assert _state(**node) == state
 
 
@@ -225,7 +226,7 @@ def test_node_health_settings_replace_the_defaults() -> None:
         "d": make_node("d", {}, conditions={"GPUXid": "True", "KernelDeadlock": "True"}),
         "e": make_node("e", {}, conditions={"KernelDeadlock": "True"}),
         "f": make_node("f", {}, allocatable={"example.com/fpga-x": "1"}, capacity={"example.com/fpga-x": "2"}),
-        "g": make_node("g", {}, **SICK_GPU),  # type: ignore[arg-type]
+        "g": make_node("g", {}, **SICK_GPU),
     }
     for node in cases.values():
         index.upsert_node(node)

@@ -5,7 +5,6 @@ valid and stable names through a failover, and another writer's edits are taken 
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,7 +111,7 @@ def test_an_owner_of_a_configured_kind_wins(kube: LocalCluster, leader: Service)
     gang_pod(kube, "loner-0", "web-gang", "n-1")
     wait_for(lambda: pod_count(kube, "web-gang") == 1, timeout=10)
     code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web")
-    assert code == 200 and body["status"]["podCount"] == 1  # type: ignore[index]
+    assert code == 200 and isinstance(body, dict) and body["status"]["podCount"] == 1
     delete(kube, f"/api/v1/namespaces/{NS}/pods/loner-0")
     wait_for(lambda: "web-gang" not in summaries(kube), timeout=10)
 
@@ -187,7 +186,7 @@ def test_two_replicas_failover_keeps_names_and_deletes(kube: LocalCluster, leade
         settled(leader)
         before = {v: (o["metadata"]["name"], o["metadata"]["uid"]) for v, o in summaries(kube).items()}
         assert is_leader(leader) and not is_leader(standby) and writes(standby) == 0
-        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        leader.kill()
         wait_for(lambda: is_leader(standby), timeout=20)
         settled(standby)
         after = {v: (o["metadata"]["name"], o["metadata"]["uid"]) for v, o in summaries(kube).items()}

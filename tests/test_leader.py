@@ -56,7 +56,7 @@ class LeaseStore:
 
 def elector(store: LeaseStore, clock: FakeClock, identity: str, changes: list[bool] | None = None) -> LeaderElector:
     settings = LeaseSettings("default", identity=identity, lease_duration=15, renew_deadline=10, retry_period=2)
-    e = LeaderElector(store, settings, clock=clock)  # type: ignore[arg-type]
+    e = LeaderElector(store, settings, clock=clock)
     if changes is not None:
         e.on_change(changes.append)
     return e
@@ -64,7 +64,8 @@ def elector(store: LeaseStore, clock: FakeClock, identity: str, changes: list[bo
 
 def test_the_first_candidate_takes_a_free_lease_and_renews_it() -> None:
     async def main() -> None:
-        store, clock, changes = LeaseStore(), FakeClock(), []
+        store, clock = LeaseStore(), FakeClock()
+        changes: list[bool] = []
         a = elector(store, clock, "a", changes)
         await a._step()
         assert a.is_leader and store.holder() == "a" and changes == [True]
@@ -79,7 +80,8 @@ def test_the_first_candidate_takes_a_free_lease_and_renews_it() -> None:
 
 def test_a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() -> None:
     async def main() -> list[tuple[float, bool]]:
-        store, clock, changes = LeaseStore(), FakeClock(), []
+        store, clock = LeaseStore(), FakeClock()
+        changes: list[bool] = []
         a = elector(store, clock, "a", changes)
         await a._step()
         store.down = True
@@ -120,7 +122,8 @@ def test_a_held_lease_is_taken_only_after_its_record_stood_still_for_the_lease_d
 
 def test_a_leader_that_sees_another_holder_in_the_record_steps_down_at_once() -> None:
     async def main() -> None:
-        store, clock, changes = LeaseStore(), FakeClock(), []
+        store, clock = LeaseStore(), FakeClock()
+        changes: list[bool] = []
         a = elector(store, clock, "a", changes)
         await a._step()
         store.leases["node-workload-summary"]["spec"]["holderIdentity"] = "b"  # b took it (a was paused)
@@ -144,7 +147,8 @@ def test_two_candidates_never_both_win() -> None:
 
 def test_a_replica_out_of_sync_gives_the_lease_up_for_another_to_take_at_once() -> None:
     async def main() -> None:
-        store, clock, changes = LeaseStore(), FakeClock(), []
+        store, clock = LeaseStore(), FakeClock()
+        changes: list[bool] = []
         a = elector(store, clock, "a", changes)
         await a._step()
         a.may_lead = lambda: ["pods: no contact with the API server for 61s"]

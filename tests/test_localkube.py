@@ -128,15 +128,15 @@ def test_restart_apiserver_and_expire_resource_versions(cluster: LocalCluster) -
     out = cluster.kubectl("get", "configmap", "survives-restart", "-o", "jsonpath={.data.a}").stdout
     assert out == "b"
     code, body = cluster.request("/api/v1/namespaces/default/configmaps")
-    assert code == 200
-    old_rv = body["metadata"]["resourceVersion"]  # type: ignore[index]
+    assert code == 200 and isinstance(body, dict)
+    old_rv = body["metadata"]["resourceVersion"]
     cluster.kubectl("create", "configmap", "after-rv", "--from-literal=a=b")
     cluster.expire_resource_versions()
     code, body = cluster.request(f"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={old_rv}"
                                  "&timeoutSeconds=1")
     # A watch from a compacted resourceVersion is answered with an ERROR event carrying 410 Gone.
-    assert code == 200
-    assert body["type"] == "ERROR" and body["object"]["code"] == 410, body  # type: ignore[index]
+    assert code == 200 and isinstance(body, dict)
+    assert body["type"] == "ERROR" and body["object"]["code"] == 410, body
 
 
 def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> None:

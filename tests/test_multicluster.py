@@ -73,9 +73,12 @@ def fleet(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -
         for prom in alone.values():
             stack.callback(prom.stop)
         for c in CLUSTERS:
-            wait_for(lambda c=c: len(alone[c].query("sum(nws_reconciler_leader) == 1"))
-                     and fleet_prom.query(f'sum(nws_reconciler_leader{{cluster="{c}"}}) == 1')
-                     and fleet_prom.query(f'nws_workloads{{cluster="{c}"}} == 1'), timeout=60)
+            def scraped(c: str = c) -> object:
+                return (len(alone[c].query("sum(nws_reconciler_leader) == 1"))
+                        and fleet_prom.query(f'sum(nws_reconciler_leader{{cluster="{c}"}}) == 1')
+                        and fleet_prom.query(f'nws_workloads{{cluster="{c}"}} == 1'))
+
+            wait_for(scraped, timeout=60)
         yield {"kubes": kubes, "services": services, "fleet": fleet_prom, "alone": alone}
 
 
@@ -190,4 +193,8 @@ def test_a_pool_not_ready_in_b_alerts_for_b_alone(fleet: dict) -> None:
     assert hurt == {"a": {}, "b": {web: 2}}
     for c in CLUSTERS:
         assert stats(prom, c, not_ready) == dict.fromkeys(not_ready, 2 if c == "b" else 0)
-        wait_for(lambda c=c: same_answers(prom, alone[c], c) == [], timeout=10)  # scraped a second apart
+
+        def agree(c: str = c) -> bool:
+            return same_answers(prom, alone[c], c) == []
+
+        wait_for(agree, timeout=10)  # scraped a second apart

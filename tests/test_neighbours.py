@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -29,6 +29,8 @@ from tests.kube import (
     create_node,
     delete,
     deployment,
+    found,
+    get_object,
     is_leader,
     settled,
     summarized_cluster,
@@ -59,10 +61,9 @@ def leader(kube: LocalCluster) -> Iterator[Service]:
     svc.stop()
 
 
-def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict | None:
+def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict[str, Any] | None:
     path = f"/apis/{API_VERSION}/" + (f"namespaces/{namespace}/" if namespace else "") + f"{plural}/{name}"
-    code, body = kube.request(path)
-    return body if code == 200 else None  # type: ignore[return-value]
+    return get_object(kube, path)
 
 
 def errors(svc: Service) -> dict[frozenset, float]:
@@ -80,14 +81,14 @@ def test_foreign_labels_and_annotations_cause_no_writes(kube: LocalCluster, lead
     kube.kubectl("label", "nodesummary", "pool-a", "cost-center=42")
     time.sleep(3)
     assert writes(leader) == before
-    assert summary(kube, "workloadsummaries", "web", NS)["metadata"]["labels"]["team"] == "ml"  # type: ignore[index]
+    assert found(summary(kube, "workloadsummaries", "web", NS))["metadata"]["labels"]["team"] == "ml"
 
 
 def test_a_field_of_ours_taken_by_kubectl_is_taken_back_once(kube: LocalCluster, leader: Service) -> None:
     before = settled(leader)
     ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
                     content_type="application/merge-patch+json"))
-    wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+    wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 2,
              timeout=10)
     assert settled(leader) - before == 1  # one status apply, then quiet again
 
@@ -198,7 +199,7 @@ def test_a_deposed_leader_writes_nothing(kube: LocalCluster, leader: Service) ->
     ok(kube.request(LEASE, "PUT", lease))
     wait_for(lambda: is_leader(leader), timeout=10)
     wait_for(lambda: summary(kube, "workloadsummaries", "api", NS) is not None, timeout=10)
-    wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+    wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 2,
              timeout=10)
 
 
@@ -235,7 +236,7 @@ def test_an_unsynced_replica_never_holds_the_lease(kube: LocalCluster, leader: S
         assert "not a candidate" in blind.log_text()
         # The healthy leader keeps the summaries current.
         create_node(kube, "n-9", {"pool": "a"})
-        wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 3,  # type: ignore[index]
+        wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 3,
                  timeout=10)
         delete(kube, "/api/v1/nodes/n-9")
     finally:
@@ -285,8 +286,8 @@ def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leade
     workload_summarizer(kube, "also-apps", [("apps", "Deployment"), ("apps", "StatefulSet")])
     wait_for(lambda: "also listed by apps" in _ready(kube, "workloadsummarizers", "also-apps").get("message", ""),
              timeout=10)
-    count = summary(kube, "workloadsummarizers", "apps")["status"]["workloadCount"]  # type: ignore[index]
-    wait_for(lambda: summary(kube, "workloadsummarizers", "also-apps")["status"].get("workloadCount") == count,
+    count = found(summary(kube, "workloadsummarizers", "apps"))["status"]["workloadCount"]
+    wait_for(lambda: found(summary(kube, "workloadsummarizers", "also-apps"))["status"].get("workloadCount") == count,
              timeout=10)
     assert "also listed by also-apps" in _ready(kube, "workloadsummarizers", "apps")["message"]
     delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/also-apps")
@@ -342,13 +343,13 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
     try:
         assert is_leader(leader) and not is_leader(standby)
         proxy.stall_existing()  # its watches go silent; new connections still work
-        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        leader.kill()
         wait_for(lambda: is_leader(standby), timeout=20)
         deployment(kube, NS, "after-failover")
         ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
                         content_type="application/merge-patch+json"))
         wait_for(lambda: summary(kube, "workloadsummaries", "after-failover", NS) is not None, timeout=10)
-        wait_for(lambda: summary(kube, "nodesummaries", "pool-a")["status"]["nodeCount"] == 2,  # type: ignore[index]
+        wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 2,
                  timeout=10)
         assert "every watch relisted" in standby.log_text()
     finally:

@@ -16,7 +16,7 @@ from kubeindex.index import NODE_STATES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, ScrapeFailed, Service, select, value, wait_for
 from node_workload_summary.main import main
-from node_workload_summary.settings import Settings
+from node_workload_summary.settings import Settings, load
 from tests.kube import create_node, create_pod, set_node_status
 from tests.paths import CRDS
 
@@ -44,8 +44,8 @@ def conditions(kernel_deadlock: str) -> dict:
 @dataclass(frozen=True)
 class Transition:
     state: str
-    sick: Callable[[LocalCluster], None]
-    heal: Callable[[LocalCluster], None]
+    sick: Callable[[LocalCluster], object]  # what they return is not used
+    heal: Callable[[LocalCluster], object]
 
 
 TRANSITIONS = {
@@ -179,7 +179,7 @@ def test_settings_reach_the_process(kube: LocalCluster, service: Service) -> Non
 # -- settings (no cluster) -------------------------------------------------------------------------
 
 def parse(*args: str) -> Settings:
-    return Settings(_cli_parse_args=list(args))  # type: ignore[call-arg]
+    return load(args)
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from demo.workloads import ok
 from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
-from tests.kube import create_node, create_pod, deployment, summarized_cluster
+from tests.kube import create_node, create_pod, deployment, get_object, summarized_cluster
 
 NS = "train"
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"}
@@ -42,8 +42,7 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 
 
 def status(kube: LocalCluster, path: str) -> dict:
-    code, body = kube.request(f"/apis/{API_VERSION}/{path}")
-    return body.get("status", {}) if code == 200 else {}  # type: ignore[union-attr]
+    return (get_object(kube, f"/apis/{API_VERSION}/{path}") or {}).get("status", {})
 
 
 def patch_node(kube: LocalCluster, name: str, body: dict, subresource: str = "") -> None:

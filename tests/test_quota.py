@@ -38,7 +38,7 @@ KEY = ("local", "a100")
 # -- builders --------------------------------------------------------------------------------------
 
 
-def absolute(queue: str, resources: dict[str, Any]) -> dict[str, Any]:
+def absolute(queue: str, resources: object) -> dict[str, Any]:  # any JSON: bad specs too
     return {"clusterQueueName": queue, "resources": resources}
 
 
@@ -639,7 +639,8 @@ def model_claims(world: World) -> dict[str, ModelResult]:
         duplicate = (c.cluster, c.flavor) in taken
         taken.add((c.cluster, c.flavor))
         last = world.applied.get(c.name, (c.flavor, {}))
-        assigned, over = None, "Unknown"
+        assigned: dict[str, int] | None = None
+        over = "Unknown"
         if capacity is not None:
             assigned = {}
             for rs in model_asked(c, capacity).values():

@@ -20,6 +20,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -45,7 +46,7 @@ PROMETHEUS_IMAGE = "localhost/prometheus:debian"
 SCRAPE = "2s"
 # As kube-prometheus-stack's Prometheus with its selectors left open; its own pods never run here
 # (their images are in no registry we reach): the operator's config runs in a pod of ours.
-PROMETHEUS_CR = {
+PROMETHEUS_CR: dict[str, Any] = {
     "apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",
     "metadata": {"name": "k8s", "namespace": "monitoring"},
     "spec": {"serviceMonitorSelector": {}, "serviceMonitorNamespaceSelector": {}, "ruleSelector": {},

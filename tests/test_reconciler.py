@@ -4,10 +4,10 @@ and LeaderWorkerSet controllers)."""
 from __future__ import annotations
 
 import json
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,7 +23,7 @@ from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Samples, Service, select, value, wait_for
-from tests.kube import delete, set_node_labels, settled, writes
+from tests.kube import delete, found, get_object, set_node_labels, settled, writes
 from tests.paths import CRDS, EXAMPLES
 
 POOL = "cloud.google.com/gke-nodepool"
@@ -74,9 +74,8 @@ def summaries(kube: LocalCluster) -> dict[str, dict]:
     return {o["metadata"]["name"]: o for o in get_json(kube, "nodesummaries")["items"]}
 
 
-def workload(kube: LocalCluster, name: str, namespace: str = NS) -> dict | None:
-    code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{namespace}/workloadsummaries/{name}")
-    return body if code == 200 else None  # type: ignore[return-value]
+def workload(kube: LocalCluster, name: str, namespace: str = NS) -> dict[str, Any] | None:
+    return get_object(kube, f"/apis/{API_VERSION}/namespaces/{namespace}/workloadsummaries/{name}")
 
 
 def test_design_doc_workflow(kube: LocalCluster, service: Service) -> None:
@@ -88,9 +87,10 @@ def test_design_doc_workflow(kube: LocalCluster, service: Service) -> None:
     assert row[:4] == ["nginx", "3", "deploy", "deployment.apps/v1"]
     # nodeSummaryRefs count DISTINCT nodes per group, as the scheduler actually placed the pods
     # (the summary may trail the binding by the write debounce).
-    wait_for(lambda: {r["name"]: r["nodeCount"] for r in workload(kube, "nginx")["status"].get("nodeSummaryRefs", [])}
+    wait_for(lambda: {r["name"]: r["nodeCount"]
+                      for r in found(workload(kube, "nginx"))["status"].get("nodeSummaryRefs", [])}
              == _expected_refs(kube, "app=nginx"), timeout=10)
-    owner = workload(kube, "nginx")["metadata"]["ownerReferences"][0]  # type: ignore[index]
+    owner = found(workload(kube, "nginx"))["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["name"]) == ("Deployment", "nginx")
 
     rows = {r[0]: r for r in table(kube, "nodesummaries")[1:]}
@@ -123,17 +123,17 @@ def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service)
 
     wait_for(lambda: (workload(kube, "llm") or {}).get("status", {}).get("podCount") == 3, timeout=30)
     wait_for(lambda: (workload(kube, "train") or {}).get("status", {}).get("podCount") == 4, timeout=30)
-    wait_for(lambda: {r["name"]: r["nodeCount"] for r in workload(kube, "train")["status"]["nodeSummaryRefs"]}
+    wait_for(lambda: {r["name"]: r["nodeCount"] for r in found(workload(kube, "train"))["status"]["nodeSummaryRefs"]}
              == _expected_refs(kube, "chain=train"), timeout=10)
-    wait_for(lambda: {r["name"]: r["nodeCount"] for r in workload(kube, "llm")["status"]["nodeSummaryRefs"]}
+    wait_for(lambda: {r["name"]: r["nodeCount"] for r in found(workload(kube, "llm"))["status"]["nodeSummaryRefs"]}
              == _expected_refs(kube, "chain=llm"), timeout=10)
-    train = workload(kube, "train")["status"]  # type: ignore[index]
+    train = found(workload(kube, "train"))["status"]
     assert (train["shortType"], train["longType"]) == ("js", "jobset.jobset.x-k8s.io/v1alpha2")
-    llm = workload(kube, "llm")["status"]  # type: ignore[index]
+    llm = found(workload(kube, "llm"))["status"]
     assert (llm["shortType"], llm["longType"]) == ("lws", "leaderworkerset.leaderworkerset.x-k8s.io/v1")
     # The StatefulSets and the Job are configured too, but not roots: no summaries of their own.
     assert workload(kube, "llm-0") is None and workload(kube, "train-workers-0") is None
-    placement = workload(kube, "llm")["status"]["placement"]  # type: ignore[index]
+    placement = found(workload(kube, "llm"))["status"]["placement"]
     assert placement in kube.kubectl("get", "workloads.ux", "-n", NS, "-o", "wide").stdout
 
 
@@ -196,7 +196,7 @@ def test_two_replicas_one_writer_and_failover(kube: LocalCluster, service: Servi
         kube.kubectl("scale", "deployment/nginx", "-n", NS, "--replicas=4")
         wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 4, timeout=20)
         assert writes(standby) == 0  # the standby watched everything and wrote nothing
-        service.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # no graceful release
+        service.kill()  # no graceful release
         killed = time.monotonic()
         took = wait_for(lambda: leader(standby) == 1, timeout=20)
         print(f"standby took over {took:.1f}s after the leader was killed")

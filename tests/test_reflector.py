@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from kubeindex.api import ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
+from kubeindex.api import JSON, ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflector, WatchSettings
@@ -393,13 +393,14 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
         expired = False
         unpaginated = 0  # requests without `limit`
 
-        async def get(self, path: str, params: dict[str, str] | None = None, **kw: object) -> bytes:
+        async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                      timeout: float = 60) -> bytes:
             self.unpaginated += "limit" not in (params or {})
             if params and "continue" in params and not self.expired:
                 self.expired = True
                 delete(kube, f"/api/v1/namespaces/{ns}/pods/p-0")  # listed on page 1, now gone
                 kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
-            return await super().get(path, params, **kw)  # type: ignore[arg-type]
+            return await super().get(path, params, accept, timeout)
 
     async def run() -> tuple[bool, int, set[str]]:
         async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
@@ -458,7 +459,8 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
             try:
                 await until(lambda: r.last_error_status == 422)
                 assert "WatchList feature gate" in r.last_error and not r.synced.is_set() and api.lists == []
-                assert r.problem(60, 0).startswith("initial sync in progress (last error: ")  # type: ignore[union-attr]
+                problem = r.problem(60, 0)
+                assert problem is not None and problem.startswith("initial sync in progress (last error: ")
                 assert api.watch_list_refused == ""
             finally:
                 await stopped(task)
@@ -469,7 +471,7 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
 # -- the same rules, scripted: no control plane, a fake clock ---------------------------------------
 
 PATH = "/apis/apps/v1/replicasets"
-Answer = bytes | ApiError | Callable[[], Any]  # a body, an error to raise, or "stay silent"
+ListAnswer = bytes | ApiError  # a page, or an error to raise
 
 
 def obj(name: str, rv: str) -> dict:
@@ -489,7 +491,12 @@ def bookmark(rv: str, initial_end: bool = False) -> bytes:
     return event("BOOKMARK", {"metadata": {"resourceVersion": rv, "annotations": annotations}})
 
 
-SILENT = object()  # a watch that sends nothing: the read timeout ends it
+class Silent:
+    """A watch that sends nothing: the read timeout ends it."""
+
+
+SILENT = Silent()
+WatchLine = bytes | ApiError | Silent
 
 
 class ScriptedApi:
@@ -497,7 +504,8 @@ class ScriptedApi:
     A watch script is a list of lines, ending with an ApiError to raise, SILENT, or nothing (the
     server closes the stream); an exhausted script blocks (a quiet, healthy watch)."""
 
-    def __init__(self, clock: FakeClock, lists: list[Answer], watches: list[list[Any]], stream: bool = False) -> None:
+    def __init__(self, clock: FakeClock, lists: list[ListAnswer], watches: list[list[WatchLine]],
+                 stream: bool = False) -> None:
         self.clock = clock
         self.lists = lists
         self.watches = watches
@@ -514,7 +522,7 @@ class ScriptedApi:
         answer = self.lists.pop(0)
         if isinstance(answer, ApiError):
             raise answer
-        return answer  # type: ignore[return-value]
+        return answer
 
     async def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                            connect_timeout: float = 15,
@@ -528,7 +536,7 @@ class ScriptedApi:
         for line in script:
             if isinstance(line, ApiError):
                 raise line
-            if line is SILENT:
+            if isinstance(line, Silent):
                 await self.clock.sleep(read_timeout)
                 raise transport_error(TimeoutError())
             yield line

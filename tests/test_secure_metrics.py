@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,7 +32,7 @@ from kubeindex.api import error_from_body
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
-from tests.kube import create_node, set_node_status
+from tests.kube import AuditedCluster, create_node, set_node_status
 from tests.paths import CRDS
 
 SCRAPES = 100
@@ -39,7 +40,7 @@ HANDFUL = 3  # TokenReviews allowed for SCRAPES concurrent scrapes with one toke
 
 
 @pytest.fixture(scope="module")
-def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuditedCluster]:
     """A control plane whose audit log records every TokenReview and SubjectAccessReview."""
     audit = tmp_path_factory.mktemp("audit")
     (audit / "policy.yaml").write_text(yaml.safe_dump({
@@ -50,14 +51,13 @@ def kube(binaries: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) ->
                   {"level": "None"}]}))
     options = Options(extra_apiserver_args=[f"--audit-policy-file={audit / 'policy.yaml'}",
                                             f"--audit-log-path={audit / 'audit.log'}"])
-    with LocalCluster(options, binaries) as c:
+    with AuditedCluster(options, binaries, audit / "audit.log") as c:
         c.install_crds(CRDS)
         node_summarizer(c, "pool", "pool")
         for name in ("a-1", "a-2"):
             create_node(c, name, {"pool": "a"})
         metrics_reader_token(c, "reader")  # bound to the shipped metrics-reader role
         c.kubectl("create", "serviceaccount", "stranger")
-        c.audit_log = audit / "audit.log"  # type: ignore[attr-defined]
         yield c
 
 
@@ -65,8 +65,8 @@ def token(kube: LocalCluster, sa: str) -> str:
     return kube.kubectl("create", "token", sa, "--duration=1h").stdout.strip()
 
 
-def token_reviews(kube: LocalCluster) -> int:
-    log = kube.audit_log.read_text().splitlines()  # type: ignore[attr-defined]
+def token_reviews(kube: AuditedCluster) -> int:
+    log = kube.audit_log.read_text().splitlines()
     return sum(1 for line in log if json.loads(line)["objectRef"]["resource"] == "tokenreviews")
 
 
@@ -111,12 +111,12 @@ def test_probes_are_plain_and_apart(secure: Service) -> None:
     assert err.value.code == 404
 
 
-def test_scrape_storm_costs_a_handful_of_token_reviews(kube: LocalCluster, secure: Service) -> None:
+def test_scrape_storm_costs_a_handful_of_token_reviews(kube: AuditedCluster, secure: Service) -> None:
     fresh = token(kube, "reader")  # never seen: nothing cached for it
 
     def scrape(_: int) -> tuple[int, float]:
         started = time.monotonic()
-        code, _ = secure.get("/metrics", token=fresh)
+        code = secure.get("/metrics", token=fresh)[0]
         return code, time.monotonic() - started
 
     before = token_reviews(kube)
@@ -196,7 +196,7 @@ class FakeApi:
         self.calls: dict[str, int] = {"tokenreviews": 0, "subjectaccessreviews": 0}
         self.fail = False
 
-    async def request(self, method: str, path: str, body: dict, timeout: float) -> bytes:
+    async def request(self, method: str, path: str, body: dict[str, Any], timeout: float) -> bytes:
         resource = path.rsplit("/", 1)[1]
         self.calls[resource] += 1
         await asyncio.sleep(0.05)
@@ -210,7 +210,7 @@ class FakeApi:
 
 
 def _authorizer(api: FakeApi, ttl: float = 60, size: int = 10) -> Authorizer:
-    return Authorizer(api, "/metrics", ttl, size)  # type: ignore[arg-type]
+    return Authorizer(api, "/metrics", ttl, size)
 
 
 def test_concurrent_requests_share_one_review_and_the_answer_is_cached() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from node_workload_summary.main import main
-from node_workload_summary.settings import Settings
+from node_workload_summary.settings import Settings, load
 
 NO_CLUSTER = "--kubeconfig=/nonexistent/kc"  # should a bad setting slip through, start fails fast
 
@@ -26,7 +26,7 @@ def refused(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
 
 
 def parse(*args: str) -> Settings:
-    return Settings(_cli_parse_args=list(args))  # type: ignore[call-arg]
+    return load(args)
 
 
 @pytest.mark.parametrize("flag", ["--lease-duration", "--renew-deadline", "--retry-period"])

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -29,7 +30,7 @@ from kubeindex.objects import API_VERSION
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster
-from tests.kube import RecordingApi, create_pod, delete, token_kubeconfig, until
+from tests.kube import RecordingApi, create_pod, delete, found, get_object, token_kubeconfig, until
 
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
@@ -46,11 +47,11 @@ def kube(cluster: LocalCluster) -> LocalCluster:
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
     """Create or replace a WorkloadSummarizer with ``types`` ({group, kind, version?})."""
-    code, body = kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}")
-    obj = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
-           "spec": {"workloadTypes": types}}
-    if code == 200:
-        obj["metadata"]["resourceVersion"] = body["metadata"]["resourceVersion"]  # type: ignore[index]
+    existing = get_object(kube, f"/apis/{API_VERSION}/workloadsummarizers/{name}")
+    obj: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
+                           "spec": {"workloadTypes": types}}
+    if existing is not None:
+        obj["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
         ok(kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}", "PUT", obj))
     else:
         create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
@@ -112,12 +113,12 @@ def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: 
         async with running(kube) as (sources, _):
             await until(lambda: sources.kind_problem("batch", "Job", "v2") is not None)
             await asyncio.sleep(1)  # several retry periods
-            reason, message = sources.kind_problem("batch", "Job", "v2")  # type: ignore[misc]
+            reason, message = found(sources.kind_problem("batch", "Job", "v2"))
             assert reason == "KindNotServed" and "job.batch/v2" in message, message
             assert ("batch", "Job") not in sources.owner_resources and "jobs.batch" not in sources.reflectors
             assert ("batch", "Job") in sources.missing_kinds
             await until(lambda: sources.kind_problem("", "Node", None) is not None)
-            reason, message = sources.kind_problem("", "Node", None)  # type: ignore[misc]
+            reason, message = found(sources.kind_problem("", "Node", None))
             assert reason == "KindNotNamespaced" and "cluster-scoped" in message, message
             # Another summarizer needs Jobs at a served version: watched, and v2 is still reported.
             summarizer(kube, "v1", [{"group": "batch", "kind": "Job"}])
@@ -125,7 +126,7 @@ def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: 
             assert sources.owner_resources[("batch", "Job")].version == "v1"
             assert sources.kind_problem("batch", "Job", None) is None
             assert sources.kind_problem("batch", "Job", "v1") is None
-            assert sources.kind_problem("batch", "Job", "v2")[0] == "KindNotServed"  # type: ignore[index]
+            assert found(sources.kind_problem("batch", "Job", "v2"))[0] == "KindNotServed"
 
     try:
         asyncio.run(run())
@@ -166,7 +167,7 @@ def test_a_forbidden_owner_kind_is_reported_and_retried_quietly(kube: LocalClust
         async with running(kube, config) as (sources, api):
             await until(sources.ready.is_set)  # a forbidden owner kind does not hold readiness
             await until(lambda: ("batch", "Job") in sources.forbidden_kinds)
-            reason, message = sources.kind_problem("batch", "Job", None)  # type: ignore[misc]
+            reason, message = found(sources.kind_problem("batch", "Job", None))
             assert reason == "KindForbidden" and re.search('cannot (list|watch) resource "jobs"', message), message
             assert sources.sync_problems() == []
             async with TestClient(TestServer(make_app(None, sources))) as client:

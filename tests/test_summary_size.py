@@ -15,7 +15,7 @@ from demo.workloads import node_summarizer
 from kubeindex.objects import API_PATH
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
-from tests.kube import create_node, create_pod
+from tests.kube import create_node, create_pod, get_object
 from tests.reference import old_from_new
 
 LABEL = "size.example.com/pool"
@@ -39,8 +39,8 @@ def summary(cluster: LocalCluster) -> Iterator[bytes]:
     svc = Service(cluster).start()
     try:
         def written() -> bool:
-            code, body = cluster.request(f"{API_PATH}/nodesummaries/{NAME}")
-            return code == 200 and body.get("status", {}).get("podCount") == 6  # type: ignore[union-attr]
+            status = (get_object(cluster, f"{API_PATH}/nodesummaries/{NAME}") or {}).get("status", {})
+            return status.get("podCount") == 6
 
         wait_for(written, timeout=30)
         yield raw(cluster, f"{API_PATH}/nodesummaries/{NAME}")

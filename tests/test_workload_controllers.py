@@ -6,9 +6,9 @@ while the controllers scale and delete them under two replicas of the service.""
 from __future__ import annotations
 
 import json
-import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +17,7 @@ from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
+from tests.kube import found, get_object
 from tests.paths import CRDS, EXAMPLES
 
 NS = "ml"
@@ -52,9 +53,8 @@ def get(kube: LocalCluster, *args: str) -> dict:
     return json.loads(kube.kubectl("get", *args, "-n", NS, "-o", "json").stdout)
 
 
-def summary(kube: LocalCluster, name: str) -> dict | None:
-    code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
-    return body if code == 200 else None  # type: ignore[return-value]
+def summary(kube: LocalCluster, name: str) -> dict[str, Any] | None:
+    return get_object(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
 
 
 def pod_count(kube: LocalCluster, name: str) -> int | None:
@@ -101,9 +101,9 @@ def test_jobset_pods_roll_up_to_the_jobset(kube: LocalCluster, service: Service)
 
     # Six pods, one WorkloadSummary, for the JobSet (not for its Jobs, though Job is configured).
     wait_for(lambda: pod_count(kube, "train") == 6, timeout=30)
-    status = summary(kube, "train")["status"]  # type: ignore[index]
+    status = found(summary(kube, "train"))["status"]
     assert (status["shortType"], status["longType"]) == ("js", "jobset.jobset.x-k8s.io/v1alpha2")
-    owner = summary(kube, "train")["metadata"]["ownerReferences"][0]  # type: ignore[index]
+    owner = found(summary(kube, "train"))["metadata"]["ownerReferences"][0]
     assert (owner["apiVersion"], owner["kind"], owner["uid"]) == ("jobset.x-k8s.io/v1alpha2", "JobSet",
                                                                  js["metadata"]["uid"])
     assert not {"train-workers-0", "train-workers-1"} & set(summaries(kube))
@@ -144,7 +144,7 @@ def test_leaderworkerset_pods_roll_up_through_the_leader_pod(kube: LocalCluster,
     # Pod -> leader StatefulSet -> LeaderWorkerSet. Were it to stop at a StatefulSet (a configured
     # kind here), the workers would make summaries llm-0 and llm-1 and the LWS would count 2.
     wait_for(lambda: pod_count(kube, "llm") == 6, timeout=30)
-    assert summary(kube, "llm")["status"]["longType"] == "leaderworkerset.leaderworkerset.x-k8s.io/v1"  # type: ignore[index]
+    assert found(summary(kube, "llm"))["status"]["longType"] == "leaderworkerset.leaderworkerset.x-k8s.io/v1"
     assert not {"llm-0", "llm-1"} & set(summaries(kube))
     wait_for(lambda: exported_pods(service, "LeaderWorkerSet") == {"llm": 6}, timeout=10)
     assert exported_pods(service, "StatefulSet") == {}
@@ -163,7 +163,7 @@ def test_controllers_scale_and_delete_under_two_replicas(kube: LocalCluster, ser
         for svc in (service, standby):
             wait_for(lambda: exported_pods(svc, "LeaderWorkerSet") == {"llm": 9}, timeout=10)  # noqa: B023
 
-        service.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # the leader dies
+        service.kill()  # the leader dies
         ok(kube.request(f"/apis/jobset.x-k8s.io/v1alpha2/namespaces/{NS}/jobsets/train", "DELETE"))
         wait_for(lambda: not get(kube, "pods", "-l", f"{JS}/jobset-name=train")["items"], timeout=60)
         wait_for(lambda: exported_pods(standby, "JobSet") == {}, timeout=10)
@@ -192,8 +192,9 @@ def test_controller_webhooks_on_loopback_installed_and_removed(cluster: LocalClu
                                                                         "operator": "Exists"}]}
         cluster.kubectl("create", "namespace", "webhooks")
         job = {"template": {"spec": {"containers": [{"name": "c", "image": "x"}]}}}
-        js = {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "d"},
-              "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]}}
+        js: dict[str, Any] = {
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "metadata": {"name": "d"},
+            "spec": {"replicatedJobs": [{"name": "w", "replicas": 1, "template": {"spec": job}}]}}
         path = "/apis/jobset.x-k8s.io/v1alpha2/namespaces/webhooks/jobsets"
         created = ok(cluster.request(path, "POST", js))
         assert created["spec"]["successPolicy"] == {"operator": "All"}  # the defaulting webhook
@@ -201,7 +202,7 @@ def test_controller_webhooks_on_loopback_installed_and_removed(cluster: LocalClu
         js["metadata"]["name"] = "v"
         js["spec"]["network"] = {"subdomain": "Not_A_Subdomain"}
         code, body = cluster.request(path, "POST", js)
-        assert code == 403 and "vjobset.kb.io" in body["message"], body  # type: ignore[index]
+        assert code == 403 and isinstance(body, dict) and "vjobset.kb.io" in body["message"], body
     finally:
         ctl.stop()
     assert not ctl.running() and "jobset-controller" not in cluster.processes

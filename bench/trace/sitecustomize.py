@@ -75,7 +75,7 @@ def _install(path: str) -> None:
         if not running:
             running.append(asyncio.get_running_loop().create_task(monitor()))
 
-    reflector.Reflector._handle = traced_handle  # type: ignore[method-assign]
+    reflector.Reflector._handle = traced_handle  # type: ignore[method-assign]  # wrapped; types still checked
 
     import exporter.metrics as metrics
 
@@ -87,7 +87,7 @@ def _install(path: str) -> None:
         rec("render", t=t, d=now() - t, cpu=cpu() - c, bytes=len(body))
         return body
 
-    metrics.Renderer.render = traced_render  # type: ignore[method-assign]
+    metrics.Renderer.render = traced_render  # type: ignore[method-assign]  # wrapped; types still checked
 
     import reconciler.controller as controller
 
@@ -99,7 +99,7 @@ def _install(path: str) -> None:
         if now() - t > 0.001:
             rec("refresh", t=t, d=now() - t, cpu=cpu() - c)
 
-    controller.Reconciler.queue_changes = traced_refresh  # type: ignore[method-assign]
+    controller.Reconciler.queue_changes = traced_refresh  # type: ignore[method-assign]  # wrapped; types still checked
 
 
 if PATH:
