@@ -185,6 +185,8 @@ KUEUE_VERSION = "v1beta1"
 
 class ClaimMeta(Struct):
     name: str = ""
+    namespace: str = ""  # none (cluster-scoped): the reflector's store key reads it
+    resourceVersion: str = ""
     uid: str = ""
     generation: int = 0
     creationTimestamp: str = ""  # the older of two claims on one (cluster, flavor) counts
