@@ -234,11 +234,21 @@ def desired_quota(claims: Iterable[ClusterResourceClaim]) -> QueueQuota:
     return out
 
 
-QUEUE_FAMILIES: tuple[FamilyGenerator[dict[tuple[str, str], int]], ...] = (
+QueueSeries = tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]  # (claimed, nominal) of one queue
+
+
+def _per_flavor(values: dict[tuple[str, str], int]) -> Iterator[Sample]:
+    return ((_labels(flavor=f, resource=r), _quantity(v)) for (f, r), v in sorted(values.items()))
+
+
+QUEUE_FAMILIES: tuple[FamilyGenerator[QueueSeries], ...] = (
     FamilyGenerator(Family("queue_desired_quota", "gauge",
                            "The nominalQuota the ClusterResourceClaims give a ClusterQueue, per flavor and resource "
                            "(applied with --quota-actuation=on; what would be applied in a dry run)."),
-                    lambda q: ((_labels(flavor=f, resource=r), _quantity(v)) for (f, r), v in sorted(q.items()))),
+                    lambda q: _per_flavor(q[0])),
+    FamilyGenerator(Family("queue_nominal_quota", "gauge",
+                           "The nominalQuota a ClusterQueue's spec has, per flavor and resource."),
+                    lambda q: _per_flavor(q[1])),
 )
 
 
@@ -493,8 +503,9 @@ class Renderer:
         flavors = self._flavor_chunks()
         claims = self.index.kueue.claims  # few: formatted on every scrape
         claim_chunks = [chunks(CLAIM_FAMILIES, _labels(claim=n), claims[n]) for n in sorted(claims)]
-        quota = desired_quota(claims.values())
-        queue_chunks = [chunks(QUEUE_FAMILIES, _labels(cluster_queue=q), quota[q]) for q in sorted(quota)]
+        claimed, nominal = desired_quota(claims.values()), self.index.kueue.cluster_queues
+        queue_chunks = [chunks(QUEUE_FAMILIES, _labels(cluster_queue=q), (claimed.get(q, {}), nominal.get(q, {})))
+                        for q in sorted(claimed.keys() | nominal.keys())]
         # (rows, their chunks per aggregate); each table's rows take another kind of aggregate
         tables: tuple[tuple[tuple[FamilyGenerator[Any], ...], list[tuple[str, ...]]], ...] = (
             (NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads), (FLAVOR_FAMILIES, flavors),
