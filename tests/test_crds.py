@@ -54,6 +54,7 @@ def test_design_doc_examples_are_accepted(cluster: LocalCluster) -> None:
     out = cluster.kubectl("apply", "-f", str(EXAMPLES), "-o", "name").stdout.split()
     assert f"nodesummarizer.{GROUP}/gke-nodepool" in out
     assert f"workloadsummarizer.{GROUP}/ai-workloads" in out
+    assert f"clusterresourceclaim.{GROUP}/a100" in out
     wsz = json.loads(cluster.kubectl("get", "workloadsummarizer", "ai-workloads", "-o", "json").stdout)
     types = {t["kind"]: t for t in wsz["spec"]["workloadTypes"]}
     assert types["JobSet"]["version"] == "v1alpha2"
