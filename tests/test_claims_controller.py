@@ -1,7 +1,7 @@
 """The ClusterResourceClaim controller without a cluster: the index fed projections, a fake clock,
 a request that records: status and patches, the dry run, the settle timer kept in the status (a
 new leader goes on with it), condition times, ClusterUnknown, the writes bounded per hour, a 409
-counted."""
+counted, Hold."""
 
 from __future__ import annotations
 
@@ -198,3 +198,22 @@ def test_writes_per_queue_are_bounded_per_hour_and_a_conflict_is_counted(index: 
     with pytest.raises(RuntimeError):
         run(claims, (QUEUES, "prod"), request)
     assert claims.writes.counts[("prod", "conflict")] == 1
+
+
+def test_hold_keeps_the_contribution_kept_in_the_status(index: ClusterIndex) -> None:
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(settle=0, actuation=True), clock), Recorder()
+    held = claim()  # research 3 GPUs, prod 50%: 3 + 4 of 8 fit
+    held.spec["overAllocation"] = "Hold"
+    index.kueue.upsert_claim(held)
+    run(claims, (CLAIMS, "pool"), request)
+    before = written_status(request)
+    index.kueue.upsert_claim(ClusterResourceClaim(held.metadata, held.spec, before))  # the watch brings it back
+    index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
+    clock.now += 1
+    run(claims, (CLAIMS, "pool"), request)  # a settle of 0: at once
+    status = written_status(request)
+    assert status["shortfall"] == {GPU: "1"}  # research's 3 and half of 4 GPUs, of 4
+    assert status["queues"] == before["queues"]  # held: what was applied
+    assert claims.last is not None and claims.last.plan.desired["prod"] == {("a100", "cpu"): 8 * 10**9,
+                                                                            ("a100", GPU): 4 * 10**9}
