@@ -31,6 +31,7 @@ leadership checks, its token bucket).
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -145,6 +146,12 @@ def held_contribution(claim: ClusterResourceClaim) -> Contribution:
     return Contribution(flavor, {str(q.get("name", "")): _nano(q.get("resources")) for q in entries})
 
 
+def _age_order(claim: ClusterResourceClaim) -> tuple[float, str]:
+    """Oldest first, then by name; no creationTimestamp: last (as reconciler/quota.py)."""
+    created = _seconds(claim.metadata.creationTimestamp)
+    return (math.inf if created is None else created), claim.metadata.name
+
+
 def _parsed(claim: ClusterResourceClaim) -> ResourceClaim:
     meta = claim.metadata
     return parse_claim({"metadata": {"name": meta.name, "creationTimestamp": meta.creationTimestamp},
@@ -192,7 +199,7 @@ class Claims:
         self.settler = Settler(self.settings.settle)
         self.capacities: dict[str, CapacitySource] = {LOCAL: kueue.capacity}  # cluster -> its capacity
         self.writes = QuotaWrites()
-        self.last: Evaluation | None = None  # the latest evaluation (for the metrics)
+        self.last: Evaluation | None = None  # the latest evaluation (to inspect; the metrics read the status)
         self._seen: tuple[int, dict[tuple[str, str], Capacity | None]] | None = None
 
     # -- what to queue ----------------------------------------------------------------------------
@@ -205,8 +212,8 @@ class Claims:
         """Every key, when a claim, a ClusterQueue or a claimed capacity changed since the last
         call (or ``everything``); else none."""
         claims = list(self.kueue.claims.values())
-        capacities = {(str(c.spec.get("clusterName", LOCAL)), str(c.spec.get("flavor", ""))): None for c in claims}
-        seen = (self.kueue.version, {k: self._live(*k) for k in capacities})
+        claimed = {(str(c.spec.get("clusterName", LOCAL)), str(c.spec.get("flavor", ""))) for c in claims}
+        seen = (self.kueue.version, {k: self._live(*k) for k in claimed})
         if seen == self._seen and not everything:
             return []
         self._seen = seen
@@ -216,8 +223,7 @@ class Claims:
 
     def evaluate(self) -> Evaluation:
         now = self.clock()
-        claims = sorted(self.kueue.claims.values(), key=lambda c: (_seconds(c.metadata.creationTimestamp) or 0.0,
-                                                                   c.metadata.name))
+        claims = sorted(self.kueue.claims.values(), key=_age_order)  # as quota.evaluate orders them
         parsed = [_parsed(c) for c in claims]
         settle: dict[str, SettleState] = {}
         live: dict[tuple[str, str], Capacity | None] = {}
