@@ -13,8 +13,9 @@ leadership checks, its token bucket).
   name to where its capacity comes from, so a member cluster's can be added; a claim naming any
   other cluster is held with Ready=False, reason ClusterUnknown.
 - **State in the claim's status**, so a new leader neither applies a change twice nor loses one in
-  mid-settle: the Settler's capacity in effect (``settledResources``) and since when the live
-  capacity differs (``pendingSince``); the contribution last given (``queues``, each with its
+  mid-settle: the Settler's capacity in effect (``settledResources``, of the cluster and flavor in
+  ``settledFor``: a claim moved to another flavor starts afresh) and since when the live capacity
+  differs (``pendingSince``); the contribution last given (``queues``, each with its
   flavor): the Hold policy's input.
 - **Claim status**: a server-side apply of the status subresource (force, field manager
   ``node-workload-summary``) when it differs from the object's; a condition keeps its
@@ -129,11 +130,17 @@ def _ready_reason(status: Mapping[str, Any]) -> str | None:
                 None) if isinstance(conditions, list) else None
 
 
-def settle_state(status: Mapping[str, Any]) -> SettleState:
-    """The Settler's state as the claim's status keeps it. No capacity was in effect before the
-    first status, or while the capacity was unknown: then the first value takes effect at once."""
+def settled_for(cluster: str, flavor: str) -> dict[str, str]:
+    """status.settledFor: whose capacity settledResources is."""
+    return {"clusterName": cluster, "flavor": flavor}
+
+
+def settle_state(status: Mapping[str, Any], key: tuple[str, str]) -> SettleState:
+    """The Settler's state as the claim's status keeps it, for the claim's (cluster, flavor) now.
+    No capacity was in effect before the first status, while the capacity was unknown, or for
+    another cluster or flavor (the spec changed): then the first value takes effect at once."""
     reason = _ready_reason(status)
-    if reason is None or reason in UNKNOWN_CAPACITY:
+    if reason is None or reason in UNKNOWN_CAPACITY or status.get("settledFor") != settled_for(*key):
         return SettleState()
     return SettleState(_nano(status.get("settledResources")), _seconds(status.get("pendingSince")))
 
@@ -230,7 +237,7 @@ class Claims:
         settled: dict[tuple[str, str], Capacity | None] = {}
         for obj, claim in zip(claims, parsed, strict=True):
             capacity = self._live(*claim.key)
-            state = settle[claim.name] = self.settler.observe(settle_state(obj.status), capacity, now)
+            state = settle[claim.name] = self.settler.observe(settle_state(obj.status, claim.key), capacity, now)
             live.setdefault(claim.key, capacity)  # the oldest claim on a (cluster, flavor) counts
             settled.setdefault(claim.key, state.effective)
         held = {c.metadata.name: held_contribution(c) for c in claims}
@@ -250,9 +257,11 @@ class Claims:
                                            ev.now)
         if "queues" in status:
             status["queues"] = [{**q, "flavor": result.contribution.flavor} for q in status["queues"]]
-        since = ev.settle[claim.metadata.name].since
-        if since is not None:
-            status["pendingSince"] = _rfc3339(since)
+        state = ev.settle[claim.metadata.name]
+        if state.effective is not None:
+            status["settledFor"] = settled_for(*_parsed(claim).key)
+        if state.since is not None:
+            status["pendingSince"] = _rfc3339(state.since)
         status["observedGeneration"] = claim.metadata.generation
         return status
 

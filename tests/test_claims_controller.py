@@ -105,6 +105,7 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
         assert run(claims, (CLAIMS, "pool"), request) is None
         status = written_status(request)
         assert status["observedGeneration"] == 3 and "pendingSince" not in status
+        assert status["settledFor"] == {"clusterName": "local", "flavor": "a100"}
         assert status["queues"] == [{"name": "prod", "resources": {"cpu": "8", GPU: "4"}, "flavor": "a100"},
                                     {"name": "research", "resources": {GPU: "3"}, "flavor": "a100"}]
         assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
@@ -141,7 +142,8 @@ def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index
     # This replica is gone; a new leader 60 s later: the change is still 60 s away, not 120.
     clock.now += 60
     leader, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
-    assert settle_state(status).since == clock.now - 60
+    assert settle_state(status, ("local", "a100")).since == clock.now - 60
+    assert settle_state(status, ("local", "h100")).effective is None  # another flavor: afresh
     assert run(leader, (CLAIMS, "pool"), request) == pytest.approx(60.5)
     assert request.calls == []  # nothing to write: the same status
     run(leader, (QUEUES, "prod"), request)
@@ -217,3 +219,20 @@ def test_hold_keeps_the_contribution_kept_in_the_status(index: ClusterIndex) -> 
     assert status["queues"] == before["queues"]  # held: what was applied
     assert claims.last is not None and claims.last.plan.desired["prod"] == {("a100", "cpu"): 8 * 10**9,
                                                                             ("a100", GPU): 4 * 10**9}
+
+
+def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: ClusterIndex) -> None:
+    index.kueue.upsert_flavor(ResourceFlavor(ObjectMeta(name="h100"), ResourceFlavorSpec({"pool": "h100"})))
+    index.upsert_node(make_node("h1", {"pool": "h100"}, allocatable=NODE))
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(settle=120), clock), Recorder()
+    index.kueue.upsert_claim(claim())
+    run(claims, (CLAIMS, "pool"), request)
+    moved = claim(status=written_status(request))
+    moved.spec["flavor"] = "h100"
+    index.kueue.upsert_claim(moved)
+    clock.now += 1
+    assert run(claims, (CLAIMS, "pool"), request) is None  # nothing pending: no 120 s on a100's capacity
+    status = written_status(request)
+    assert status["settledResources"][GPU] == "4" and status["settledFor"]["flavor"] == "h100"
+    assert "pendingSince" not in status
