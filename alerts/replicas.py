@@ -47,6 +47,11 @@ LABELS: dict[str, tuple[str, ...]] = {
     "nws_flavor_nodes_by_state": ("flavor", "state"),
     "nws_flavor_nominal_quota": ("flavor", "resource"),
     "nws_flavor_requested": ("flavor", "resource"),
+    "nws_claim_nominal": ("claim", "resource"),
+    "nws_claim_assigned": ("claim", "resource"),
+    "nws_claim_shortfall": ("claim", "resource"),
+    "nws_queue_desired_quota": ("cluster_queue", "flavor", "resource"),
+    "nws_queue_nominal_quota": ("cluster_queue", "flavor", "resource"),
 }
 
 

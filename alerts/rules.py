@@ -33,6 +33,7 @@ class Thresholds:
     quota_exceeds_for: str = "10m"  # KueueQuotaExceedsCapacity: nominal quota above allocatable
     unassigned_fraction: float = 0.2  # KueueCapacityUnassigned: allocatable in no quota, above this fraction
     unassigned_for: str = "30m"
+    claim_over_allocated_for: str = "5m"  # ClusterResourceClaimOverAllocated: assignments above settled capacity
     job: str = "node-workload-summary"  # the scrape job of the exporter
     cluster: str = CLUSTER  # the label naming the cluster, kept by every aggregation
 
@@ -184,6 +185,15 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "{{ $value | humanizePercentage }} of the allocatable {{ $labels.resource }} of flavor "
             "{{ $labels.flavor }} is in no ClusterQueue's nominal quota: Kueue admits no workload onto it "
             "(a pool grew?).",
+        ),
+        Alert(
+            "ClusterResourceClaimOverAllocated",
+            f"{one('nws_claim_shortfall', cluster=c)} > 0",  # the value: how much more is assigned than there is
+            t.claim_over_allocated_for, "warning",
+            "ClusterResourceClaim {{ $labels.claim }} assigns more {{ $labels.resource }} than its flavor has",
+            "The assignments of ClusterResourceClaim {{ $labels.claim }} ask {{ $value | humanize }} more "
+            "{{ $labels.resource }} than the settled capacity of its flavor's Ready nodes: its overAllocation "
+            "policy (Scale or Hold) decides what the ClusterQueues get (nodes lost, or assignments raised?).",
         ),
         Alert(
             "NodeWorkloadSummaryDown",

@@ -210,8 +210,10 @@ def node_groups_overview(o: Options = Options()) -> Dashboard:
 
 
 def kueue_panels(o: Options, y: int) -> list:
-    """Kueue flavors (empty without Kueue): nominal quota against the flavor's live allocatable."""
+    """Kueue flavors (empty without Kueue): nominal quota against the flavor's live allocatable; the
+    queues that ClusterResourceClaims give quota: claimed against applied."""
     by, sel, one_resource = "flavor, resource", o.sel(), o.sel('resource="$resource"')
+    claimed = o.sum("nws_queue_desired_quota", one_resource, "cluster_queue")
     return [
         TimeSeries(title="Kueue: nominal quota / allocatable per flavor (above 100%: promised more than the nodes "
                          "have)", dataSource=DS, gridPos=_pos(0, y, 12, 8), unit="percentunit",
@@ -224,6 +226,14 @@ def kueue_panels(o: Options, y: int) -> list:
                    targets=[_t(o.sum("nws_flavor_allocatable", one_resource, "flavor"), "{{flavor}} allocatable", "A"),
                             _t(o.sum("nws_flavor_nominal_quota", one_resource, "flavor"), "{{flavor}} quota", "B"),
                             _t(o.sum("nws_flavor_requested", one_resource, "flavor"), "{{flavor}} requested", "C")]),
+        TimeSeries(title="ClusterResourceClaims: claimed against applied quota per ClusterQueue ($resource)",
+                   description="Claimed: what the ClusterResourceClaims give the queue (nws_queue_desired_quota); "
+                               "applied: the nominalQuota in its spec. Apart with --quota-actuation=off (a dry run), "
+                               "or while a write is throttled or refused.",
+                   dataSource=DS, gridPos=_pos(0, y + 8, 24, 8), unit="short",
+                   targets=[_t(claimed, "{{cluster_queue}} claimed", "A"),
+                            _t(f"{o.sum('nws_queue_nominal_quota', one_resource, 'cluster_queue')} and on "
+                               f"(cluster_queue) {claimed}", "{{cluster_queue}} applied", "B")]),
     ]
 
 

@@ -38,8 +38,9 @@ from kubeindex.index import (
     WorkloadAgg,
 )
 from kubeindex.kueue import FlavorAgg
+from kubeindex.objects import ClusterResourceClaim
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
-from kubeindex.quantity import NANO
+from kubeindex.quantity import NANO, parse_or_zero
 
 PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -190,6 +191,64 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                            "Distinct nodes that the root workload's pods run on and that are not Ready, "
                            "while non-zero."),
                     lambda w: [("", w.unhealthy_nodes)] if w.unhealthy_nodes else []),
+)
+
+
+# -- ClusterResourceClaims, read from their status (the leader writes it; every replica shows it) --
+
+def _status_resources(claim: ClusterResourceClaim, name: str) -> Iterator[Sample]:
+    values = claim.status.get(name)
+    return _resources({str(r): parse_or_zero(v) for r, v in values.items()} if isinstance(values, dict) else {})
+
+
+CLAIM_FAMILIES: tuple[FamilyGenerator[ClusterResourceClaim], ...] = (
+    FamilyGenerator(Family("claim_nominal", "gauge",
+                           "Live capacity of a ClusterResourceClaim's flavor (allocatable of its Ready nodes), "
+                           "per resource (status.nominalResources)."),
+                    lambda c: _status_resources(c, "nominalResources")),
+    FamilyGenerator(Family("claim_assigned", "gauge",
+                           "What a ClusterResourceClaim's assignments ask at its settled capacity, per resource "
+                           "(status.assigned)."),
+                    lambda c: _status_resources(c, "assigned")),
+    FamilyGenerator(Family("claim_shortfall", "gauge",
+                           "Assigned minus settled capacity where positive: an over-allocated ClusterResourceClaim, "
+                           "per resource (status.shortfall)."),
+                    lambda c: _status_resources(c, "shortfall")),
+)
+
+QueueQuota = dict[str, dict[tuple[str, str], int]]  # ClusterQueue -> (flavor, resource) -> nano-units
+
+
+def desired_quota(claims: Iterable[ClusterResourceClaim]) -> QueueQuota:
+    """What the claims give each ClusterQueue (the sum of their status.queues)."""
+    out: QueueQuota = {}
+    for claim in claims:
+        queues = claim.status.get("queues")
+        for q in queues if isinstance(queues, list) else ():
+            if not isinstance(q, dict) or not isinstance(q.get("resources"), dict):
+                continue
+            per_queue = out.setdefault(str(q.get("name", "")), {})
+            for resource, value in q["resources"].items():
+                key = (str(q.get("flavor", "")), str(resource))
+                per_queue[key] = per_queue.get(key, 0) + parse_or_zero(value)
+    return out
+
+
+QueueSeries = tuple[dict[tuple[str, str], int], dict[tuple[str, str], int]]  # (claimed, nominal) of one queue
+
+
+def _per_flavor(values: dict[tuple[str, str], int]) -> Iterator[Sample]:
+    return ((_labels(flavor=f, resource=r), _quantity(v)) for (f, r), v in sorted(values.items()))
+
+
+QUEUE_FAMILIES: tuple[FamilyGenerator[QueueSeries], ...] = (
+    FamilyGenerator(Family("queue_desired_quota", "gauge",
+                           "The nominalQuota the ClusterResourceClaims give a ClusterQueue, per flavor and resource "
+                           "(applied with --quota-actuation=on; what would be applied in a dry run)."),
+                    lambda q: _per_flavor(q[0])),
+    FamilyGenerator(Family("queue_nominal_quota", "gauge",
+                           "The nominalQuota a ClusterQueue's spec has, per flavor and resource."),
+                    lambda q: _per_flavor(q[1])),
 )
 
 
@@ -442,9 +501,15 @@ class Renderer:
         node_groups = self._node_group_chunks()  # first: workloads fold node groups by its outcome
         workloads = self._workload_chunks()
         flavors = self._flavor_chunks()
+        claims = self.index.kueue.claims  # few: formatted on every scrape
+        claim_chunks = [chunks(CLAIM_FAMILIES, _labels(claim=n), claims[n]) for n in sorted(claims)]
+        claimed, nominal = desired_quota(claims.values()), self.index.kueue.cluster_queues
+        queue_chunks = [chunks(QUEUE_FAMILIES, _labels(cluster_queue=q), (claimed.get(q, {}), nominal.get(q, {})))
+                        for q in sorted(claimed.keys() | nominal.keys())]
         # (rows, their chunks per aggregate); each table's rows take another kind of aggregate
         tables: tuple[tuple[tuple[FamilyGenerator[Any], ...], list[tuple[str, ...]]], ...] = (
-            (NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads), (FLAVOR_FAMILIES, flavors))
+            (NODEGROUP_FAMILIES, node_groups), (WORKLOAD_FAMILIES, workloads), (FLAVOR_FAMILIES, flavors),
+            (CLAIM_FAMILIES, claim_chunks), (QUEUE_FAMILIES, queue_chunks))
         for table, rendered in tables:
             for i, row in enumerate(table):
                 out.append(row.family.header(openmetrics_format))

@@ -7,6 +7,11 @@ node-group series, no NodeSummary, no workload placement. The cluster index hand
 pod events (``node_out`` / ``node_in`` around a node's change, ``pod`` for a bound pod); Sources
 hands it the ResourceFlavor and ClusterQueue events. Matching costs O(flavors) per node event; a
 flavor's edit re-matches every node (flavors are few and rarely edited).
+
+It also keeps what the ClusterResourceClaim controller (reconciler/claims.py) reads: the claims,
+the ClusterQueue objects as projected (their resourceGroups and resourceVersion: the patch is made
+from them) and ``capacity``, a flavor's allocatable over its Ready nodes. ``version`` counts their
+changes, so a reader tells in O(1) whether to look again.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, node_into, pod_into
-from .objects import ClusterQueue, ResourceFlavor
+from .objects import ClusterQueue, ClusterResourceClaim, ResourceFlavor
 from .quantity import parse_or_zero
 
 Quotas = dict[tuple[str, str], int]  # (flavor, resource) -> nominal quota, in the units of allocatable
@@ -57,6 +62,23 @@ class KueueIndex:
         self.nodes = nodes  # the cluster index's nodes, read only here: a flavor's edit re-matches them
         self.flavors: dict[str, FlavorAgg] = {}
         self.cluster_queues: dict[str, Quotas] = {}  # name -> its quotas
+        self.queue_objects: dict[str, ClusterQueue] = {}  # name -> the object (the claims patch it)
+        self.claims: dict[str, ClusterResourceClaim] = {}
+        self.version = 0  # bumped by every event of a claim or a ClusterQueue
+
+    def capacity(self, flavor: str) -> dict[str, int] | None:
+        """A flavor's capacity for the claims: the allocatable summed over its nodes whose Ready
+        condition is True (cordoned ones included); None when no ResourceFlavor of that name exists."""
+        agg = self.flavors.get(flavor)
+        return dict(agg.ready_allocatable) if agg is not None and agg.defined else None
+
+    def upsert_claim(self, claim: ClusterResourceClaim) -> None:
+        self.claims[claim.metadata.name] = claim
+        self.version += 1
+
+    def delete_claim(self, name: str) -> None:
+        if self.claims.pop(name, None) is not None:
+            self.version += 1
 
     # -- nodes and pods, from the cluster index ----------------------------------------------------
 
@@ -126,6 +148,8 @@ class KueueIndex:
     def upsert_cluster_queue(self, queue: ClusterQueue) -> None:
         """The queue's old contribution to its flavors' nominal quota out, the new one in."""
         name = queue.metadata.name
+        self.queue_objects[name] = queue
+        self.version += 1
         new = _quotas(queue)
         old = self.cluster_queues.get(name)
         if old == new:
@@ -136,6 +160,8 @@ class KueueIndex:
         self._queue_quotas(new, +1)
 
     def delete_cluster_queue(self, name: str) -> None:
+        self.queue_objects.pop(name, None)
+        self.version += 1
         old = self.cluster_queues.pop(name, None)
         if old:
             self._queue_quotas(old, -1)

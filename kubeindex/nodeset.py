@@ -57,6 +57,7 @@ class NodeSetAgg:
     conditions: dict[str, int] = field(default_factory=dict)  # Ready / NotReady / Unknown
     unschedulable: int = 0
     allocatable: dict[str, int] = field(default_factory=dict)  # resource -> nano-units
+    ready_allocatable: dict[str, int] = field(default_factory=dict)  # of the Ready nodes: a claim's capacity
     capacity: dict[str, int] = field(default_factory=dict)
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods bound to the set's nodes
     requested: dict[str, int] = field(default_factory=dict)  # of non-terminated pods
@@ -113,6 +114,8 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
     add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
     agg.unschedulable += sign * entry.unschedulable
     add(agg.allocatable, entry.allocatable, sign)
+    if entry.ready == "Ready":
+        add(agg.ready_allocatable, entry.allocatable, sign)
     add(agg.capacity, entry.capacity, sign)
     add(agg.pods, entry.pod_phases.items(), sign)
     add(agg.requested, entry.pod_requests.items(), sign)

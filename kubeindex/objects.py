@@ -156,6 +156,7 @@ class ResourceFlavor(Struct):
 class ResourceQuota(Struct):
     name: str
     nominalQuota: str | int = 0  # int-or-string in the CRD
+    lendingLimit: str | int | None = None  # the claims never write below it (Kueue's webhook refuses that)
 
 
 class FlavorQuotas(Struct):
@@ -178,6 +179,23 @@ class ClusterQueue(Struct):
 
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta1"
+
+
+# -- ClusterResourceClaims (this project's group): capacity claimed, assigned to ClusterQueues ---
+
+class ClaimMeta(Struct):
+    name: str = ""
+    namespace: str = ""  # none (cluster-scoped): the reflector's store key reads it
+    resourceVersion: str = ""
+    uid: str = ""
+    generation: int = 0
+    creationTimestamp: str = ""  # the older of two claims on one (cluster, flavor) counts
+
+
+class ClusterResourceClaim(Struct):
+    metadata: ClaimMeta = field(default_factory=ClaimMeta)
+    spec: dict[str, Any] = field(default_factory=dict)  # whole: reconciler/quota.py parses it, naming each problem
+    status: dict[str, Any] = field(default_factory=dict)  # whole: the controller compares it with the one it wants
 
 
 # -- List and watch envelopes --------------------------------------------------------------------

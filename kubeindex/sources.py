@@ -5,7 +5,8 @@ Nodes, Pods and the two summarizer kinds are watched from the start. Owner kinds
 Kinds are mapped to resources by API discovery (discovery.py), which looks a kind up again every
 DISCOVERY_RETRY_SECONDS while it is needed and not served.
 
-Optional kinds (Kueue's ResourceFlavors and ClusterQueues) are watched in full whenever the API
+Optional kinds (Kueue's ResourceFlavors and ClusterQueues, and this project's
+ClusterResourceClaims, whose CRD is installed separately) are watched in full whenever the API
 server serves them: looked up at start and, while not served, again (a CRD installed later is
 picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
 forbidden is reported as for owner kinds, never against readiness.
@@ -39,9 +40,12 @@ from .discovery import KindDiscovery, Need, describe
 from .index import ClusterIndex
 from .objects import (
     API_VERSION,
+    GROUP,
     KUEUE_GROUP,
     KUEUE_VERSION,
+    VERSION,
     ClusterQueue,
+    ClusterResourceClaim,
     Node,
     NodeSummarizer,
     PartialObject,
@@ -98,6 +102,8 @@ class Sources:
                 (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
             (KUEUE_GROUP, "ClusterQueue", KUEUE_VERSION):
                 (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
+            (GROUP, "ClusterResourceClaim", VERSION):
+                (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional)

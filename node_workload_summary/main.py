@@ -29,6 +29,7 @@ from kubeindex.index import ClusterIndex
 from kubeindex.metrics import SourcesCollector
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
+from reconciler.claims import ClaimSettings
 from reconciler.controller import Reconciler, ReconcilerSettings
 from reconciler.leader import LeaderElector, LeaseSettings, identity
 from reconciler.metrics import ReconcilerCollector
@@ -152,7 +153,9 @@ def build(settings: Settings) -> Service:
                 lease_namespace(settings), settings.lease_name, settings.identity or identity(),
                 settings.lease_duration, settings.renew_deadline, settings.retry_period))
         reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
-            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second))
+            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), ClaimSettings(
+            settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
+            max_writes_per_hour=settings.quota_max_writes_per_hour))
         if elector is not None:
             elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
     renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,

@@ -19,12 +19,13 @@ from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
 from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
 from kubeindex.reflector import InitialList, WatchSettings
 from kubeindex.sources import SYNC_GRACE
+from reconciler.claims import ClaimSettings
 from reconciler.controller import ReconcilerSettings
 from reconciler.leader import LeaseSettings
 
 ENV_PREFIX = "NWS_"
 # The defaults live in the settings objects the flags feed; the flags read them from there.
-WATCH, LEASE, WRITES = WatchSettings(), LeaseSettings(namespace=""), ReconcilerSettings()
+WATCH, LEASE, WRITES, QUOTA = WatchSettings(), LeaseSettings(namespace=""), ReconcilerSettings(), ClaimSettings()
 MIN_SECONDS = 1.0
 JITTER_FACTOR = 1.2  # client-go's leader election refuses renewDeadline <= 1.2 x retryPeriod
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -150,6 +151,17 @@ class Settings(BaseSettings):
         "change is written at once).")
     writes_per_second: Rate = Field(WRITES.writes_per_second, gt=0,
                                     description="Global limit on API writes per second.")
+    quota_settle: Seconds = Field(
+        QUOTA.settle, ge=0, description="Seconds a change of a flavor's capacity must last before the "
+        "ClusterResourceClaims on it follow it (both directions).")
+    quota_actuation: Literal["on", "off"] = Field(
+        "on" if QUOTA.actuation else "off", description="on: write the ClusterQueues' nominalQuota that the "
+        "ClusterResourceClaims assign (the RBAC must grant patch on clusterqueues); off: a dry run, the claims' "
+        "status and the metrics show what each queue would get. Off by default: quota changes admission "
+        "cluster-wide, so an administrator opts in.")
+    quota_max_writes_per_hour: Count = Field(
+        QUOTA.max_writes_per_hour, ge=1, description="Writes of one ClusterQueue's quota allowed per hour; "
+        "more wait, counted in nws_quota_writes_total{result=\"throttled\"}.")
     metrics_secure: bool = Field(False, description="Serve /metrics over HTTPS to callers whose bearer token "
                                  "passes a TokenReview and a SubjectAccessReview for get on /metrics (needs "
                                  "--probe-port).")

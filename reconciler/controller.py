@@ -14,6 +14,10 @@ summarizers' status is computed in summarizers.py. The write path is a keyed wor
   manager's labels or annotations are never a reason to write, and a field of ours that someone
   else changed is taken back;
 - before every request the worker checks that it still leads; losing the lease drops the queue.
+
+The ClusterResourceClaims and the ClusterQueues they name go the same way: their keys are queued
+by each pass, and a worker hands them to claims.py, which decides at take time and writes through
+``_request``.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from kubeindex.reflector import Handler, Reflector
 from kubeindex.sources import Sources
 
 from . import fields
+from .claims import CLAIMS, QUEUES, Claims, ClaimSettings
 from .desired import (
     MANAGED_BY,
     MANAGER,
@@ -58,7 +63,8 @@ WRITE_TIMEOUT = 10.0  # seconds: a write on a silently dead connection must not 
 SUMMARIES = ("nodesummaries", "workloadsummaries")
 SUMMARIZERS = ("nodesummarizers", "workloadsummarizers")
 KIND_OF = {"nodesummaries": "NodeSummary", "workloadsummaries": "WorkloadSummary",
-           "nodesummarizers": "NodeSummarizer", "workloadsummarizers": "WorkloadSummarizer"}
+           "nodesummarizers": "NodeSummarizer", "workloadsummarizers": "WorkloadSummarizer",
+           CLAIMS: "ClusterResourceClaim", QUEUES: "ClusterQueue"}
 Key = tuple[str, str]  # (plural, "namespace/name" or name)
 
 
@@ -148,13 +154,14 @@ def claim_of_summary(plural: str, obj: Summary) -> Claim | None:
 
 class Reconciler:
     def __init__(self, api: ApiClient, index: ClusterIndex, sources: Sources, elector: LeaderElector | None,
-                 settings: ReconcilerSettings | None = None) -> None:
+                 settings: ReconcilerSettings | None = None, claims: ClaimSettings | None = None) -> None:
         self.api = api
         self.index = index
         self.sources = sources
         self.elector = elector
         self.settings = settings or ReconcilerSettings()
         self.stats = WriteStats()
+        self.claims = Claims(index.kueue, claims)
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
@@ -299,6 +306,8 @@ class Reconciler:
         if infos != self._infos:
             self._infos = infos
             self._resync = True  # kept summaries of a kind that was not usable may now be stale
+        for key in self.claims.changed_keys(everything=self._resync):
+            self.queue.add(key)
         inputs = (self.index.stamp, uids)
         if inputs == self._inputs and not self._resync:
             self._summarizers_due()
@@ -360,6 +369,11 @@ class Reconciler:
         plural, name = key
         if plural in SUMMARIZERS:
             await self._sync_summarizer(plural, name)
+            return
+        if plural in (CLAIMS, QUEUES):
+            again = await self.claims.sync(key, self._request)
+            if again is not None:
+                self.queue.add_after(key, again)
             return
         desired = self.desired.get(key)
         actual = self.actual[plural].get(name)

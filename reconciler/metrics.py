@@ -2,7 +2,8 @@
 
 It reads only ``reconciler.stats.writes`` / ``.errors`` (dict[str, int]), ``reconciler.actual``
 (plural -> the summary objects that exist) and ``elector.is_leader`` (no elector: always leader).
-Bounds: one series per write verb, per HTTP status seen, per summary kind, and the leader gauge.
+Bounds: one series per write verb, per HTTP status seen, per summary kind, and the leader gauge;
+per ClusterQueue named by a claim, one per result (four at most).
 """
 
 from __future__ import annotations
@@ -23,9 +24,21 @@ class _Stats(Protocol):
     def errors(self) -> Mapping[str, int]: ...
 
 
+class _QuotaWrites(Protocol):
+    @property
+    def counts(self) -> Mapping[tuple[str, str], int]: ...  # (ClusterQueue, result) -> attempts
+
+
+class _Claims(Protocol):
+    @property
+    def writes(self) -> _QuotaWrites: ...
+
+
 class _Reconciler(Protocol):
     @property
     def stats(self) -> _Stats: ...
+    @property
+    def claims(self) -> _Claims: ...
     @property
     def actual(self) -> Mapping[str, Sized]: ...  # plural -> the objects
 
@@ -56,4 +69,9 @@ class ReconcilerCollector(Collector):
                                       labels=["kind"])
         for kind, objects in sorted(self.reconciler.actual.items()):
             summaries.add_metric([kind], len(objects))
-        yield from (writes, errors, leader, summaries)
+        quota = CounterMetricFamily("nws_quota_writes", "Writes of a ClusterQueue's nominalQuota for the "
+                                    "ClusterResourceClaims, by result: applied, conflict (409: read again), error, "
+                                    "throttled (--quota-max-writes-per-hour).", labels=["cluster_queue", "result"])
+        for (queue, result), n in sorted(self.reconciler.claims.writes.counts.items()):
+            quota.add_metric([queue, result], n)
+        yield from (writes, errors, leader, summaries, quota)

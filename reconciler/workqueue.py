@@ -59,6 +59,10 @@ class WorkQueue(Generic[K]):
             self._queue.append(key)
             self._wake.set()
 
+    def add_after(self, key: K, delay: float) -> None:
+        """Add ``key`` once ``delay`` seconds have passed (client-go's AddAfter)."""
+        self._add_at(key, self.clock.monotonic() + max(delay, 0.0))
+
     def retry(self, key: K) -> None:
         """Again after an error, with backoff: base * 2^failures, capped."""
         failures = self._failures.get(key, 0)

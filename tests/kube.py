@@ -133,6 +133,7 @@ def summarized_cluster(binaries: dict[str, Path], namespace: str) -> Iterator[Lo
 # that the service and its tests watch in every namespace. (Namespaces stay, empty of these: with
 # no namespace controller a deleted one would stay Terminating, so each module uses its own names.)
 SHARED_KINDS = ("customresourcedefinitions", "nodes", "nodesummarizers", "workloadsummarizers", "nodesummaries",
+                "clusterresourceclaims",
                 "workloadsummaries", "pods", "deployments.apps", "replicasets.apps", "statefulsets.apps",
                 "jobs.batch", "leases.coordination.k8s.io")
 SYSTEM_NAMESPACES = ("kube-system", "kube-node-lease")  # the control plane's own leases live there

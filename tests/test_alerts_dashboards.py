@@ -22,7 +22,7 @@ from dashboards.build import Options as DashboardOptions
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
-from localkube.service import Service, wait_for
+from localkube.service import Service, select, wait_for
 from node_workload_summary import generated
 from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
 from tests.kueue import cluster_queue, install_kueue, resource_flavor
@@ -202,12 +202,17 @@ def disrupt(cluster: LocalCluster, node: str, taints: list[dict[str, str]] | Non
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
     disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-2 on b-1) and 1
-    Pending; one pod of no workload. Kueue: flavor a (group a's nodes), 24 cpu and 8 GPUs of quota."""
+    Pending; one pod of no workload. Kueue: flavor a (group a's nodes), 24 cpu and 8 GPUs of quota;
+    ClusterResourceClaim a on it, over-allocated (a dry run: the quota is not written)."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         install_kueue(c)
         resource_flavor(c, "a", {"pool": "a"})
         cluster_queue(c, "team", {"a": {"cpu": "24", "nvidia.com/gpu": "8"}})
+        c.kubectl("apply", "-f", "-", input=json.dumps({  # asks 10 of flavor a's 8 GPUs: a shortfall of 2
+            "apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim", "metadata": {"name": "a"},
+            "spec": {"flavor": "a", "resourceAssignments": [
+                {"clusterQueueName": "team", "resources": {"cpu": "8", "nvidia.com/gpu": "10"}}]}}))
         node_summarizer(c, "pool", "pool")
         workload_summarizer(c, "apps", [("apps", "Deployment")])
         gpu = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
@@ -228,6 +233,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def service(kube: LocalCluster) -> Iterator[Service]:
     svc = Service(kube, ("--identity=a",)).start()
+    wait_for(lambda: select(svc.scrape(), "nws_claim_shortfall"), timeout=20)  # the claim's status, written
     yield svc
     svc.stop()
 

@@ -81,7 +81,9 @@ ALL_FLIPPED: dict[str, Any] = {
                        "tlsConfig": SM_TLS},
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "dashboards": DASHBOARDS,
+    "quota": {"actuation": True},
 }
+QUOTA = {"quota": {"actuation": True}}
 
 
 def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -135,8 +137,10 @@ def test_lint(helm: list[str], tmp_path: Path) -> None:
     _run([*helm, "lint", "--strict", str(CHART), "-f", _values_file(tmp_path, ALL_FLIPPED)])
 
 
-@pytest.mark.parametrize("values,path", [({}, DEPLOY), (MONITORING, DEPLOY / "with-monitoring")],
-                         ids=["default=deploy", "monitoring=deploy/with-monitoring"])
+@pytest.mark.parametrize("values,path", [({}, DEPLOY), (MONITORING, DEPLOY / "with-monitoring"),
+                                         (QUOTA, DEPLOY / "with-quota-actuation")],
+                         ids=["default=deploy", "monitoring=deploy/with-monitoring",
+                              "quota=deploy/with-quota-actuation"])
 def test_template_equals_kustomize(helm: list[str], binaries: dict[str, Path], tmp_path: Path,
                                    values: dict[str, Any], path: Path) -> None:
     kustomized = _kustomize(binaries, path)
@@ -357,6 +361,19 @@ def test_extra_owner_kinds_extend_only_the_cluster_role(helm: list[str], tmp_pat
     old, new = default.pop(key)["rules"], rendered.pop(key)["rules"]
     assert [r for r in new if r not in old] == [{**kind, "verbs": ["list", "watch"]} for kind in EXTRA_OWNERS]
     assert [r for r in new if r in old] == old
+    assert rendered == default
+
+
+def test_quota_actuation_sets_the_flag_and_grants_patch_on_clusterqueues(helm: list[str], tmp_path: Path) -> None:
+    default, rendered = _template(helm, tmp_path), _template(helm, tmp_path, QUOTA)
+    key = ("ClusterRole", "", RELEASE)
+    old, new = default.pop(key)["rules"], rendered.pop(key)["rules"]
+    assert new == [*old, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["patch"]}]
+    assert not [r for r in old if "clusterqueues" in r["resources"] and "patch" in r["verbs"]]
+    expected = _deployment(default)
+    _container_list("args", ["--quota-actuation=on"])(expected)
+    assert _deployment(rendered) == expected
+    del default[("Deployment", NS, RELEASE)], rendered[("Deployment", NS, RELEASE)]
     assert rendered == default
 
 

@@ -1,4 +1,4 @@
-"""The four CRDs on a real kube-apiserver: installation, validation, printer columns."""
+"""The five CRDs on a real kube-apiserver: installation, validation, printer columns."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
 from tests.paths import CRDS, EXAMPLES
 
-KINDS = ("nodesummarizers", "nodesummaries", "workloadsummarizers", "workloadsummaries")
+KINDS = ("clusterresourceclaims", "nodesummarizers", "nodesummaries", "workloadsummarizers", "workloadsummaries")
 
 
 def _create(cluster: LocalCluster, manifest: dict) -> tuple[int, str]:
@@ -31,7 +31,7 @@ def _workloadsummarizer(name: str, types: list[dict]) -> dict:
             "spec": {"workloadTypes": types}}
 
 
-def test_crd_files_are_the_four_kinds() -> None:
+def test_crd_files_are_the_five_kinds() -> None:
     assert sorted(p.stem for p in CRDS.glob("*.yaml")) == sorted(KINDS)
 
 
@@ -46,7 +46,7 @@ def test_all_crds_established(cluster: LocalCluster) -> None:
         assert version["name"] == "v1alpha1"
         assert version["subresources"] == {"status": {}}, plural
         scopes[plural] = crd["spec"]["scope"]
-    assert scopes == {"nodesummarizers": "Cluster", "nodesummaries": "Cluster",
+    assert scopes == {"clusterresourceclaims": "Cluster", "nodesummarizers": "Cluster", "nodesummaries": "Cluster",
                       "workloadsummarizers": "Cluster", "workloadsummaries": "Namespaced"}
 
 
@@ -54,6 +54,7 @@ def test_design_doc_examples_are_accepted(cluster: LocalCluster) -> None:
     out = cluster.kubectl("apply", "-f", str(EXAMPLES), "-o", "name").stdout.split()
     assert f"nodesummarizer.{GROUP}/gke-nodepool" in out
     assert f"workloadsummarizer.{GROUP}/ai-workloads" in out
+    assert f"clusterresourceclaim.{GROUP}/a100" in out
     wsz = json.loads(cluster.kubectl("get", "workloadsummarizer", "ai-workloads", "-o", "json").stdout)
     types = {t["kind"]: t for t in wsz["spec"]["workloadTypes"]}
     assert types["JobSet"]["version"] == "v1alpha2"

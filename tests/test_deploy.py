@@ -190,6 +190,11 @@ def as_service_account(kube: LocalCluster, base: subprocess.CompletedProcess[str
     install_kueue(kube)
     resource_flavor(kube, "gpu", {"cloud.google.com/gke-nodepool": "gpu"})
     cluster_queue(kube, "team", {"gpu": {"cpu": "16"}})
+    # A ClusterResourceClaim, so that the service uses its grants on claims (a dry run: deploy/base
+    # grants no patch on clusterqueues).
+    kube.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim", "metadata": {"name": "gpu"},
+        "spec": {"flavor": "gpu", "resourceAssignments": [{"clusterQueueName": "team", "shares": {"cpu": "50%"}}]}}))
     svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"), secure=True)
     svc.start()
     # A scraper bound to the reader role: the service reviews its token (as its ServiceAccount).
@@ -269,7 +274,9 @@ def test_role_grants_exactly_what_the_service_uses(kube: AuditedCluster, as_serv
     expected = {("ux.sean.example.com", "workloadsummaries", "delete"), ("coordination.k8s.io", "leases", "update"),
                 ("authentication.k8s.io", "tokenreviews", "create"),
                 ("authorization.k8s.io", "subjectaccessreviews", "create"),
-                ("kueue.x-k8s.io", "resourceflavors", "watch"), ("kueue.x-k8s.io", "clusterqueues", "watch")}
+                ("kueue.x-k8s.io", "resourceflavors", "watch"), ("kueue.x-k8s.io", "clusterqueues", "watch"),
+                ("ux.sean.example.com", "clusterresourceclaims", "watch"),
+                ("ux.sean.example.com", "clusterresourceclaims/status", "patch")}
     try:
         wait_for(lambda: expected <= _used(kube), timeout=30)
     except AssertionError:
@@ -292,6 +299,7 @@ def test_role_grants_exactly_what_the_service_uses(kube: AuditedCluster, as_serv
 @pytest.mark.parametrize("verb,resource", [
     ("get", "secrets"), ("list", "secrets"), ("patch", "nodes"), ("delete", "pods"), ("create", "pods"),
     ("update", "nodes"), ("create", "pods/eviction"), ("delete", "nodesummarizers.ux.sean.example.com"),
+    ("patch", "clusterqueues.kueue.x-k8s.io"),  # only with deploy/with-quota-actuation/
 ])
 def test_role_denies_what_the_service_must_not_do(kube: LocalCluster, as_service_account: Service,
                                                    verb: str, resource: str) -> None:

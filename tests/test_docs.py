@@ -26,7 +26,8 @@ def exposed_families() -> set[str]:
     sources = SimpleNamespace(stats={"pods": SourceStats()}, sync_seconds=1.0, missing_kinds={("x.io", "X")},
                               forbidden_kinds={("y.io", "Y")})
     reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 1}, errors={"409": 1}),
-                                 actual={"nodesummaries": {}})
+                                 actual={"nodesummaries": {}},
+                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={("q", "applied"): 1})))
     registry.register(SourcesCollector(sources))
     registry.register(ReconcilerCollector(reconciler, None))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()

@@ -519,7 +519,8 @@ def test_sources_and_reconciler_collectors() -> None:
     sources = SimpleNamespace(stats={"pods": stats}, sync_seconds=None, missing_kinds={("kubeflow.org", "Notebook")},
                               forbidden_kinds={("serving.knative.dev", "Revision")})
     reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 2}, errors={"409": 1}),
-                                 actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}})
+                                 actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}},
+                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={})))
     elector = SimpleNamespace(is_leader=False)
     registry = CollectorRegistry()
     registry.register(SourcesCollector(sources))

@@ -259,7 +259,8 @@ def test_sync_problems_when_the_api_server_is_hung_or_unreachable(kube: LocalClu
             apiserver.stop(sig=signal.SIGKILL)
             started = time.monotonic()
             try:
-                await until(lambda: len(sources.sync_problems()) == 4, timeout=10)
+                # The four core resources and the ClusterResourceClaims (an optional kind, served here).
+                await until(lambda: len(sources.sync_problems()) == 5, timeout=10)
                 events.append(("down", time.monotonic() - started, sources.sync_problems()))
                 async with TestClient(TestServer(make_app(None, sources))) as client:
                     resp = await client.get("/readyz")

@@ -21,4 +21,7 @@ app.kubernetes.io/name: {{ include "nws.name" . }}
 - --metrics-cert-file=/etc/node-workload-summary/tls/tls.crt
 - --metrics-key-file=/etc/node-workload-summary/tls/tls.key
 {{- end }}
+{{- if .Values.quota.actuation }}
+- --quota-actuation=on
+{{- end }}
 {{- end }}

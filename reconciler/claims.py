@@ -1,0 +1,313 @@
+"""The ClusterResourceClaim controller: keeps the ClusterQueues' nominalQuota equal to what the
+claims assign, and each claim's status, on the reconciler's write path (its work queue, its
+leadership checks, its token bucket).
+
+- **Keys.** ("clusterresourceclaims", name) and ("clusterqueues", name). A pass queues every
+  claim and every queue a claim names when a claim or a ClusterQueue changed (``KueueIndex.version``)
+  or a claimed flavor's capacity did; a settle timer or a throttled queue queues its key again
+  when it is due.
+- **At take time** (client-go style) the whole plan is evaluated again (reconciler/quota.py's
+  ``evaluate``: claims are few), from the index as it is then: the claims, the ClusterQueue objects,
+  and each claim's capacity. Capacity: for clusterName ``local``, the allocatable of the flavor's
+  nodes whose Ready condition is True (``KueueIndex.capacity``); ``capacities`` maps a cluster
+  name to where its capacity comes from, so a member cluster's can be added; a claim naming any
+  other cluster is held with Ready=False, reason ClusterUnknown.
+- **State in the claim's status**, so a new leader neither applies a change twice nor loses one in
+  mid-settle: the Settler's capacity in effect (``settledResources``, of the cluster and flavor in
+  ``settledFor``: a claim moved to another flavor starts afresh) and since when the live capacity
+  differs (``pendingSince``); the contribution last given (``queues``, each with its
+  flavor): the Hold policy's input.
+- **Claim status**: a server-side apply of the status subresource (force, field manager
+  ``node-workload-summary``) when it differs from the object's; a condition keeps its
+  lastTransitionTime while its status is unchanged.
+- **ClusterQueue writes** (only with actuation on): the RFC 6902 patch of quota.py
+  (``replace /metadata/resourceVersion`` first, then the changed nominalQuota paths); 409 Conflict
+  (the queue changed since it was read) goes back to the queue with backoff. At most
+  ``max_writes_per_hour`` writes per queue per hour (per replica: a new leader starts a fresh
+  count); every attempt is counted by queue and result.
+- **Dry run** (actuation off, the default): the same evaluation and status, and the metrics of
+  what each queue would get; no ClusterQueue is written. Quota changes admission cluster-wide, so
+  an administrator opts in, after reading what the dry run reports.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+import msgspec
+
+from kubeindex.api import ApiError, Conflict
+from kubeindex.kueue import KueueIndex
+from kubeindex.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
+from kubeindex.quantity import parse_nano
+
+from .desired import MANAGER
+from .quota import LOCAL, Capacity, Contribution, Plan, ResourceClaim, Settler, SettleState, evaluate, parse_claim
+
+CLAIMS = "clusterresourceclaims"
+QUEUES = "clusterqueues"
+JSON_PATCH = "application/json-patch+json"
+HOUR = 3600.0
+UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown")  # a Ready reason under which no capacity was in effect
+Key = tuple[str, str]
+CapacitySource = Callable[[str], Capacity | None]  # flavor -> its capacity in one cluster (None: not known)
+
+
+class Request(Protocol):
+    """The reconciler's write (token bucket, leadership check, Retry on failure)."""
+
+    def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                 content_type: str = ...) -> Awaitable[bool]: ...
+
+
+@dataclass
+class ClaimSettings:
+    settle: float = 120.0  # seconds a capacity change lasts before it takes effect (--quota-settle)
+    actuation: bool = False  # write ClusterQueues (--quota-actuation); off: a dry run
+    max_writes_per_hour: int = 60  # per ClusterQueue (--quota-max-writes-per-hour)
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation, at ``now``: the plan, each claim's settle state, the queues as evaluated."""
+
+    now: float
+    plan: Plan
+    settle: dict[str, SettleState]  # claim name -> its settle state now
+    queues: dict[str, dict[str, Any]]  # ClusterQueue name -> the object evaluated (decoded JSON)
+
+
+@dataclass
+class QuotaWrites:
+    """The ClusterQueue writes: when each queue was written in the last hour, and counts."""
+
+    times: dict[str, deque[float]] = field(default_factory=dict)
+    counts: dict[tuple[str, str], int] = field(default_factory=dict)  # (queue, result) -> attempts
+
+    def count(self, queue: str, result: str) -> None:
+        self.counts[(queue, result)] = self.counts.get((queue, result), 0) + 1
+
+    def next_allowed(self, queue: str, now: float, per_hour: int) -> float:
+        """When the queue may be written next (<= now: at once)."""
+        times = self.times.setdefault(queue, deque())
+        while times and times[0] <= now - HOUR:
+            times.popleft()
+        return now if len(times) < per_hour else times[0] + HOUR
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _seconds(text: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
+
+
+def _nano(values: Any) -> dict[str, int]:
+    if not isinstance(values, Mapping):
+        return {}
+    out = {}
+    for resource, text in values.items():
+        try:
+            out[str(resource)] = parse_nano(text)
+        except (ValueError, ArithmeticError):
+            continue
+    return out
+
+
+def _ready_reason(status: Mapping[str, Any]) -> str | None:
+    conditions = status.get("conditions")
+    return next((c.get("reason") for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"),
+                None) if isinstance(conditions, list) else None
+
+
+def settled_for(cluster: str, flavor: str) -> dict[str, str]:
+    """status.settledFor: whose capacity settledResources is."""
+    return {"clusterName": cluster, "flavor": flavor}
+
+
+def settle_state(status: Mapping[str, Any], key: tuple[str, str]) -> SettleState:
+    """The Settler's state as the claim's status keeps it, for the claim's (cluster, flavor) now.
+    No capacity was in effect before the first status, while the capacity was unknown, or for
+    another cluster or flavor (the spec changed): then the first value takes effect at once."""
+    reason = _ready_reason(status)
+    if reason is None or reason in UNKNOWN_CAPACITY or status.get("settledFor") != settled_for(*key):
+        return SettleState()
+    return SettleState(_nano(status.get("settledResources")), _seconds(status.get("pendingSince")))
+
+
+def held_contribution(claim: ClusterResourceClaim) -> Contribution:
+    """What the claim gave last (status.queues): Hold's input."""
+    queues = claim.status.get("queues")
+    entries = [q for q in queues if isinstance(q, Mapping)] if isinstance(queues, list) else []
+    flavor = next((str(q.get("flavor", "")) for q in entries), str(claim.spec.get("flavor", "")))
+    return Contribution(flavor, {str(q.get("name", "")): _nano(q.get("resources")) for q in entries})
+
+
+def _age_order(claim: ClusterResourceClaim) -> tuple[float, str]:
+    """Oldest first, then by name; no creationTimestamp: last (as reconciler/quota.py)."""
+    created = _seconds(claim.metadata.creationTimestamp)
+    return (math.inf if created is None else created), claim.metadata.name
+
+
+def _parsed(claim: ClusterResourceClaim) -> ResourceClaim:
+    meta = claim.metadata
+    return parse_claim({"metadata": {"name": meta.name, "creationTimestamp": meta.creationTimestamp},
+                        "spec": claim.spec})
+
+
+def named_queues(claims: Iterable[ClusterResourceClaim]) -> set[str]:
+    """The ClusterQueues the claims name in their assignments."""
+    out = set()
+    for claim in claims:
+        assignments = claim.spec.get("resourceAssignments")
+        for a in assignments if isinstance(assignments, list) else ():
+            if isinstance(a, Mapping) and isinstance(a.get("clusterQueueName"), str):
+                out.add(a["clusterQueueName"])
+    return out
+
+
+def _with_times(conditions: list[dict[str, Any]], old: Any, generation: int, now: float) -> list[dict[str, Any]]:
+    """Each condition with observedGeneration, and its lastTransitionTime kept while its status is
+    the one the object has."""
+    before = {c.get("type"): c for c in old if isinstance(c, Mapping)} if isinstance(old, list) else {}
+    out = []
+    for c in conditions:
+        previous = before.get(c["type"]) or {}
+        kept = previous.get("lastTransitionTime") if previous.get("status") == c["status"] else None
+        out.append({**c, "observedGeneration": generation, "lastTransitionTime": kept or _rfc3339(now)})
+    return out
+
+
+def _cluster_unknown(conditions: list[dict[str, Any]], cluster: str) -> list[dict[str, Any]]:
+    ready = {"type": "Ready", "status": "False", "reason": "ClusterUnknown",
+             "message": f"cluster {cluster} is not known: this version claims the capacity of cluster {LOCAL} only;"
+                        " the quota last applied for this claim is kept"}
+    return [ready if c["type"] == "Ready" else c for c in conditions]
+
+
+class Claims:
+    """The claims' evaluation and writes; the Reconciler owns the queue and calls ``sync``."""
+
+    def __init__(self, kueue: KueueIndex, settings: ClaimSettings | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kueue = kueue
+        self.settings = settings or ClaimSettings()
+        self.clock = clock  # wall time: pendingSince is kept in the claims and read by the next leader
+        self.settler = Settler(self.settings.settle)
+        self.capacities: dict[str, CapacitySource] = {LOCAL: kueue.capacity}  # cluster -> its capacity
+        self.writes = QuotaWrites()
+        self.last: Evaluation | None = None  # the latest evaluation (to inspect; the metrics read the status)
+        self._seen: tuple[int, dict[tuple[str, str], Capacity | None]] | None = None
+
+    # -- what to queue ----------------------------------------------------------------------------
+
+    def _live(self, cluster: str, flavor: str) -> Capacity | None:
+        source = self.capacities.get(cluster)
+        return source(flavor) if source is not None else None
+
+    def changed_keys(self, everything: bool = False) -> list[Key]:
+        """Every key, when a claim, a ClusterQueue or a claimed capacity changed since the last
+        call (or ``everything``); else none."""
+        claims = list(self.kueue.claims.values())
+        claimed = {(str(c.spec.get("clusterName", LOCAL)), str(c.spec.get("flavor", ""))) for c in claims}
+        seen = (self.kueue.version, {k: self._live(*k) for k in claimed})
+        if seen == self._seen and not everything:
+            return []
+        self._seen = seen
+        return [*((CLAIMS, c.metadata.name) for c in claims), *((QUEUES, q) for q in sorted(named_queues(claims)))]
+
+    # -- evaluation -------------------------------------------------------------------------------
+
+    def evaluate(self) -> Evaluation:
+        now = self.clock()
+        claims = sorted(self.kueue.claims.values(), key=_age_order)  # as quota.evaluate orders them
+        parsed = [_parsed(c) for c in claims]
+        settle: dict[str, SettleState] = {}
+        live: dict[tuple[str, str], Capacity | None] = {}
+        settled: dict[tuple[str, str], Capacity | None] = {}
+        for obj, claim in zip(claims, parsed, strict=True):
+            capacity = self._live(*claim.key)
+            state = settle[claim.name] = self.settler.observe(settle_state(obj.status, claim.key), capacity, now)
+            live.setdefault(claim.key, capacity)  # the oldest claim on a (cluster, flavor) counts
+            settled.setdefault(claim.key, state.effective)
+        held = {c.metadata.name: held_contribution(c) for c in claims}
+        queues = {name: msgspec.to_builtins(q) for name, q in self.kueue.queue_objects.items()}
+        self.last = Evaluation(now, evaluate(parsed, queues, settled, live, held), settle, queues)
+        return self.last
+
+    def claim_status(self, claim: ClusterResourceClaim, ev: Evaluation) -> dict[str, Any]:
+        """The status the claim should have, per the evaluation."""
+        result = ev.plan.claims[claim.metadata.name]
+        status = dict(result.status)
+        conditions = status["conditions"]
+        cluster = str(claim.spec.get("clusterName", LOCAL))
+        if cluster not in self.capacities:
+            conditions = _cluster_unknown(conditions, cluster)
+        status["conditions"] = _with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,
+                                           ev.now)
+        if "queues" in status:
+            status["queues"] = [{**q, "flavor": result.contribution.flavor} for q in status["queues"]]
+        state = ev.settle[claim.metadata.name]
+        if state.effective is not None:
+            status["settledFor"] = settled_for(*_parsed(claim).key)
+        if state.since is not None:
+            status["pendingSince"] = _rfc3339(state.since)
+        status["observedGeneration"] = claim.metadata.generation
+        return status
+
+    def due(self, claim: ClusterResourceClaim, ev: Evaluation) -> float | None:
+        """Seconds until the claim's pending capacity takes effect (None: nothing pending)."""
+        state = ev.settle[claim.metadata.name]
+        when = self.settler.due(state, self._live(*_parsed(claim).key))
+        return None if when is None else max(0.0, when - ev.now) + 0.5
+
+    # -- writes ----------------------------------------------------------------------------------
+
+    async def sync(self, key: Key, request: Request) -> float | None:
+        """Do what the key needs now; the seconds after which to take it again, if any."""
+        plural, name = key
+        return await (self._sync_claim(name, request) if plural == CLAIMS else self._sync_queue(name, request))
+
+    async def _sync_claim(self, name: str, request: Request) -> float | None:
+        claim = self.kueue.claims.get(name)
+        if claim is None:
+            return None
+        ev = self.evaluate()
+        status = self.claim_status(claim, ev)
+        if status != claim.status:
+            body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": name},
+                    "status": status}
+            await request("apply_status", "PATCH", f"/apis/{API_VERSION}/{CLAIMS}/{name}/status", body,
+                          {"fieldManager": MANAGER, "force": "true"})
+        return self.due(claim, ev)
+
+    async def _sync_queue(self, name: str, request: Request) -> float | None:
+        ev = self.evaluate()
+        queue = ev.queues.get(name)
+        patch = ev.plan.patch(queue) if queue is not None else []
+        if not patch or not self.settings.actuation:
+            return None
+        allowed = self.writes.next_allowed(name, ev.now, self.settings.max_writes_per_hour)
+        if allowed > ev.now:
+            self.writes.count(name, "throttled")
+            return allowed - ev.now
+        try:
+            await request("patch_quota", "PATCH", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{QUEUES}/{name}", patch,
+                          {"fieldManager": MANAGER}, content_type=JSON_PATCH)
+        except Exception as err:  # the reconciler's Retry, caused by the API's answer; or Deposed
+            if isinstance(err.__cause__, ApiError):
+                self.writes.count(name, "conflict" if isinstance(err.__cause__, Conflict) else "error")
+            raise
+        self.writes.times[name].append(ev.now)
+        self.writes.count(name, "applied")
+        return None

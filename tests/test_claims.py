@@ -1,0 +1,219 @@
+"""ClusterResourceClaims against a real kube-apiserver with Kueue's real CRDs (no Kueue controller):
+the real service, a flavor's nodes failing and coming back, the ClusterQueues' quota following
+after the settle time; an edit of a claim changing exactly the named queue fields; a dry run
+writing nothing; two replicas, only the leader writing, and a leader killed in mid-settle."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from kubeindex.objects import API_VERSION
+from localkube.cluster import LocalCluster
+from localkube.service import Service, select, wait_for
+from tests.kube import create_node, is_leader, set_node_status, settled, writes
+from tests.kueue import API as KUEUE_API
+from tests.kueue import install_kueue, resource_flavor
+
+FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
+NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
+SETTLE = 3.0
+
+
+def _apply(kube: LocalCluster, obj: dict[str, Any], manager: str = "admin") -> None:
+    kube.kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={manager}", "-f", "-",
+                 input=json.dumps(obj))
+
+
+def queue(kube: LocalCluster, name: str) -> None:
+    """A ClusterQueue in a cohort: flavor a100 (cpu, nvidia.com/gpu at 0, a borrowingLimit another
+    manager owns) and flavor spare (cpu 3), which no claim names."""
+    resources = ["cpu", "nvidia.com/gpu"]
+    _apply(kube, {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": {
+        "namespaceSelector": {}, "cohort": "all",
+        "resourceGroups": [{"coveredResources": resources, "flavors": [
+            {"name": "a100", "resources": [{"name": "cpu", "nominalQuota": "0", "borrowingLimit": "5"},
+                                           {"name": "nvidia.com/gpu", "nominalQuota": "0"}]},
+            {"name": "spare", "resources": [{"name": "cpu", "nominalQuota": "3"},
+                                            {"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]}]}})
+
+
+def claim(kube: LocalCluster, name: str, assignments: list[dict[str, Any]], **spec: Any) -> None:
+    _apply(kube, {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": name},
+                  "spec": {"flavor": "a100", "resourceAssignments": assignments, **spec}})
+
+
+def get(kube: LocalCluster, kind: str, name: str) -> dict[str, Any]:
+    return json.loads(kube.kubectl("get", kind, name, "-o", "json").stdout)
+
+
+def quota(kube: LocalCluster, name: str) -> dict[tuple[str, str], str]:
+    """(flavor, resource) -> nominalQuota of a ClusterQueue."""
+    spec = get(kube, "clusterqueues.kueue.x-k8s.io", name)["spec"]
+    return {(f["name"], r["name"]): str(r["nominalQuota"])
+            for g in spec["resourceGroups"] for f in g["flavors"] for r in f["resources"]}
+
+
+def condition(kube: LocalCluster, name: str, type_: str) -> dict[str, Any]:
+    status = get(kube, "clusterresourceclaims", name).get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def applied(svc: Service) -> float:
+    return sum(v for k, v in select(svc.scrape(), "nws_quota_writes_total").items()
+               if ("result", "applied") in k)
+
+
+@pytest.fixture(scope="module")
+def kueue(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    install_kueue(cluster)
+    resource_flavor(cluster, "a100", {"pool": "a100"})
+    resource_flavor(cluster, "spare", {"pool": "spare"})
+    yield cluster
+
+
+@pytest.fixture
+def pool(kueue: LocalCluster, request: pytest.FixtureRequest) -> Iterator[tuple[LocalCluster, str]]:
+    """Two Ready nodes of flavor a100 (16 cpu, 8 GPUs) and the queues research and prod, named
+    after the test; deleted after it."""
+    tag = request.node.name.removeprefix("test_")[:20].replace("_", "-").strip("-")
+    for n in (1, 2):
+        create_node(kueue, f"{tag}-{n}", {"pool": "a100"}, allocatable=NODE)
+    for name in ("research", "prod"):
+        queue(kueue, f"{tag}-{name}")
+    yield kueue, tag
+    kueue.kubectl("delete", "clusterresourceclaims", "--all", "--wait=false")
+    for name in ("research", "prod"):
+        kueue.kubectl("delete", "clusterqueues.kueue.x-k8s.io", f"{tag}-{name}", "--wait=false")
+    for n in (1, 2):
+        kueue.kubectl("delete", "node", f"{tag}-{n}", "--wait=false")
+
+
+def assignments(tag: str, research_gpu: str = "4") -> list[dict[str, Any]]:
+    return [{"clusterQueueName": f"{tag}-research", "resources": {"nvidia.com/gpu": research_gpu}},
+            {"clusterQueueName": f"{tag}-prod", "shares": {"cpu": "50%", "nvidia.com/gpu": "50%"}}]
+
+
+def test_dry_run_reports_and_writes_nothing(pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    versions = {q: get(kube, "clusterqueues.kueue.x-k8s.io", f"{tag}-{q}")["metadata"]["resourceVersion"]
+                for q in ("research", "prod")}
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: condition(kube, tag, "Ready").get("status") == "True", timeout=20)
+        status = get(kube, "clusterresourceclaims", tag)["status"]
+        assert status["nominalResources"]["nvidia.com/gpu"] == "8" and status["assignedPercent"] == "100%"
+        assert {q["name"]: q["resources"] for q in status["queues"]} == {
+            f"{tag}-research": {"nvidia.com/gpu": "4"}, f"{tag}-prod": {"cpu": "8", "nvidia.com/gpu": "4"}}
+        wait_for(lambda: select(svc.scrape(), "nws_queue_desired_quota", cluster_queue=f"{tag}-prod"), timeout=10)
+        quiet = settled(svc)  # the claim's status, written once, is not written again and again
+        time.sleep(2)
+        assert writes(svc) == quiet
+        assert {q: get(kube, "clusterqueues.kueue.x-k8s.io", f"{tag}-{q}")["metadata"]["resourceVersion"]
+                for q in ("research", "prod")} == versions
+        assert applied(svc) == 0
+    finally:
+        svc.stop()
+
+
+def test_quota_follows_a_shrinking_and_regrowing_pool(pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    research, prod = f"{tag}-research", f"{tag}-prod"
+    before = {q: quota(kube, q) for q in (research, prod)}
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}", "--quota-actuation=on")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+        assert quota(kube, prod)[("a100", "cpu")] == "8" and quota(kube, research)[("a100", "nvidia.com/gpu")] == "4"
+
+        set_node_status(kube, f"{tag}-2", "False")  # half the pool is lost
+        lost = time.monotonic()
+        wait_for(lambda: get(kube, "clusterresourceclaims", tag)["status"].get("pendingSince"), timeout=10)
+        assert quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4"  # not before the settle time
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "0", timeout=20)
+        assert time.monotonic() - lost >= SETTLE - 0.5
+        assert quota(kube, prod)[("a100", "cpu")] == "4"  # 50% of 8
+        assert quota(kube, research)[("a100", "nvidia.com/gpu")] == "4"  # the absolute amount is held
+        over = condition(kube, tag, "OverAllocated")
+        assert over["status"] == "True" and "nvidia.com/gpu short by 2" in over["message"], over
+        status = get(kube, "clusterresourceclaims", tag)["status"]
+        assert status["shortfall"] == {"nvidia.com/gpu": "2"} and status["settledResources"]["nvidia.com/gpu"] == "4"
+
+        set_node_status(kube, f"{tag}-2", "True")  # and comes back
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+        assert quota(kube, prod)[("a100", "cpu")] == "8"
+        wait_for(lambda: condition(kube, tag, "OverAllocated").get("status") == "False", timeout=10)
+        for q in (research, prod):  # the unnamed flavor never changed
+            assert {k: v for k, v in quota(kube, q).items() if k[0] == "spare"} == \
+                   {k: v for k, v in before[q].items() if k[0] == "spare"}
+        assert applied(svc) == 4  # research and prod set, prod shrunk, prod regrown: one patch each
+    finally:
+        svc.stop()
+
+
+def test_an_edit_of_an_assignment_changes_exactly_the_named_fields(pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    research = f"{tag}-research"
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}", "--quota-actuation=on")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: quota(kube, research)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+        before = get(kube, "clusterqueues.kueue.x-k8s.io", research)["spec"]
+        kube.kubectl("patch", "clusterresourceclaims", tag, "--type=merge", "-p", json.dumps(
+            {"spec": {"resourceAssignments": assignments(tag, research_gpu="3")}}))
+        wait_for(lambda: quota(kube, research)[("a100", "nvidia.com/gpu")] == "3", timeout=20)
+        after = get(kube, "clusterqueues.kueue.x-k8s.io", research)["spec"]
+        before["resourceGroups"][0]["flavors"][0]["resources"][1]["nominalQuota"] = "3"
+        assert after == before  # the borrowingLimit, the other flavor, every other field as they were
+        assert after["resourceGroups"][0]["flavors"][0]["resources"][0]["borrowingLimit"] == "5"
+        managed = json.loads(kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", research, "-o", "json",
+                                          "--show-managed-fields").stdout)["metadata"]["managedFields"]
+        assert "node-workload-summary" in {m["manager"] for m in managed}
+    finally:
+        svc.stop()
+
+
+def test_a_claim_on_another_cluster_is_not_ready(pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}")).start()
+    try:
+        claim(kube, tag, assignments(tag), clusterName="member-1")
+        wait_for(lambda: condition(kube, tag, "Ready").get("reason") == "ClusterUnknown", timeout=20)
+        assert condition(kube, tag, "Ready")["status"] == "False"
+    finally:
+        svc.stop()
+
+
+def test_only_the_leader_writes_and_a_leader_killed_in_mid_settle_applies_the_change_once(
+        pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    prod = f"{tag}-prod"
+    settle = 8.0
+    args = (*FAST_LEASE, f"--quota-settle={settle}", "--quota-actuation=on")
+    a = Service(kube, ("--identity=a", *args)).start()
+    b = Service(kube, ("--identity=b", *args)).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+        leader, standby = (a, b) if is_leader(a) else (b, a)
+        assert not is_leader(standby) and applied(standby) == 0 and applied(leader) == 2
+        generation = get(kube, "clusterqueues.kueue.x-k8s.io", prod)["metadata"]["generation"]
+
+        set_node_status(kube, f"{tag}-2", "False")
+        wait_for(lambda: get(kube, "clusterresourceclaims", tag)["status"].get("pendingSince"), timeout=10)
+        lost = time.monotonic()
+        leader.proc.send_signal(signal.SIGKILL)  # type: ignore[union-attr]  # in mid-settle, no release
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "0", timeout=30)
+        assert time.monotonic() - lost >= settle - 2  # the new leader kept the timer, did not restart or skip it
+        time.sleep(2)
+        assert get(kube, "clusterqueues.kueue.x-k8s.io", prod)["metadata"]["generation"] == generation + 1
+        assert is_leader(standby) and applied(standby) == 1
+    finally:
+        a.stop()
+        b.stop()

@@ -1,0 +1,238 @@
+"""The ClusterResourceClaim controller without a cluster: the index fed projections, a fake clock,
+a request that records: status and patches, the dry run, the settle timer kept in the status (a
+new leader goes on with it), condition times, ClusterUnknown, the writes bounded per hour, a 409
+counted, Hold."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from kubeindex.api import Conflict
+from kubeindex.index import ClusterIndex
+from kubeindex.objects import (
+    ClaimMeta,
+    ClusterQueue,
+    ClusterQueueSpec,
+    ClusterResourceClaim,
+    FlavorQuotas,
+    ObjectMeta,
+    ResourceFlavor,
+    ResourceFlavorSpec,
+    ResourceGroup,
+    ResourceQuota,
+)
+from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, settle_state
+from tests.builders import make_node
+
+GPU = "nvidia.com/gpu"
+NODE = {"cpu": "8", GPU: "4"}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """The reconciler's request: records each call; ``fail`` raises it (as a Retry from it)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.fail: Exception | None = None
+
+    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                       content_type: str = "") -> bool:
+        if self.fail is not None:
+            raise RuntimeError("retry") from self.fail
+        self.calls.append((verb, path, body))
+        return True
+
+
+def queue(name: str, version: str = "1", gpu: str = "0") -> ClusterQueue:
+    resources = [ResourceQuota("cpu", "0"), ResourceQuota(GPU, gpu)]
+    return ClusterQueue(ObjectMeta(name=name, resourceVersion=version),
+                        ClusterQueueSpec([ResourceGroup([FlavorQuotas("a100", resources)])]))
+
+
+def claim(name: str = "pool", status: dict[str, Any] | None = None, cluster: str = "local") -> ClusterResourceClaim:
+    spec = {"clusterName": cluster, "flavor": "a100", "resourceAssignments": [
+        {"clusterQueueName": "research", "resources": {GPU: "3"}},
+        {"clusterQueueName": "prod", "shares": {"cpu": "50%", GPU: "50%"}}]}
+    return ClusterResourceClaim(ClaimMeta(name=name, generation=3, creationTimestamp="2026-01-01T00:00:00Z"),
+                                spec, status or {})
+
+
+@pytest.fixture
+def index() -> ClusterIndex:
+    index = ClusterIndex()
+    index.kueue.upsert_flavor(ResourceFlavor(ObjectMeta(name="a100"), ResourceFlavorSpec({"pool": "a100"})))
+    for n in (1, 2):
+        index.upsert_node(make_node(f"n{n}", {"pool": "a100"}, allocatable=NODE))
+    for name in ("research", "prod"):
+        index.kueue.upsert_cluster_queue(queue(name))
+    return index
+
+
+def run(claims: Claims, key: tuple[str, str], request: Recorder) -> float | None:
+    return asyncio.run(claims.sync(key, request))
+
+
+def written_status(request: Recorder) -> dict[str, Any]:
+    verb, path, body = request.calls[-1]
+    assert verb == "apply_status" and path.endswith("/clusterresourceclaims/pool/status")
+    return body["status"]
+
+
+def test_capacity_is_the_allocatable_of_the_ready_nodes(index: ClusterIndex) -> None:
+    assert index.kueue.capacity("a100") == {"cpu": 16 * 10**9, GPU: 8 * 10**9}
+    index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
+    assert index.kueue.capacity("a100") == {"cpu": 8 * 10**9, GPU: 4 * 10**9}
+    assert index.kueue.capacity("missing") is None
+
+
+def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterIndex) -> None:
+    index.kueue.upsert_claim(claim())
+    for actuation in (True, False):
+        claims, request = Claims(index.kueue, ClaimSettings(actuation=actuation), Clock()), Recorder()
+        assert set(claims.changed_keys()) == {(CLAIMS, "pool"), (QUEUES, "prod"), (QUEUES, "research")}
+        assert claims.changed_keys() == []  # nothing changed since
+        assert run(claims, (CLAIMS, "pool"), request) is None
+        status = written_status(request)
+        assert status["observedGeneration"] == 3 and "pendingSince" not in status
+        assert status["settledFor"] == {"clusterName": "local", "flavor": "a100"}
+        assert status["queues"] == [{"name": "prod", "resources": {"cpu": "8", GPU: "4"}, "flavor": "a100"},
+                                    {"name": "research", "resources": {GPU: "3"}, "flavor": "a100"}]
+        assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
+        request.calls.clear()
+        run(claims, (QUEUES, "prod"), request)
+        if actuation:
+            verb, path, body = request.calls[0]
+            assert (verb, path) == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
+            assert body == [{"op": "replace", "path": "/metadata/resourceVersion", "value": "1"},
+                            {"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
+                             "value": "8"},
+                            {"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/1/nominalQuota",
+                             "value": "4"}]
+            assert claims.writes.counts == {("prod", "applied"): 1}
+        else:
+            assert request.calls == [] and claims.writes.counts == {}
+
+
+def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index: ClusterIndex) -> None:
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
+    index.kueue.upsert_claim(claim())
+    run(claims, (CLAIMS, "pool"), request)
+    index.kueue.upsert_claim(claim(status=written_status(request)))  # the watch brings it back
+    index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
+    clock.now += 10
+    again = run(claims, (CLAIMS, "pool"), request)
+    assert again == pytest.approx(120.5)
+    status = written_status(request)
+    assert status["pendingSince"] == "2027-01-15T08:00:10Z" and status["settledResources"][GPU] == "8"
+    assert status["nominalResources"][GPU] == "4"
+    index.kueue.upsert_claim(claim(status=status))
+
+    # This replica is gone; a new leader 60 s later: the change is still 60 s away, not 120.
+    clock.now += 60
+    leader, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
+    assert settle_state(status, ("local", "a100")).since == clock.now - 60
+    assert settle_state(status, ("local", "h100")).effective is None  # another flavor: afresh
+    assert run(leader, (CLAIMS, "pool"), request) == pytest.approx(60.5)
+    assert request.calls == []  # nothing to write: the same status
+    run(leader, (QUEUES, "prod"), request)
+    assert [op["value"] for op in request.calls[0][2][1:]] == ["8", "4"]  # still the settled capacity
+    clock.now += 61
+    request.calls.clear()
+    assert run(leader, (CLAIMS, "pool"), request) is None
+    status = written_status(request)
+    assert "pendingSince" not in status and status["settledResources"][GPU] == "4"
+    over = next(c for c in status["conditions"] if c["type"] == "OverAllocated")
+    assert over["status"] == "True" and over["lastTransitionTime"] == "2027-01-15T08:02:11Z"
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["lastTransitionTime"] == "2027-01-15T08:02:11Z"
+
+
+def test_an_unchanged_condition_keeps_its_time(index: ClusterIndex) -> None:
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(), clock), Recorder()
+    index.kueue.upsert_claim(claim())
+    run(claims, (CLAIMS, "pool"), request)
+    first = written_status(request)
+    index.kueue.upsert_claim(claim(status=first))
+    clock.now += 300
+    index.kueue.upsert_claim(claim(status={**first, "conditions": [{**c, "message": "stale"}
+                                                                   for c in first["conditions"]]}))
+    run(claims, (CLAIMS, "pool"), request)
+    assert [c["lastTransitionTime"] for c in written_status(request)["conditions"]] == \
+           [c["lastTransitionTime"] for c in first["conditions"]]
+
+
+def test_a_claim_on_another_cluster_is_held_as_cluster_unknown(index: ClusterIndex) -> None:
+    claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
+    index.kueue.upsert_claim(claim(cluster="member-1"))
+    run(claims, (CLAIMS, "pool"), request)
+    ready = next(c for c in written_status(request)["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ClusterUnknown") and "member-1" in ready["message"]
+    request.calls.clear()
+    run(claims, (QUEUES, "prod"), request)
+    assert request.calls == []
+
+
+def test_writes_per_queue_are_bounded_per_hour_and_a_conflict_is_counted(index: ClusterIndex) -> None:
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(actuation=True, max_writes_per_hour=2), clock), Recorder()
+    index.kueue.upsert_claim(claim())
+    for n in range(2):
+        run(claims, (QUEUES, "prod"), request)
+        index.kueue.upsert_cluster_queue(queue("prod", version=str(n + 2)))  # as if another manager reset it
+        clock.now += 60
+    assert run(claims, (QUEUES, "prod"), request) == pytest.approx(3600 - 120)
+    assert claims.writes.counts == {("prod", "applied"): 2, ("prod", "throttled"): 1}
+    clock.now += 3600
+    request.fail = Conflict(409, "Conflict", "the object has been modified")
+    with pytest.raises(RuntimeError):
+        run(claims, (QUEUES, "prod"), request)
+    assert claims.writes.counts[("prod", "conflict")] == 1
+
+
+def test_hold_keeps_the_contribution_kept_in_the_status(index: ClusterIndex) -> None:
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(settle=0, actuation=True), clock), Recorder()
+    held = claim()  # research 3 GPUs, prod 50%: 3 + 4 of 8 fit
+    held.spec["overAllocation"] = "Hold"
+    index.kueue.upsert_claim(held)
+    run(claims, (CLAIMS, "pool"), request)
+    before = written_status(request)
+    index.kueue.upsert_claim(ClusterResourceClaim(held.metadata, held.spec, before))  # the watch brings it back
+    index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
+    clock.now += 1
+    run(claims, (CLAIMS, "pool"), request)  # a settle of 0: at once
+    status = written_status(request)
+    assert status["shortfall"] == {GPU: "1"}  # research's 3 and half of 4 GPUs, of 4
+    assert status["queues"] == before["queues"]  # held: what was applied
+    assert claims.last is not None and claims.last.plan.desired["prod"] == {("a100", "cpu"): 8 * 10**9,
+                                                                            ("a100", GPU): 4 * 10**9}
+
+
+def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: ClusterIndex) -> None:
+    index.kueue.upsert_flavor(ResourceFlavor(ObjectMeta(name="h100"), ResourceFlavorSpec({"pool": "h100"})))
+    index.upsert_node(make_node("h1", {"pool": "h100"}, allocatable=NODE))
+    clock = Clock()
+    claims, request = Claims(index.kueue, ClaimSettings(settle=120), clock), Recorder()
+    index.kueue.upsert_claim(claim())
+    run(claims, (CLAIMS, "pool"), request)
+    moved = claim(status=written_status(request))
+    moved.spec["flavor"] = "h100"
+    index.kueue.upsert_claim(moved)
+    clock.now += 1
+    assert run(claims, (CLAIMS, "pool"), request) is None  # nothing pending: no 120 s on a100's capacity
+    status = written_status(request)
+    assert status["settledResources"][GPU] == "4" and status["settledFor"]["flavor"] == "h100"
+    assert "pendingSince" not in status
