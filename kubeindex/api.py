@@ -81,28 +81,20 @@ def status_error(status: int, reason: str, message: str, details: dict[str, Any]
     return _BY_STATUS.get(status, ApiError)(status, reason, message, details)
 
 
-def body_message(body: bytes, limit: int = 300) -> str:
-    """What a person reads of an error body: a Status's message, else the start of the body."""
-    try:
-        parsed = json.loads(body)
-    except ValueError:
-        parsed = None
-    if isinstance(parsed, dict) and parsed.get("message"):
-        return str(parsed["message"])[:limit]
-    return body[:limit].decode(errors="replace").strip()
-
-
-def error_from_body(status: int, body: bytes) -> ApiError:
-    """The typed error of a non-2xx answer with this body (a Status, or anything else)."""
+def error_from_body(status: int, body: bytes, limit: int = 300) -> ApiError:
+    """The typed error of a non-2xx answer: a Status's reason, message and details, or what a
+    person can read of any other body (its first ``limit`` characters)."""
     try:
         parsed = json.loads(body)
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
         parsed = {}
+    message = str(parsed["message"])[:limit] if parsed.get("message") else \
+        body[:limit].decode(errors="replace").strip()
     details = parsed.get("details")
-    return status_error(status, str(parsed.get("reason") or ""), body_message(body),
-                        details if isinstance(details, dict) else None)
+    reason = str(parsed.get("reason") or "")
+    return status_error(status, reason, message, details if isinstance(details, dict) else None)
 
 
 def transport_error(err: BaseException) -> Transient:

@@ -231,8 +231,9 @@ class Reflector(Generic[T]):
         """The HTTP status of the last failed request (0: none since contact, or no answer)."""
         return self.failure.status if isinstance(self.failure, ApiError) else 0
 
-    def problem(self, grace: float, now: float) -> str | None:
-        """Why this resource is not in sync (None: it is). ``now`` is self.clock.monotonic()."""
+    def problem(self, grace: float) -> str | None:
+        """Why this resource is not in sync (None: it is)."""
+        now = self.clock.monotonic()  # the clock lost_at was read on
         if self.forbidden:
             return f"forbidden ({self.last_error})"
         if self.not_served:

@@ -65,8 +65,7 @@ SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync p
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
-    now = time.monotonic()
-    return [f"{r.name}: {r.problem(grace, now)}" for r in reflectors if r.permanent]
+    return [f"{r.name}: {r.problem(grace)}" for r in reflectors if r.permanent]
 
 
 @dataclass
@@ -208,13 +207,12 @@ class Sources:
     def sync_problems(self) -> list[str]:
         """One line per resource that is not in sync ("pods: forbidden (...)"); empty: in sync.
         O(reflectors): cheap enough for every probe and every lease renewal."""
-        now = time.monotonic()
         problems = []
         for name, reflector in self.reflectors.items():
             if name not in CORE and (reflector.permanent
                                      or (self.ready.is_set() and not reflector.synced.is_set())):
                 continue
-            problem = reflector.problem(self.sync_grace, now)
+            problem = reflector.problem(self.sync_grace)
             if problem is not None:
                 problems.append(f"{name}: {problem}")
         if not problems and not self.ready.is_set():

@@ -219,7 +219,7 @@ class Claims:
         """Every key, when a claim, a ClusterQueue or a claimed capacity changed since the last
         call (or ``everything``); else none."""
         claims = list(self.kueue.claims.values())
-        claimed = {(str(c.spec.get("clusterName", LOCAL)), str(c.spec.get("flavor", ""))) for c in claims}
+        claimed = {_parsed(c).key for c in claims}  # as the evaluation reads them: a bad name is local
         seen = (self.kueue.version, {k: self._live(*k) for k in claimed})
         if seen == self._seen and not everything:
             return []
@@ -250,7 +250,7 @@ class Claims:
         result = ev.plan.claims[claim.metadata.name]
         status = dict(result.status)
         conditions = status["conditions"]
-        cluster = str(claim.spec.get("clusterName", LOCAL))
+        cluster = _parsed(claim).spec.cluster  # an invalid spec keeps its InvalidSpec reason
         if cluster not in self.capacities:
             conditions = _cluster_unknown(conditions, cluster)
         status["conditions"] = _with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,

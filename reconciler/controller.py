@@ -253,7 +253,7 @@ class Reconciler:
             for task in relisting:
                 task.cancel()  # only the waits: the relists themselves go on in their reflectors
             if retired is not None:
-                await retired.close()  # what still ran on it was cancelled by the relists
+                await retired.close()  # a late relist still on it breaks and starts again on the new pool
         self._fresh, self._resync = True, True
         if late:
             log.warning("leading: writing after %.2fs; still relisting: %s", time.monotonic() - started,

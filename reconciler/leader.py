@@ -118,9 +118,12 @@ class LeaderElector:
                 await self.release(final=False)
             else:  # the initial sync is the normal start, not worth a warning
                 level = logging.INFO if all("initial sync" in r for r in reasons) else logging.WARNING
-                self._say("not-ready", "", level, "not a candidate for lease %s/%s: %s",
+                # Keyed by what is out of sync ("pods"), not the seconds counted in the text.
+                which = "; ".join(sorted(r.partition(":")[0] for r in reasons))
+                self._say("not-ready", which, level, "not a candidate for lease %s/%s: %s",
                           self.settings.namespace, self.settings.name, "; ".join(reasons))
             return
+        self._say.clear("not-ready")
         try:
             ok = await self._try_acquire_or_renew()
             self.last_error = ""
@@ -128,7 +131,7 @@ class LeaderElector:
             raise
         except Exception as err:  # any failure is a failed renewal (dropped connections included)
             self.last_error = str(err) if isinstance(err, LeaseError) else f"{type(err).__name__}: {err}"
-            self._say("request", "", logging.WARNING, "lease %s/%s: %s", self.settings.namespace,
+            self._say("request", self.last_error, logging.WARNING, "lease %s/%s: %s", self.settings.namespace,
                       self.settings.name, self.last_error)
             ok = False
         else:

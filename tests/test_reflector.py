@@ -459,7 +459,7 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
             try:
                 await until(lambda: r.last_error_status == 422)
                 assert "WatchList feature gate" in r.last_error and not r.synced.is_set() and api.lists == []
-                problem = r.problem(60, 0)
+                problem = r.problem(60)
                 assert problem is not None and problem.startswith("initial sync in progress (last error: ")
                 assert api.watch_list_refused == ""
             finally:
@@ -714,7 +714,7 @@ def test_forbidden_is_the_problem_readiness_reports() -> None:
         api = ScriptedApi(clock, lists=[denied], watches=[])
         reflector, _, task = start(api, clock)
         await settle()
-        problem = reflector.problem(60, clock.now)
+        problem = reflector.problem(60)
         await stop(task)
         return problem
 
