@@ -32,7 +32,6 @@ leadership checks, its token bucket).
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -48,7 +47,18 @@ from kubeindex.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSION, ClusterRe
 from kubeindex.quantity import parse_nano
 
 from .desired import MANAGER
-from .quota import LOCAL, Capacity, Contribution, Plan, ResourceClaim, Settler, SettleState, evaluate, parse_claim
+from .quota import (
+    LOCAL,
+    Capacity,
+    Contribution,
+    Plan,
+    ResourceClaim,
+    Settler,
+    SettleState,
+    evaluate,
+    parse_claim,
+    parse_time,
+)
 
 CLAIMS = "clusterresourceclaims"
 QUEUES = "clusterqueues"
@@ -105,13 +115,6 @@ def _rfc3339(seconds: float) -> str:
     return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _seconds(text: Any) -> float | None:
-    try:
-        return datetime.fromisoformat(str(text)).timestamp()
-    except ValueError:
-        return None
-
-
 def _nano(values: Any) -> dict[str, int]:
     if not isinstance(values, Mapping):
         return {}
@@ -142,7 +145,7 @@ def settle_state(status: Mapping[str, Any], key: tuple[str, str]) -> SettleState
     reason = _ready_reason(status)
     if reason is None or reason in UNKNOWN_CAPACITY or status.get("settledFor") != settled_for(*key):
         return SettleState()
-    return SettleState(_nano(status.get("settledResources")), _seconds(status.get("pendingSince")))
+    return SettleState(_nano(status.get("settledResources")), parse_time(status.get("pendingSince")))
 
 
 def held_contribution(claim: ClusterResourceClaim) -> Contribution:
@@ -151,12 +154,6 @@ def held_contribution(claim: ClusterResourceClaim) -> Contribution:
     entries = [q for q in queues if isinstance(q, Mapping)] if isinstance(queues, list) else []
     flavor = next((str(q.get("flavor", "")) for q in entries), str(claim.spec.get("flavor", "")))
     return Contribution(flavor, {str(q.get("name", "")): _nano(q.get("resources")) for q in entries})
-
-
-def _age_order(claim: ClusterResourceClaim) -> tuple[float, str]:
-    """Oldest first, then by name; no creationTimestamp: last (as reconciler/quota.py)."""
-    created = _seconds(claim.metadata.creationTimestamp)
-    return (math.inf if created is None else created), claim.metadata.name
 
 
 def _parsed(claim: ClusterResourceClaim) -> ResourceClaim:
@@ -230,7 +227,8 @@ class Claims:
 
     def evaluate(self) -> Evaluation:
         now = self.clock()
-        claims = sorted(self.kueue.claims.values(), key=_age_order)  # as quota.evaluate orders them
+        # Oldest first, then by name, as quota.evaluate orders them (no creationTimestamp: last).
+        claims = sorted(self.kueue.claims.values(), key=lambda c: (_parsed(c).created, c.metadata.name))
         parsed = [_parsed(c) for c in claims]
         settle: dict[str, SettleState] = {}
         live: dict[tuple[str, str], Capacity | None] = {}

@@ -122,14 +122,16 @@ def parse_claim(obj: Mapping[str, Any]) -> ResourceClaim:
     meta = obj.get("metadata")
     meta = meta if isinstance(meta, Mapping) else {}
     spec, problems = parse_spec(obj.get("spec"))
-    return ResourceClaim(str(meta.get("name", "")), _timestamp(meta.get("creationTimestamp")), spec, problems)
+    created = parse_time(meta.get("creationTimestamp"))
+    return ResourceClaim(str(meta.get("name", "")), math.inf if created is None else created, spec, problems)
 
 
-def _timestamp(value: Any) -> float:
+def parse_time(value: Any) -> float | None:
+    """An RFC 3339 time as seconds since the epoch (None: absent or not a time)."""
     try:
         return datetime.fromisoformat(str(value)).timestamp()
     except ValueError:
-        return math.inf
+        return None
 
 
 def parse_spec(spec: Any) -> tuple[ClaimSpec, tuple[str, ...]]:
