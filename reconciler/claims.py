@@ -36,7 +36,6 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import msgspec
@@ -46,6 +45,7 @@ from kubeindex.kueue import KueueIndex
 from kubeindex.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
 from kubeindex.quantity import parse_nano
 
+from .conditions import rfc3339, with_times
 from .desired import MANAGER
 from .quota import (
     LOCAL,
@@ -111,10 +111,6 @@ class QuotaWrites:
         return now if len(times) < per_hour else times[0] + HOUR
 
 
-def _rfc3339(seconds: float) -> str:
-    return datetime.fromtimestamp(int(seconds), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _nano(values: Any) -> dict[str, int]:
     if not isinstance(values, Mapping):
         return {}
@@ -170,18 +166,6 @@ def named_queues(claims: Iterable[ClusterResourceClaim]) -> set[str]:
         for a in assignments if isinstance(assignments, list) else ():
             if isinstance(a, Mapping) and isinstance(a.get("clusterQueueName"), str):
                 out.add(a["clusterQueueName"])
-    return out
-
-
-def _with_times(conditions: list[dict[str, Any]], old: Any, generation: int, now: float) -> list[dict[str, Any]]:
-    """Each condition with observedGeneration, and its lastTransitionTime kept while its status is
-    the one the object has."""
-    before = {c.get("type"): c for c in old if isinstance(c, Mapping)} if isinstance(old, list) else {}
-    out = []
-    for c in conditions:
-        previous = before.get(c["type"]) or {}
-        kept = previous.get("lastTransitionTime") if previous.get("status") == c["status"] else None
-        out.append({**c, "observedGeneration": generation, "lastTransitionTime": kept or _rfc3339(now)})
     return out
 
 
@@ -251,7 +235,7 @@ class Claims:
         cluster = _parsed(claim).spec.cluster  # an invalid spec keeps its InvalidSpec reason
         if cluster not in self.capacities:
             conditions = _cluster_unknown(conditions, cluster)
-        status["conditions"] = _with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,
+        status["conditions"] = with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,
                                            ev.now)
         if "queues" in status:
             status["queues"] = [{**q, "flavor": result.contribution.flavor} for q in status["queues"]]
@@ -259,7 +243,7 @@ class Claims:
         if state.effective is not None:
             status["settledFor"] = settled_for(*_parsed(claim).key)
         if state.since is not None:
-            status["pendingSince"] = _rfc3339(state.since)
+            status["pendingSince"] = rfc3339(state.since)
         status["observedGeneration"] = claim.metadata.generation
         return status
 

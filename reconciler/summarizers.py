@@ -9,8 +9,8 @@ log per summarizer and message.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Container, Mapping
 from typing import Any
 
@@ -18,6 +18,8 @@ from kubeindex.index import ClusterIndex, WorkloadAgg
 from kubeindex.objects import LABEL_WORKLOAD_PREFIX, NodeSummarizer, WorkloadSummarizer, WorkloadSummarizerSpec
 from kubeindex.owners import GroupKind
 from kubeindex.sources import Summarizers
+
+from .conditions import with_times
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +63,10 @@ class SummarizerStatuses:
         else:
             cond, counts = self._workload_condition(obj, usable)
         status_value, reason, message = cond
-        meta = obj.metadata
-        previous = {c.get("type"): c for c in obj.status.get("conditions", [])}.get("Ready", {})
-        transition = previous.get("lastTransitionTime") if previous.get("status") == status_value else None
-        condition = {"type": "Ready", "status": status_value, "reason": reason, "message": message,
-                     "observedGeneration": meta.generation,
-                     "lastTransitionTime": transition or dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
-        return {"observedGeneration": meta.generation, "conditions": [condition], **counts}
+        generation = obj.metadata.generation
+        ready = {"type": "Ready", "status": status_value, "reason": reason, "message": message}
+        conditions = with_times([ready], obj.status.get("conditions"), generation, time.time())
+        return {"observedGeneration": generation, "conditions": conditions, **counts}
 
     def _node_condition(self, obj: NodeSummarizer) -> tuple[Condition, dict[str, int]]:
         name, label = obj.metadata.name, obj.spec.labelKey
