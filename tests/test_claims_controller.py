@@ -25,9 +25,8 @@ from kubeindex.objects import (
     ResourceQuota,
 )
 from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, settle_state
-from tests.builders import make_node
+from tests.builders import GPU, make_node
 
-GPU = "nvidia.com/gpu"
 NODE = {"cpu": "8", GPU: "4"}
 
 
