@@ -48,7 +48,7 @@ image: install image-tools  ## build the container image from the Dockerfile and
 	$(BIN)/python -m deploy.image $(IMAGE_ARGS)
 
 test: lint binaries tools  ## lint, then run every test (unit and against the local control plane)
-	$(BIN)/pytest -m 'not node'
+	$(BIN)/pytest -m 'not node' --prebuild
 
 node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)
 	@command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v conntrack >/dev/null && \

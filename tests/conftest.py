@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import HELM, ensure_binaries
+from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, ROOT
@@ -28,7 +28,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--prebuild", action="store_true",
+                     help="build the tools later tests need (helm, the Prometheus Operator, ...) in the "
+                          "background, at the lowest CPU priority, while the first tests run (make test)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # On a fresh machine their builds take minutes, spent behind tests that mostly wait on the
+    # control plane instead of in front of the tests that need them.
+    if session.config.getoption("prebuild") and any(item.get_closest_marker("cluster") for item in session.items):
+        session.config.stash[BACKGROUND] = BackgroundBuild(TEST_TOOLS).start()
+
+
+BACKGROUND = pytest.StashKey[BackgroundBuild]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    background = session.config.stash.get(BACKGROUND, None)
+    if background is not None:
+        background.stop()
+        for failure in background.failed:
+            print(f"\nbackground build failed (the tests that needed it built it again): {failure}")
     left = leftover_processes()
     if left:
         print(f"\nERROR: control plane processes left behind: {left}")

@@ -14,6 +14,7 @@ import pytest
 
 from localkube.build import BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, leftover_processes
+from localkube.service import wait_for
 from tests.paths import ROOT
 
 
@@ -157,3 +158,19 @@ def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> Non
         "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
             {"name": "f", "resources": [{"name": "cpu", "nominalQuota": "lots"}]}]}]}}))
     assert bad.returncode != 0 and "nominalQuota" in bad.stderr
+
+
+def test_a_background_build_stops_at_once_with_its_compilers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """make test builds the tests' tools behind the first tests (--prebuild); a run that ends
+    early stops that build at once: no binary, no compiler left running, no failure reported."""
+    from localkube.build import ACTIONLINT, BackgroundBuild
+
+    monkeypatch.setenv("NWS_CACHE_DIR", str(tmp_path))  # nothing cached: it has to build
+    build = BackgroundBuild((ACTIONLINT,)).start()
+    building = lambda: subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).returncode == 0  # noqa: E731
+    wait_for(building, timeout=60)
+    started = time.monotonic()
+    build.stop()
+    assert time.monotonic() - started < 5
+    wait_for(lambda: not building(), timeout=5)  # the go command and the compilers it started
+    assert not list(tmp_path.glob("bin/*/actionlint")) and build.failed == []
