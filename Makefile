@@ -47,7 +47,8 @@ image-tools:  ## Debian's podman, buildah and mmdebstrap, for `make image` where
 image: install image-tools  ## build the container image from the Dockerfile and report its layers
 	$(BIN)/python -m deploy.image $(IMAGE_ARGS)
 
-test: lint binaries tools  ## lint, then run every test (unit and against the local control plane)
+test: lint install tools  ## lint, then run every test (unit and against the local control plane)
+	$(BIN)/localkube build --core
 	$(BIN)/pytest -m 'not node' --prebuild
 
 node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)

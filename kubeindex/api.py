@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import aiohttp
+import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
@@ -159,19 +160,55 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
     one set; ConfigError (one line) names what was tried and why it failed."""
     config = k8s_client.Configuration()
     source, path = _config_source(kubeconfig)
+    where = path if source == HOME_KUBECONFIG else f"{source} {path}".strip()
+    if source == IN_CLUSTER:
+        return _connection(where, lambda: k8s_config.load_incluster_config(client_configuration=config), config)
+    return _connection(where, lambda: k8s_config.load_kube_config(
+        config_file=path, context=context, client_configuration=config, persist_config=False), config)
+
+
+def connection_from_kubeconfig(text: str, where: str) -> Connection:
+    """From a kubeconfig's content (a member cluster's, read from a Secret): certificates and keys
+    inline (``*-data``), its current context. ConfigError names ``where`` it came from."""
+    config = k8s_client.Configuration()
     try:
-        if source == IN_CLUSTER:
-            k8s_config.load_incluster_config(client_configuration=config)
-        else:
-            k8s_config.load_kube_config(config_file=path, context=context, client_configuration=config,
-                                        persist_config=False)
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{where}: not YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{where}: not a kubeconfig (a YAML mapping with clusters, users and contexts)")
+    refused = _not_self_contained(document)
+    if refused:
+        raise ConfigError(f"{where}: {', '.join(refused)} not allowed: a kubeconfig from a Secret must carry its "
+                          "credentials inline (token, client-certificate-data, certificate-authority-data)")
+    return _connection(where, lambda: k8s_config.load_kube_config_from_dict(
+        document, client_configuration=config, persist_config=False), config)
+
+
+# What a kubeconfig from a Secret may not hold: a command to run or a file to read in this process
+# (whoever may write the Secret would choose them), as newer Kueue refuses for MultiKueue.
+NOT_INLINE = {"clusters": ("cluster", ("certificate-authority",)),
+              "users": ("user", ("exec", "auth-provider", "tokenFile", "client-certificate", "client-key"))}
+
+
+def _not_self_contained(document: dict[str, Any]) -> list[str]:
+    refused = []
+    for section, (inner, keys) in NOT_INLINE.items():
+        for i, entry in enumerate(document.get(section) or []):
+            fields = entry.get(inner) if isinstance(entry, dict) else None
+            refused += [f"{section}[{i}].{inner}.{key}" for key in keys if isinstance(fields, dict) and key in fields]
+    return refused
+
+
+def _connection(where: str, load: Callable[[], None], config: k8s_client.Configuration) -> Connection:
+    try:
+        load()
         ssl_context: ssl.SSLContext | bool = False
         if config.verify_ssl:
             ssl_context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
             if config.cert_file:
                 ssl_context.load_cert_chain(config.cert_file, config.key_file)
     except Exception as err:  # any failure here is the configuration's: say where it came from
-        where = path if source == HOME_KUBECONFIG else f"{source} {path}".strip()
         raise ConfigError(f"{where}: {' '.join(str(err).split())}") from None
     return Connection(config.host.rstrip("/"), ssl_context, config)
 

@@ -81,3 +81,24 @@ def _kinds(name: str, help_: str, kinds: Iterable[tuple[str, str]]) -> GaugeMetr
     for group, kind in sorted(kinds):
         family.add_metric([group, kind], 1)
     return family
+
+
+class _Fleet(Protocol):
+    @property
+    def specs(self) -> Mapping[str, object]: ...
+    def problem(self, name: str) -> object | None: ...
+
+
+class FleetCollector(Collector):
+    """A fleet hub's members (kubeindex/fleet.py): one series per MultiKueueCluster."""
+
+    def __init__(self, fleet: _Fleet) -> None:
+        self.fleet = fleet
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("nws_fleet_member_up", "1 while the hub reads a member cluster's capacity from its "
+                               "watches (in contact, or out of contact within --member-grace); 0 while connecting "
+                               "or unreachable (see the claims' Ready condition).", labels=["member"])
+        for name in sorted(self.fleet.specs):
+            up.add_metric([name], int(self.fleet.problem(name) is None))
+        yield up

@@ -177,8 +177,48 @@ class ClusterQueue(Struct):
     spec: ClusterQueueSpec = field(default_factory=ClusterQueueSpec)
 
 
+class KubeConfigLocation(Struct):
+    location: str = ""  # a Secret's name in Kueue's namespace (key "kubeconfig"), or a file path
+    locationType: str = "Secret"  # Secret | Path
+
+
+class MultiKueueClusterSpec(Struct):
+    kubeConfig: KubeConfigLocation = field(default_factory=KubeConfigLocation)
+
+
+class MultiKueueCluster(Struct):
+    """A MultiKueue worker cluster: a fleet hub's member (kubeindex/fleet.py)."""
+
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: MultiKueueClusterSpec = field(default_factory=MultiKueueClusterSpec)
+
+
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSION = "v1beta1"
+
+
+# -- A member cluster's NodeSummaries, as a fleet hub reads them ----------------------------------
+
+class LabelSelector(Struct):
+    matchLabels: dict[str, str] = field(default_factory=dict)
+
+
+class NodeSummarySpec(Struct):
+    selector: LabelSelector = field(default_factory=LabelSelector)
+
+
+class NodeSummaryCapacity(Struct):
+    allocatable: dict[str, str | int] = field(default_factory=dict)
+    notReadyAllocatable: dict[str, str | int] = field(default_factory=dict)  # absent: every node Ready
+
+
+class MemberNodeSummary(Struct):
+    """Of a NodeSummary, what a hub needs: whose nodes (the selector) and the allocatable of the
+    Ready ones (allocatable - notReadyAllocatable)."""
+
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: NodeSummarySpec = field(default_factory=NodeSummarySpec)
+    status: NodeSummaryCapacity = field(default_factory=NodeSummaryCapacity)
 
 
 # -- ClusterResourceClaims (this project's group): capacity claimed, assigned to ClusterQueues ---

@@ -90,6 +90,7 @@ class Sources:
         self.summarizers = Summarizers()
         self.reflectors: dict[str, Reflector] = {}  # the index's
         self._added: dict[str, Reflector] = {}  # other readers' (add_watch)
+        self._added_tasks: dict[str, asyncio.Task] = {}
         self._running = False
         self.ready = asyncio.Event()
         self.started_at = 0.0
@@ -118,8 +119,8 @@ class Sources:
     async def start(self) -> None:
         self.started_at = time.monotonic()
         self._running = True
-        for reflector in self._added.values():
-            self._spawn(reflector.run())
+        for name, reflector in self._added.items():
+            self._added_tasks[name] = self._spawn(reflector.run())
         self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
                             Handler(self.index.upsert_node, self.index.delete_node), settings=self.settings))
         self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
@@ -145,7 +146,26 @@ class Sources:
         self.stats[reflector.name] = reflector.stats
         self._added[reflector.name] = reflector
         if self._running:
-            self._spawn(reflector.run())
+            self._added_tasks[reflector.name] = self._spawn(reflector.run())
+
+    def remove_watch(self, name: str) -> None:
+        """Stop an added watch and forget it (its nws_watch_* series go): a member cluster that
+        left the fleet, or is reconnected with new credentials."""
+        self.stats.pop(name, None)
+        self._added.pop(name, None)
+        task = self._added_tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    def optional_listed(self, gk: GroupKind) -> bool:
+        """The optional kind is watched and has listed once."""
+        reflector = self._optional_reflectors.get(gk)
+        return reflector is not None and reflector.synced.is_set()
+
+    def add_optional_kind(self, need: Need, item_type: type, handler: Handler) -> None:
+        """Watch one more optional kind whenever it is served (before ``start``): the fleet's
+        MultiKueueClusters."""
+        self.optional[need] = (item_type, handler)
 
     def watches(self) -> list[Reflector]:
         """Every watch of the process: the index's and the added ones."""

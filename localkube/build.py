@@ -50,6 +50,11 @@ class Component:
         return GOMOD_DIR / self.name
 
     @property
+    def names(self) -> tuple[str, ...]:
+        """What it puts in its cache directory: its binaries and bundles, by file name."""
+        return (*(b.name for b in self.binaries), *(name for name, _ in self.bundles))
+
+    @property
     def version(self) -> str:
         text = (self.dir / "go.mod").read_text()
         match = re.search(rf"^(?:require)?\s+{re.escape(self.module)} (v\S+)", text, re.M)
@@ -69,46 +74,44 @@ class Component:
         )
 
 
-COMPONENTS: tuple[Component, ...] = (
-    Component(
-        "etcd",
-        "go.etcd.io/etcd/server/v3",
-        (Binary("etcd", "go.etcd.io/etcd/server/v3"),),
-    ),
-    Component(
-        "kubernetes",
-        "k8s.io/kubernetes",
-        tuple(
-            Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}")
-            for cmd in ("kube-apiserver", "kubectl", "kube-controller-manager", "kube-scheduler")
-        ),
-        tags="selinux,notest",
-    ),
-    Component(
-        "kwok",
-        "sigs.k8s.io/kwok",
-        (Binary("kwok", "sigs.k8s.io/kwok/cmd/kwok"),),
-        # KWOK's own default stages (what kwokctl loads), plus its chaos stages so tests can make
-        # a node NotReady or a pod Failed with a label.
-        bundles=(
-            (
-                "kwok-stages.yaml",
-                tuple(
-                    f"kustomize/stage/{path}.yaml"
-                    for path in (
-                        "node/fast/node-initialize",
-                        "node/heartbeat-with-lease/node-heartbeat-with-lease",
-                        "node/chaos/node-not-ready",
-                        "pod/fast/pod-ready",
-                        "pod/fast/pod-complete",
-                        "pod/fast/pod-delete",
-                        "pod/chaos/pod-container-running-failed",
-                    )
-                ),
+ETCD = Component("etcd", "go.etcd.io/etcd/server/v3", (Binary("etcd", "go.etcd.io/etcd/server/v3"),))
+
+
+def _kubernetes(*commands: str) -> Component:
+    """Binaries of the pinned k8s.io/kubernetes (one wrapper module, one cache directory)."""
+    return Component("kubernetes", "k8s.io/kubernetes",
+                     tuple(Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}") for cmd in commands), tags="selinux,notest")
+
+
+KUBERNETES = _kubernetes("kube-apiserver", "kubectl")
+# The controllers a LocalCluster starts when its options ask (Options.controller_manager, .scheduler).
+KUBERNETES_CONTROLLERS = _kubernetes("kube-controller-manager", "kube-scheduler")
+KWOK = Component(
+    "kwok",
+    "sigs.k8s.io/kwok",
+    (Binary("kwok", "sigs.k8s.io/kwok/cmd/kwok"),),
+    # KWOK's own default stages (what kwokctl loads), plus its chaos stages so tests can make
+    # a node NotReady or a pod Failed with a label.
+    bundles=(
+        (
+            "kwok-stages.yaml",
+            tuple(
+                f"kustomize/stage/{path}.yaml"
+                for path in (
+                    "node/fast/node-initialize",
+                    "node/heartbeat-with-lease/node-heartbeat-with-lease",
+                    "node/chaos/node-not-ready",
+                    "pod/fast/pod-ready",
+                    "pod/fast/pod-complete",
+                    "pod/fast/pod-delete",
+                    "pod/chaos/pod-container-running-failed",
+                )
             ),
         ),
     ),
 )
+CORE: tuple[Component, ...] = (ETCD, KUBERNETES)  # a bare control plane (etcd, kube-apiserver) and kubectl
+COMPONENTS: tuple[Component, ...] = (*CORE, KUBERNETES_CONTROLLERS, KWOK)  # `localkube build`
 
 # Not in COMPONENTS: only the chart tests need helm, so the demo and `localkube build` skip it.
 HELM = Component(
@@ -120,12 +123,7 @@ HELM = Component(
 
 # Not in COMPONENTS: a real node (localkube/node.py: `localkube up --node`, `make test-node`) runs
 # the kubelet and kube-proxy from the same module as the control plane, on containerd.
-KUBERNETES_NODE = Component(
-    "kubernetes",
-    "k8s.io/kubernetes",
-    tuple(Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}") for cmd in ("kubelet", "kube-proxy")),
-    tags="selinux,notest",
-)
+KUBERNETES_NODE = _kubernetes("kubelet", "kube-proxy")
 _CONTAINERD = "github.com/containerd/containerd/v2"
 CONTAINERD = Component(
     "containerd",
@@ -205,9 +203,12 @@ JOBSET = _crds("jobset", "sigs.k8s.io/jobset", "jobset-crds.yaml",
                ("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",))
 LWS = _crds("lws", "sigs.k8s.io/lws", "lws-crds.yaml",
             ("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",))
-KUEUE = _crds("kueue", "sigs.k8s.io/kueue", "kueue-crds.yaml",
-              tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
-                    for plural in ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")))
+KUEUE = Component("kueue", "sigs.k8s.io/kueue", (), bundles=tuple(
+    (bundle, tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml" for plural in plurals))
+    for bundle, plurals in (
+        ("kueue-crds.yaml", ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")),
+        ("multikueue-crds.yaml", ("multikueueclusters",)),  # a fleet hub's members
+    )))
 
 
 # Not in COMPONENTS: the JobSet and LeaderWorkerSet controller managers (the wrapper modules' `tool`
@@ -320,8 +321,7 @@ def _write_bundles(go: str, component: Component, out: Path) -> None:
 
 
 def _missing(component: Component, out: Path) -> set[str]:
-    names = [b.name for b in component.binaries] + [name for name, _ in component.bundles]
-    return {name for name in names if not (out / name).exists()}
+    return {name for name in component.names if not (out / name).exists()}
 
 
 def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
@@ -358,9 +358,11 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
     return paths
 
 
-# What the tests build on first use, in the order `make test` first needs them (files run by name:
-# test_chart needs helm, test_claims Kueue's CRDs, test_deploy the Prometheus Operator's, ...).
-TEST_TOOLS = (HELM, KUEUE, PROMETHEUS_OPERATOR, JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, ACTIONLINT)
+# What the tests build on first use beyond CORE, in the order `make test` builds them in the
+# background (tests/conftest.py --prebuild; the modules that need them declare it, and run last in
+# this order): Kueue's CRDs are a download; the rest are Go builds of minutes each on a fresh machine.
+TEST_TOOLS: tuple[Component, ...] = (KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
+                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER)
 
 
 class BackgroundBuild:
@@ -401,10 +403,13 @@ def main(argv: list[str] | None = None) -> int:
         description="Build (or reuse cached) etcd, kube-apiserver, kube-controller-manager, "
         "kube-scheduler, kubectl and kwok from the pinned Go modules, and print their paths.",
     )
-    parser.parse_args(argv)
+    parser.add_argument("--core", action="store_true",
+                        help="only etcd, kube-apiserver and kubectl: what every cluster test needs first "
+                             "(make test builds the rest behind the first tests)")
+    args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        paths = ensure_binaries()
+        paths = ensure_binaries(CORE if args.core else COMPONENTS)
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -93,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         description="A real Kubernetes control plane on loopback, built from pinned Go modules.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build or reuse the cached binaries and print their paths")
+    build = sub.add_parser("build", help="build or reuse the cached binaries and print their paths")
+    build.add_argument("--core", action="store_true",
+                       help="only etcd, kube-apiserver and kubectl (make test builds the rest behind its first tests)")
     up = sub.add_parser(
         "up",
         help="start etcd + kube-apiserver (and optionally more) and wait for Ctrl-C",
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        return build_main([])
+        return build_main(["--core"] if args.core else [])
     return _up(args)
 
 

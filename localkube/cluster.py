@@ -9,6 +9,7 @@ outlives it (the main thread in tests and commands).
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import json
 import os
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import Self
 
 from . import pki
-from .build import ensure_binaries
+from .build import CORE, KUBERNETES_CONTROLLERS, KWOK, ensure_binaries
 
 _PR_SET_PDEATHSIG = 1
 _WORKDIR_PREFIX = "localkube-"
@@ -197,7 +198,12 @@ class LocalCluster:
         self.stop()
 
     def start(self) -> None:
-        binaries = self._binaries or ensure_binaries()
+        binaries = self._binaries or ensure_binaries(CORE)
+        optional = ((KUBERNETES_CONTROLLERS, self.options.controller_manager or self.options.scheduler),
+                    (KWOK, self.options.kwok))
+        needed = tuple(c for c, wanted in optional if wanted and not set(c.names) <= binaries.keys())
+        if needed:  # built (or waited for, while a background build makes them) on first use
+            binaries = {**ensure_binaries(needed), **binaries}  # what was given wins (a test's stand-in)
         self._binaries = binaries
         _sweep_stale_workdirs()
         if self.options.workdir:
@@ -394,6 +400,19 @@ class LocalCluster:
             "current-context": "localkube",
         }
         self.kubeconfig.write_text(json.dumps(config, indent=2))  # JSON is valid YAML
+
+    def inline_kubeconfig(self, server: str | None = None) -> str:
+        """The admin kubeconfig with its certificates and key inline (``*-data``): what a Secret
+        holds (a fleet hub's member, as MultiKueue reads it). ``server``: another address (a proxy)."""
+        assert self._pki
+        data = {key: base64.b64encode(path.read_bytes()).decode() for key, path in (
+            ("certificate-authority-data", self._pki.ca_cert), ("client-certificate-data", self._pki.admin_cert),
+            ("client-key-data", self._pki.admin_key))}
+        config = json.loads(self.kubeconfig.read_text())
+        config["clusters"][0]["cluster"] = {"server": server or self.server,
+                                            "certificate-authority-data": data["certificate-authority-data"]}
+        config["users"][0]["user"] = {k: data[k] for k in ("client-certificate-data", "client-key-data")}
+        return json.dumps(config, indent=2)
 
     # -- helpers for tests, the demo and benchmarks ----------------------------------------
 

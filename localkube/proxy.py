@@ -38,6 +38,15 @@ class StallingProxy:
         self._stall_new = True
         self.stall_existing()
 
+    def resume(self) -> None:
+        """New connections are carried again. Those stalled stay silent: only their client's read
+        timeout ends them, as after a real network outage."""
+        self._stall_new = False
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
     def close(self) -> None:
         self._closed = True
         self._server.close()

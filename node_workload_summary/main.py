@@ -25,9 +25,11 @@ from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, CertificateError, load_pem, self_signed_hosts, self_signed_pem, server_context
 from kubeindex.api import ApiClient, ConfigError, Connection, load_connection
+from kubeindex.fleet import MULTIKUEUE_CLUSTER, Fleet
 from kubeindex.index import ClusterIndex
-from kubeindex.metrics import SourcesCollector
-from kubeindex.reflector import WatchSettings
+from kubeindex.metrics import FleetCollector, SourcesCollector
+from kubeindex.objects import KUEUE_VERSION, MultiKueueCluster
+from kubeindex.reflector import Handler, WatchSettings
 from kubeindex.sources import Sources
 from reconciler.claims import ClaimSettings
 from reconciler.controller import Reconciler, ReconcilerSettings
@@ -119,6 +121,7 @@ class Service:
     api: ApiClient
     lease_api: ApiClient
     sources: Sources
+    fleet: Fleet | None
     elector: LeaderElector | None
     reconciler: Reconciler | None
     runner: web.AppRunner
@@ -146,6 +149,7 @@ def build(settings: Settings) -> Service:
     # of the main pool, and renewals waiting for one would lose the lease.
     lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS)
     sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
+    fleet = fleet_of(settings, api, sources, watch) if settings.fleet else None
     elector = reconciler = None
     if settings.reconciler:
         if settings.leader_election:
@@ -155,12 +159,14 @@ def build(settings: Settings) -> Service:
         reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
             debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), ClaimSettings(
             settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
-            max_writes_per_hour=settings.quota_max_writes_per_hour))
+            max_writes_per_hour=settings.quota_max_writes_per_hour), fleet)
         if elector is not None:
             elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
     renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,
                         dataclasses.asdict(build_info()))
     renderer.registry.register(SourcesCollector(sources))
+    if fleet is not None:
+        renderer.registry.register(FleetCollector(fleet))
     if reconciler is not None:
         renderer.registry.register(ReconcilerCollector(reconciler, elector))
     tls, cert_files = metrics_tls(settings)
@@ -170,8 +176,17 @@ def build(settings: Settings) -> Service:
     runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources, authorizer, probes=not apart),
                            access_log=None)
     probe_runner = web.AppRunner(make_app(None, sources), access_log=None) if apart else None
-    return Service(settings, connection, api, lease_api, sources, elector, reconciler, runner, probe_runner, tls,
-                   cert_files)
+    return Service(settings, connection, api, lease_api, sources, fleet, elector, reconciler, runner, probe_runner,
+                   tls, cert_files)
+
+
+def fleet_of(settings: Settings, api: ApiClient, sources: Sources, watch: WatchSettings) -> Fleet:
+    """The hub's members: one per MultiKueueCluster, watched whenever Kueue serves them."""
+    fleet = Fleet(api, sources.add_watch, sources.remove_watch, settings.fleet_namespace, settings.member_grace,
+                  watch, listed=lambda: sources.optional_listed(MULTIKUEUE_CLUSTER))
+    sources.add_optional_kind((*MULTIKUEUE_CLUSTER, KUEUE_VERSION), MultiKueueCluster,
+                              Handler(fleet.upsert, fleet.delete))
+    return fleet
 
 
 async def start(service: Service, crashed: Callable[[asyncio.Task], None]) -> None:
@@ -220,6 +235,8 @@ async def stop(service: Service) -> None:
     names = ", ".join(task.get_name() for task in service.tasks)
     await within(STEP_SECONDS, f"stopping {names}", asyncio.gather(*service.tasks, return_exceptions=True))
     await within(STEP_SECONDS, "stopping the watches", service.sources.stop())
+    if service.fleet is not None:
+        await within(STEP_SECONDS, "closing the member clusters' connections", service.fleet.stop())
     await within(STEP_SECONDS, "stopping the HTTP server", service.runner.cleanup())
     if service.probe_runner is not None:
         await within(STEP_SECONDS, "stopping the probe server", service.probe_runner.cleanup())

@@ -16,6 +16,7 @@ from typing_extensions import TypeAliasType
 
 from exporter.auth import CACHE_SIZE, CACHE_TTL
 from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
+from kubeindex.fleet import MEMBER_GRACE
 from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
 from kubeindex.reflector import InitialList, WatchSettings
 from kubeindex.sources import SYNC_GRACE
@@ -162,6 +163,15 @@ class Settings(BaseSettings):
     quota_max_writes_per_hour: Count = Field(
         QUOTA.max_writes_per_hour, ge=1, description="Writes of one ClusterQueue's quota allowed per hour; "
         "more wait, counted in nws_quota_writes_total{result=\"throttled\"}.")
+    fleet: bool = Field(False, description="A fleet hub: read the capacity of MultiKueue's member clusters "
+                        "(each MultiKueueCluster's kubeconfig Secret in --fleet-namespace) for the "
+                        "ClusterResourceClaims that name them, and create a claim for each member flavor. The "
+                        "RBAC must grant get on those Secrets (the chart's fleet.hub).")
+    fleet_namespace: Name = Field("kueue-system", min_length=1, description="Where the MultiKueueClusters' "
+                                 "kubeconfig Secrets are: Kueue's own namespace.")
+    member_grace: Seconds = Field(MEMBER_GRACE, ge=0, description="Seconds a member cluster may be out of contact "
+                                  "before its capacity counts as gone (then --quota-settle and each claim's "
+                                  "overAllocation policy apply): a shorter outage changes no quota.")
     metrics_secure: bool = Field(False, description="Serve /metrics over HTTPS to callers whose bearer token "
                                  "passes a TokenReview and a SubjectAccessReview for get on /metrics (needs "
                                  "--probe-port).")

@@ -9,9 +9,12 @@ leadership checks, its token bucket).
 - **At take time** (client-go style) the whole plan is evaluated again (reconciler/quota.py's
   ``evaluate``: claims are few), from the index as it is then: the claims, the ClusterQueue objects,
   and each claim's capacity. Capacity: for clusterName ``local``, the allocatable of the flavor's
-  nodes whose Ready condition is True (``KueueIndex.capacity``); ``capacities`` maps a cluster
-  name to where its capacity comes from, so a member cluster's can be added; a claim naming any
-  other cluster is held with Ready=False, reason ClusterUnknown.
+  nodes whose Ready condition is True (``KueueIndex.capacity``); for a member cluster (a hub run
+  with --fleet), from its NodeSummary of the flavor's nodes (kubeindex/fleet.py: None while connecting,
+  zero once unreachable past the grace), Ready saying why; without --fleet a claim naming another
+  cluster is held with Ready=False, reason ClusterUnknown.
+- **Members' claims**: a member flavor of known capacity that no claim is on gets one
+  (``<member>-<flavor>``, no assignments), created at take time like every other write.
 - **State in the claim's status**, so a new leader neither applies a change twice nor loses one in
   mid-settle: the Settler's capacity in effect (``settledResources``, of the cluster and flavor in
   ``settledFor``: a claim moved to another flavor starts afresh) and since when the live capacity
@@ -34,19 +37,21 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
 
 from kubeindex.api import ApiError, Conflict
+from kubeindex.fleet import Fleet
 from kubeindex.kueue import KueueIndex
-from kubeindex.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
+from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
 from kubeindex.quantity import parse_nano
 
 from .conditions import rfc3339, with_times
 from .desired import MANAGER
+from .names import hashed_name, is_dns1123_subdomain
 from .quota import (
     LOCAL,
     Capacity,
@@ -66,7 +71,7 @@ JSON_PATCH = "application/json-patch+json"
 HOUR = 3600.0
 UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown")  # a Ready reason under which no capacity was in effect
 Key = tuple[str, str]
-CapacitySource = Callable[[str], Capacity | None]  # flavor -> its capacity in one cluster (None: not known)
+MEMBER_LABEL = f"{GROUP}/member"  # on the claims made for a member's flavors
 
 
 class Request(Protocol):
@@ -171,41 +176,86 @@ def named_queues(claims: Iterable[ClusterResourceClaim]) -> set[str]:
 
 def _cluster_unknown(conditions: list[dict[str, Any]], cluster: str) -> list[dict[str, Any]]:
     ready = {"type": "Ready", "status": "False", "reason": "ClusterUnknown",
-             "message": f"cluster {cluster} is not known: this version claims the capacity of cluster {LOCAL} only;"
-                        " the quota last applied for this claim is kept"}
+             "message": f"cluster {cluster} is not known: without --fleet this replica claims the capacity of cluster"
+                        f" {LOCAL} only; the quota last applied for this claim is kept"}
     return [ready if c["type"] == "Ready" else c for c in conditions]
+
+
+def _member_ready(conditions: list[dict[str, Any]], fleet: Fleet, cluster: str, flavor: str) -> list[dict[str, Any]]:
+    """Ready as the member makes it: why its capacity is not known, or why it is not read now."""
+    ready = next(c for c in conditions if c["type"] == "Ready")
+    problem = fleet.problem(cluster)
+    if ready["reason"] in ("InvalidSpec", "Duplicate"):
+        return conditions
+    if ready["reason"] == "CapacityUnknown":  # kept: no capacity was in effect (settle_state reads it)
+        why = problem.message if problem is not None else fleet.why_unknown(cluster, flavor)
+        ready = {**ready, "message": f"{why}; the quota last applied for this claim is kept"}
+    elif problem is not None and problem.reason == "MemberConnecting":
+        ready = {"type": "Ready", "status": "False", "reason": problem.reason,
+                 "message": f"{problem.message}; the capacity last read stands"}
+    elif problem is not None:
+        ready = {"type": "Ready", "status": "False", "reason": problem.reason,
+                 "message": f"{problem.message}; {ready['message']}" if ready["status"] == "False" else problem.message}
+    return [ready if c["type"] == "Ready" else c for c in conditions]
+
+
+def member_claim_name(member: str, flavor: str, taken: Container[str]) -> str:
+    """`<member>-<flavor>`, or a hashed name when that is no valid name or another claim's."""
+    plain = f"{member}-{flavor}"
+    if is_dns1123_subdomain(plain) and plain not in taken:
+        return plain
+    return hashed_name(plain, f"{member}\x00{flavor}")
 
 
 class Claims:
     """The claims' evaluation and writes; the Reconciler owns the queue and calls ``sync``."""
 
     def __init__(self, kueue: KueueIndex, settings: ClaimSettings | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, fleet: Fleet | None = None) -> None:
         self.kueue = kueue
+        self.fleet = fleet
         self.settings = settings or ClaimSettings()
         self.clock = clock  # wall time: pendingSince is kept in the claims and read by the next leader
         self.settler = Settler(self.settings.settle)
-        self.capacities: dict[str, CapacitySource] = {LOCAL: kueue.capacity}  # cluster -> its capacity
         self.writes = QuotaWrites()
         self.last: Evaluation | None = None  # the latest evaluation (to inspect; the metrics read the status)
-        self._seen: tuple[int, dict[tuple[str, str], Capacity | None]] | None = None
+        self._seen: tuple[int, int, dict[tuple[str, str], Capacity | None]] | None = None
+        self.wanted: dict[str, tuple[str, str]] = {}  # claims to create: name -> (member, flavor)
 
     # -- what to queue ----------------------------------------------------------------------------
 
     def _live(self, cluster: str, flavor: str) -> Capacity | None:
-        source = self.capacities.get(cluster)
-        return source(flavor) if source is not None else None
+        if cluster == LOCAL:
+            return self.kueue.capacity(flavor)
+        return self.fleet.capacity(cluster, flavor) if self.fleet is not None else None
+
+    def _wanted(self, claims: list[ClusterResourceClaim]) -> dict[str, tuple[str, str]]:
+        """A claim for every member flavor of known capacity that no claim is on (a member joined)."""
+        if self.fleet is None:
+            return {}
+        claimed = {_parsed(c).key for c in claims}
+        taken = {c.metadata.name for c in claims}
+        wanted = {}
+        for key in self.fleet.wanted_claims():
+            if key not in claimed:
+                name = member_claim_name(*key, taken)
+                wanted[name] = key
+                taken.add(name)
+        return wanted
 
     def changed_keys(self, everything: bool = False) -> list[Key]:
         """Every key, when a claim, a ClusterQueue or a claimed capacity changed since the last
         call (or ``everything``); else none."""
         claims = list(self.kueue.claims.values())
         claimed = {_parsed(c).key for c in claims}  # as the evaluation reads them: a bad name is local
-        seen = (self.kueue.version, {k: self._live(*k) for k in claimed})
+        fleet = self.fleet.version if self.fleet is not None else 0
+        seen = (self.kueue.version, fleet, {k: self._live(*k) for k in claimed})
         if seen == self._seen and not everything:
             return []
         self._seen = seen
-        return [*((CLAIMS, c.metadata.name) for c in claims), *((QUEUES, q) for q in sorted(named_queues(claims)))]
+        self.wanted = self._wanted(claims)
+        return [*((CLAIMS, c.metadata.name) for c in claims), *((CLAIMS, name) for name in self.wanted),
+                *((QUEUES, q) for q in sorted(named_queues(claims)))]
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -232,9 +282,11 @@ class Claims:
         result = ev.plan.claims[claim.metadata.name]
         status = dict(result.status)
         conditions = status["conditions"]
-        cluster = _parsed(claim).spec.cluster  # an invalid spec keeps its InvalidSpec reason
-        if cluster not in self.capacities:
+        cluster, flavor = _parsed(claim).key  # an invalid spec keeps its InvalidSpec reason
+        if cluster != LOCAL and self.fleet is None:
             conditions = _cluster_unknown(conditions, cluster)
+        elif cluster != LOCAL and self.fleet is not None:
+            conditions = _member_ready(conditions, self.fleet, cluster, flavor)
         status["conditions"] = with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,
                                            ev.now)
         if "queues" in status:
@@ -263,6 +315,8 @@ class Claims:
     async def _sync_claim(self, name: str, request: Request) -> float | None:
         claim = self.kueue.claims.get(name)
         if claim is None:
+            if name in self.wanted:
+                await self._create(name, *self.wanted[name], request)
             return None
         ev = self.evaluate()
         status = self.claim_status(claim, ev)
@@ -272,6 +326,16 @@ class Claims:
             await request("apply_status", "PATCH", f"/apis/{API_VERSION}/{CLAIMS}/{name}/status", body,
                           {"fieldManager": MANAGER, "force": "true"})
         return self.due(claim, ev)
+
+    async def _create(self, name: str, member: str, flavor: str, request: Request) -> None:
+        """A member's flavor joined: its claim, with no assignments (the administrator's part)."""
+        if (member, flavor) in {_parsed(c).key for c in self.kueue.claims.values()}:
+            return  # made meanwhile (by us, seen since, or by someone else)
+        body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim",
+                "metadata": {"name": name, "labels": {MEMBER_LABEL: member} if len(member) <= 63 else {}},
+                "spec": {"clusterName": member, "flavor": flavor, "resourceAssignments": []}}
+        await request("create", "POST", f"/apis/{API_VERSION}/{CLAIMS}", body, {"fieldManager": MANAGER},
+                      content_type="application/json")
 
     async def _sync_queue(self, name: str, request: Request) -> float | None:
         ev = self.evaluate()

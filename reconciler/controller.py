@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 import msgspec
 
 from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
+from kubeindex.fleet import Fleet
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector
@@ -154,14 +155,15 @@ def claim_of_summary(plural: str, obj: Summary) -> Claim | None:
 
 class Reconciler:
     def __init__(self, api: ApiClient, index: ClusterIndex, sources: Sources, elector: LeaderElector | None,
-                 settings: ReconcilerSettings | None = None, claims: ClaimSettings | None = None) -> None:
+                 settings: ReconcilerSettings | None = None, claims: ClaimSettings | None = None,
+                 fleet: Fleet | None = None) -> None:
         self.api = api
         self.index = index
         self.sources = sources
         self.elector = elector
         self.settings = settings or ReconcilerSettings()
         self.stats = WriteStats()
-        self.claims = Claims(index.kueue, claims)
+        self.claims = Claims(index.kueue, claims, fleet=fleet)
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
@@ -434,6 +436,8 @@ class Reconciler:
         except (NotFound, Conflict) as err:
             if verb == "delete":
                 return False  # 404: already gone; 409: the UID precondition failed (replaced since)
+            if verb == "create" and isinstance(err, Conflict):
+                return False  # 409 AlreadyExists: made meanwhile
             if verb == "apply_status" and isinstance(err, NotFound):
                 raise Missing from None
             self._failed(method, path, err)

@@ -66,6 +66,11 @@ def _quantities(values: dict[str, int]) -> dict[str, str]:
     return {r: format_quantity(r, v) for r, v in sorted(values.items())}
 
 
+def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """a - b per resource; resources at 0 left out."""
+    return {r: v - b.get(r, 0) for r, v in a.items() if v != b.get(r, 0)}
+
+
 def _drop_empty(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v not in ({}, [], "", None)}
 
@@ -128,6 +133,7 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "pods": lambda a: _phases(a.pods),
     "allocatable": lambda a: _quantities(a.allocatable),
     "capacity": lambda a: _quantities(a.capacity),
+    "notReadyAllocatable": lambda a: _quantities(_minus(a.allocatable, a.ready_allocatable)),
     "requested": lambda a: _quantities(a.requested),
     "nodesByState": lambda a: {s: a.states[s] for s in NODE_STATES if a.states.get(s)},  # a state left out: 0
     "unhealthyNodeCount": lambda a: sum(n for s, n in a.states.items() if s not in ("Ready", "Cordoned")),

@@ -64,14 +64,13 @@ from typing import Any
 
 from kubeindex.quantity import NANO, QuantityError, format_quantity, parse_nano
 
-from .names import DNS1123_LABEL, is_dns1123_subdomain
+from .names import is_dns1123_subdomain
 
 LOCAL = "local"
 MILLI = NANO // 1000  # nano-units in a milli-unit: Kueue's cpu granule
 MAX_ASSIGNMENTS = 64  # the CRD's maxItems
 PERMILLE = 1000  # shares are kept in tenths of a percent
 _SHARE = re.compile(r"([0-9]{1,3})(?:\.([0-9]))?%")
-_LABEL = re.compile(DNS1123_LABEL)
 
 Capacity = Mapping[str, int]  # resource -> nano-units
 Amounts = dict[str, dict[str, int]]  # queue -> resource -> nano-units
@@ -150,9 +149,9 @@ def parse_spec(spec: Any) -> tuple[ClaimSpec, tuple[str, ...]]:
 def _cluster_name(value: Any, problems: list[str]) -> str:
     if value is None:
         return LOCAL
-    if isinstance(value, str) and len(value) <= 63 and _LABEL.fullmatch(value):
-        return value
-    problems.append(f"clusterName {value!r} is not a DNS-1123 label")
+    if isinstance(value, str) and is_dns1123_subdomain(value):
+        return value  # a MultiKueueCluster's name
+    problems.append(f"clusterName {value!r} is not a DNS-1123 subdomain")
     return LOCAL
 
 

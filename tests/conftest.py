@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, ensure_binaries
+from localkube.build import CORE, HELM, TEST_TOOLS, BackgroundBuild, Component, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, ROOT
@@ -18,7 +18,7 @@ from tests.paths import CRDS, ROOT
 FAILED_LOGS = ROOT / ".test-logs"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # One marker for everything that needs the local control plane: a test whose fixture closure
     # (item.fixturenames: the fixtures it asks for and every fixture those depend on) holds
     # `binaries` is marked `cluster`, so `-m 'not cluster'` (make unit) starts none. Every cluster
@@ -26,6 +26,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "binaries" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    if config.getoption("prebuild"):
+        # The modules that need what is built in the background run last, in the order it is
+        # built (a stable sort: by file name within each group): the first tests overlap the
+        # builds instead of waiting for them.
+        items.sort(key=_built_by)
+
+
+def _built_by(item: pytest.Item) -> int:
+    """Where the last of the components the test's module needs (``pytest.mark.needs``) is in
+    the background build's order; 0: needs none of them."""
+    needs: list[Component] = [c for marker in item.iter_markers("needs") for c in marker.args]
+    return max((TEST_TOOLS.index(c) + 1 for c in needs), default=0)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -74,7 +86,8 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 @pytest.fixture(scope="session")
 def binaries() -> dict[str, Path]:
-    return ensure_binaries()
+    """etcd, kube-apiserver and kubectl; a LocalCluster builds (or waits for) what else its options need."""
+    return ensure_binaries(CORE)
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,9 @@ API = "kueue.x-k8s.io/v1beta1"
 
 
 def install_kueue(cluster: LocalCluster) -> None:
-    cluster.install_crds(ensure_binaries((KUEUE,))["kueue-crds.yaml"])
+    """Kueue's CRDs, MultiKueue's MultiKueueCluster (a fleet hub's members) among them."""
+    for crds in ensure_binaries((KUEUE,)).values():
+        cluster.install_crds(crds)
 
 
 def _apply(cluster: LocalCluster, obj: dict) -> None:

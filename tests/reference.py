@@ -263,6 +263,7 @@ def old_quantity(resource: str, nano: int) -> str:
 def old_from_new(status: dict[str, Any]) -> dict[str, Any]:
     """The first v1alpha1 shape computed from the current one alone: nothing was lost."""
     old = dict(status)
+    old.pop("notReadyAllocatable", None)  # added since: a fleet hub's input
     old["nodesByState"] = {s: status.get("nodesByState", {}).get(s, 0) for s in NODE_STATES}
     for field in ("allocatable", "capacity", "requested", "unhealthyAccelerators"):
         if field in status:

@@ -4,6 +4,8 @@ is asked for WatchLists (by its version, asked once; a refusal stays)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,15 @@ import pytest
 from kubernetes import client
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from kubeindex.api import JSON, ApiClient, Connection, load_connection, predates_watch_list
+from kubeindex.api import (
+    JSON,
+    ApiClient,
+    ConfigError,
+    Connection,
+    connection_from_kubeconfig,
+    load_connection,
+    predates_watch_list,
+)
 from localkube.cluster import LocalCluster
 
 
@@ -87,3 +97,24 @@ def test_version_asked_once_and_never_clears_a_refusal(cluster: LocalCluster) ->
 def test_servers_before_watch_list_are_not_asked_for_one(version: dict[str, str], why: str) -> None:
     """A server before 1.27 ignores sendInitialEvents and would never end the initial state."""
     assert predates_watch_list(version) == why
+
+
+def test_a_kubeconfig_from_a_secret_carries_its_credentials_inline() -> None:
+    """A member's kubeconfig, read from a Secret, may not make the hub run a command or read a file."""
+    def config(cluster: dict[str, Any], user: dict[str, Any]) -> str:
+        return json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "m",
+                           "clusters": [{"name": "m", "cluster": {"server": "https://10.0.0.1:6443", **cluster}}],
+                           "users": [{"name": "u", "user": user}],
+                           "contexts": [{"name": "m", "context": {"cluster": "m", "user": "u"}}]})
+
+    ok = connection_from_kubeconfig(config({"insecure-skip-tls-verify": True}, {"token": "abc"}), "member a")
+    assert ok.host == "https://10.0.0.1:6443" and ok.headers() == {"Authorization": "Bearer abc"}
+    for cluster, user, named in (
+            ({}, {"exec": {"command": "sh", "apiVersion": "client.authentication.k8s.io/v1"}}, "users[0].user.exec"),
+            ({}, {"tokenFile": "/var/run/secrets/token"}, "users[0].user.tokenFile"),
+            ({"certificate-authority": "/etc/ca.crt"}, {"token": "t"}, "clusters[0].cluster.certificate-authority"),
+            ({}, {"client-certificate": "/c", "client-key": "/k"}, "users[0].user.client-certificate")):
+        with pytest.raises(ConfigError, match=rf"member a: .*{re.escape(named)}.* not allowed"):
+            connection_from_kubeconfig(config(cluster, user), "member a")
+    with pytest.raises(ConfigError, match="member a: not a kubeconfig"):
+        connection_from_kubeconfig("just text", "member a")

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from demo.workloads import kwok_node
-from localkube.build import PROMETHEUS_OPERATOR, ensure_binaries
+from localkube.build import HELM, KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from tests.kube import token_kubeconfig
@@ -34,7 +34,8 @@ NAMESPACE_KEY = ("Namespace", "", NS)
 
 # The first test here may build helm (about 3 minutes cold on 2 idle cores, far longer under load):
 # more room than the suite's 600 s; every command below has its own timeout.
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800),
+              pytest.mark.needs(HELM, PROMETHEUS_OPERATOR, KUBERNETES_CONTROLLERS, KWOK)]
 
 Key = tuple[str, str, str]  # kind, namespace ("" for cluster-scoped), name
 Objects = dict[Key, dict[str, Any]]
@@ -66,6 +67,7 @@ SM_TLS = {"ca": {"secret": {"name": CERT_SECRET, "key": "ca.crt"}},
 DASHBOARDS = {"label": "my_dashboard", "labelValue": "yes", "namespace": "monitoring",
               "annotations": {"grafana_folder": "Kubernetes"}}
 
+FLEET_READER = {"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}
 # Every value away from its default at once (lint and the server-side dry run).
 ALL_FLIPPED: dict[str, Any] = {
     "image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"},
@@ -82,6 +84,8 @@ ALL_FLIPPED: dict[str, Any] = {
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
     "dashboards": DASHBOARDS,
     "quota": {"actuation": True},
+    # The Secrets' namespace: one the dry run finds (the release's).
+    "fleet": {"hub": True, "namespace": NS, "memberGrace": 120, "hubReaders": [FLEET_READER]},
 }
 QUOTA = {"quota": {"actuation": True}}
 
@@ -374,6 +378,37 @@ def test_quota_actuation_sets_the_flag_and_grants_patch_on_clusterqueues(helm: l
     _container_list("args", ["--quota-actuation=on"])(expected)
     assert _deployment(rendered) == expected
     del default[("Deployment", NS, RELEASE)], rendered[("Deployment", NS, RELEASE)]
+    assert rendered == default
+
+
+def test_fleet_hub_sets_the_flags_and_grants_what_the_hub_reads(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    rendered = _template(helm, tmp_path, {"fleet": {"hub": True, "namespace": "kueue", "memberGrace": 60}})
+    key = ("ClusterRole", "", RELEASE)
+    old, new = default.pop(key)["rules"], rendered.pop(key)["rules"]
+    assert new == [*old,
+                   {"apiGroups": ["kueue.x-k8s.io"], "resources": ["multikueueclusters"], "verbs": ["list", "watch"]},
+                   {"apiGroups": ["ux.sean.example.com"], "resources": ["clusterresourceclaims"], "verbs": ["create"]}]
+    role = rendered.pop(("Role", "kueue", f"{RELEASE}-fleet"))
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    binding = rendered.pop(("RoleBinding", "kueue", f"{RELEASE}-fleet"))
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NS}]
+    expected = _deployment(default)
+    _container_list("args", ["--fleet", "--fleet-namespace=kueue", "--member-grace=60"])(expected)
+    assert _deployment(rendered) == expected
+    del default[("Deployment", NS, RELEASE)], rendered[("Deployment", NS, RELEASE)]
+    assert rendered == default
+
+
+def test_fleet_hub_readers_may_list_and_watch_summaries_and_flavors_only(helm: list[str], tmp_path: Path) -> None:
+    default = _template(helm, tmp_path)
+    rendered = _template(helm, tmp_path, {"fleet": {"hubReaders": [FLEET_READER]}})
+    role = rendered.pop(("ClusterRole", "", f"{RELEASE}-fleet-reader"))
+    assert role["rules"] == [
+        {"apiGroups": ["ux.sean.example.com"], "resources": ["nodesummaries"], "verbs": ["list", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["resourceflavors"], "verbs": ["list", "watch"]}]
+    binding = rendered.pop(("ClusterRoleBinding", "", f"{RELEASE}-fleet-reader"))
+    assert binding["subjects"] == [FLEET_READER] and binding["roleRef"]["name"] == f"{RELEASE}-fleet-reader"
     assert rendered == default
 
 

@@ -52,7 +52,7 @@ def test_invalid_assignments_are_refused_with_the_rule(cluster: LocalCluster, as
 
 
 def test_invalid_cluster_flavor_and_policy_are_refused(cluster: LocalCluster) -> None:
-    for spec, message in (({"clusterName": "Other_Cluster"}, "must be a DNS-1123 label"),
+    for spec, message in (({"clusterName": "Other_Cluster"}, "must be a DNS-1123 subdomain"),
                           ({"flavor": "A100!"}, "must be a ResourceFlavor name"),
                           ({"overAllocation": "Drop"}, "Unsupported value")):
         code, out = _create(cluster, claim("bad", [], **spec))

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import ensure_binaries
+from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER, ensure_binaries
 from localkube.controllers import BUILD
 from localkube.service import wait_for
 from tests.paths import ROOT
+
+pytestmark = pytest.mark.needs(KUBERNETES_CONTROLLERS, KWOK, JOBSET_CONTROLLER, LWS_CONTROLLER)
 
 
 def _processes_mentioning(text: str) -> list[str]:

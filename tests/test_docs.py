@@ -9,7 +9,7 @@ import prometheus_client
 
 from exporter.metrics import Renderer
 from kubeindex.index import ClusterIndex
-from kubeindex.metrics import SourcesCollector
+from kubeindex.metrics import FleetCollector, SourcesCollector
 from kubeindex.reflector import SourceStats
 from node_workload_summary.settings import Settings
 from reconciler.metrics import ReconcilerCollector
@@ -21,7 +21,7 @@ SETTINGS = (ROOT / "docs" / "settings.md").read_text()
 
 def exposed_families() -> set[str]:
     """Every nws_ family a scrape shows: the renderer's tables and its own families, and the
-    collectors main.py registers (sources, reconciler), each fed enough to show everything."""
+    collectors main.py registers (sources, fleet, reconciler), each fed enough to show everything."""
     registry = prometheus_client.CollectorRegistry()
     sources = SimpleNamespace(stats={"pods": SourceStats()}, sync_seconds=1.0, missing_kinds={("x.io", "X")},
                               forbidden_kinds={("y.io", "Y")})
@@ -29,6 +29,7 @@ def exposed_families() -> set[str]:
                                  actual={"nodesummaries": {}},
                                  claims=SimpleNamespace(writes=SimpleNamespace(counts={("q", "applied"): 1})))
     registry.register(SourcesCollector(sources))
+    registry.register(FleetCollector(SimpleNamespace(specs={"a": None}, problem=lambda name: None)))
     registry.register(ReconcilerCollector(reconciler, None))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()
     return set(re.findall(r"^# TYPE (nws_\w+) ", text, re.M))

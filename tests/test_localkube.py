@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import BuildError, ensure_binaries
+from localkube.build import JOBSET, KUBERNETES_CONTROLLERS, KUEUE, KWOK, LWS, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, leftover_processes
 from localkube.service import wait_for
 from tests.paths import ROOT
+
+pytestmark = pytest.mark.needs(KUBERNETES_CONTROLLERS, KWOK, JOBSET, LWS)
 
 
 def _alive(pid: int) -> bool:
@@ -34,13 +36,16 @@ def test_build_without_go_says_what_is_missing(tmp_path: Path, monkeypatch: pyte
 
 
 def test_binaries_are_cached_by_version(binaries: dict[str, Path]) -> None:
+    every = ensure_binaries()  # what `localkube build` builds: the core (the fixture's) and the rest
+    assert set(binaries) == {"etcd", "kube-apiserver", "kubectl"} and binaries.items() <= every.items()
     for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"):
-        assert binaries[name].is_file() and os.access(binaries[name], os.X_OK), name
-    assert binaries["kube-apiserver"].parent.name.startswith("kubernetes-v1.")
-    assert binaries["etcd"].parent.name.startswith("etcd-v3.6.")
+        assert every[name].is_file() and os.access(every[name], os.X_OK), name
+    assert every["kube-apiserver"].parent.name.startswith("kubernetes-v1.")
+    assert every["kube-scheduler"].parent == every["kube-apiserver"].parent  # one module, one cache directory
+    assert every["etcd"].parent.name.startswith("etcd-v3.6.")
     # A second call builds nothing and returns the same paths, quickly.
     started = time.monotonic()
-    assert ensure_binaries() == binaries
+    assert ensure_binaries() == every
     assert time.monotonic() - started < 5
     version = subprocess.run([binaries["kubectl"], "version", "--client", "-o", "json"],
                              capture_output=True, text=True, check=True).stdout
@@ -142,15 +147,14 @@ def test_restart_apiserver_and_expire_resource_versions(cluster: LocalCluster) -
 
 def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> None:
     """The CRDs come from the projects' pinned Go modules and are served as the projects serve them."""
-    from localkube.build import JOBSET, KUEUE, LWS
-
     for component in (JOBSET, LWS, KUEUE):
-        [path] = ensure_binaries((component,)).values()
-        assert component.version in str(path)
-        cluster.install_crds(path)
+        for path in ensure_binaries((component,)).values():
+            assert component.version in str(path)
+            cluster.install_crds(path)
     served = cluster.kubectl("api-resources", "-o", "name").stdout.split()
     for resource in ("jobsets.jobset.x-k8s.io", "leaderworkersets.leaderworkerset.x-k8s.io",
-                     "resourceflavors.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "workloads.kueue.x-k8s.io"):
+                     "resourceflavors.kueue.x-k8s.io", "clusterqueues.kueue.x-k8s.io", "workloads.kueue.x-k8s.io",
+                     "multikueueclusters.kueue.x-k8s.io"):
         assert resource in served
     # The real schemas validate: a ClusterQueue quota that is not a quantity is refused.
     bad = cluster.kubectl("apply", "-f", "-", check=False, input=json.dumps({

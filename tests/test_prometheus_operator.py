@@ -19,6 +19,8 @@ from localkube.prometheus import start_operator
 from localkube.service import wait_for
 from tests.paths import ROOT
 
+pytestmark = pytest.mark.needs(PROMETHEUS_OPERATOR)
+
 WITH_MONITORING = ROOT / "deploy" / "with-monitoring"
 NS = "node-workload-summary"
 JOB = f"serviceMonitor/{NS}/node-workload-summary/0"

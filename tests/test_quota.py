@@ -130,7 +130,7 @@ INVALID = [
      "resourceAssignments has 65 entries (at most 64)"),
     ({"resourceAssignments": []}, "flavor is missing"),
     ({"flavor": "A100"}, "flavor 'A100' is not a ResourceFlavor name"),
-    ({"flavor": "a100", "clusterName": "my.cluster"}, "clusterName 'my.cluster' is not a DNS-1123 label"),
+    ({"flavor": "a100", "clusterName": "My_Cluster"}, "clusterName 'My_Cluster' is not a DNS-1123 subdomain"),
     ({"flavor": "a100", "overAllocation": "Drop"}, "overAllocation 'Drop' is neither Scale nor Hold"),
     ("a100", "spec is not an object"),
 ]

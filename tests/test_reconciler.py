@@ -20,11 +20,14 @@ from demo.workloads import (
     workload_summarizer,
 )
 from kubeindex.objects import API_VERSION
+from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Samples, Service, select, value, wait_for
 from tests.kube import delete, found, get_object, set_node_labels, settled, writes
 from tests.paths import CRDS, EXAMPLES
+
+pytestmark = pytest.mark.needs(KUBERNETES_CONTROLLERS, KWOK, JOBSET_CONTROLLER, LWS_CONTROLLER)
 
 POOL = "cloud.google.com/gke-nodepool"
 NS = "ml"

@@ -14,6 +14,8 @@ import yaml
 import deploy.image
 from localkube.build import ACTIONLINT, ensure_binaries
 
+pytestmark = pytest.mark.needs(ACTIONLINT)
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKFLOWS = ROOT / ".github" / "workflows"
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]

@@ -14,11 +14,14 @@ import pytest
 
 from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, ok, workload_summarizer
 from kubeindex.objects import API_VERSION
+from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.service import Service, select, wait_for
 from tests.kube import found, get_object
 from tests.paths import CRDS, EXAMPLES
+
+pytestmark = pytest.mark.needs(KUBERNETES_CONTROLLERS, KWOK, JOBSET_CONTROLLER, LWS_CONTROLLER)
 
 NS = "ml"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")

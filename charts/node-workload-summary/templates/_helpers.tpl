@@ -24,4 +24,9 @@ app.kubernetes.io/name: {{ include "nws.name" . }}
 {{- if .Values.quota.actuation }}
 - --quota-actuation=on
 {{- end }}
+{{- if .Values.fleet.hub }}
+- --fleet
+- --fleet-namespace={{ .Values.fleet.namespace }}
+- --member-grace={{ .Values.fleet.memberGrace }}
+{{- end }}
 {{- end }}
