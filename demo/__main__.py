@@ -1,10 +1,12 @@
 """The complete local demo: a control plane with KWOK node pools (cpu, gpu, tpu), the real JobSet
-and LeaderWorkerSet controllers, example workloads, node-workload-summary (exporter + reconciler)
-and Prometheus with the alert rules.
+and LeaderWorkerSet controllers, example workloads, Kueue's CRDs with a ClusterResourceClaim on the
+gpu pool, node-workload-summary (exporter + reconciler, quota actuation on) and Prometheus with the
+alert rules.
 
-    python -m demo            # until Ctrl-C
+    python -m demo                # until Ctrl-C
     python -m demo --duration 60 --nodes-per-pool 2
-    python -m demo --pods     # the service as the chart's pods on a real node (root; builds the image)
+    python -m demo --quota-story  # also play the claim's story: the gpu pool loses nodes, the quota follows
+    python -m demo --pods         # the service as the chart's pods on a real node (root; builds the image)
 """
 
 from __future__ import annotations
@@ -24,19 +26,20 @@ from alerts.rules import Thresholds, rules_file
 from deploy.image import ImageError, find_engine
 from deploy.image import build as build_image
 from deploy.image import version as package_version
-from localkube.build import HELM, NODE_COMPONENTS, BuildError, ensure_binaries
+from localkube.build import HELM, KUEUE, NODE_COMPONENTS, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from localkube.controllers import BUILD, JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, NodeError, RealNode
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
 
+from . import claims
 from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain, workload_summarizer
 
 ROOT = Path(__file__).resolve().parent.parent
 NS = "demo"
 CPU = {"cpu": "32", "memory": "128Gi", "pods": "110"}
-POOLS = {"cpu": CPU, "gpu": CPU | {"nvidia.com/gpu": "8"}, "tpu": CPU | {"google.com/tpu": "4"}}
+POOLS = {"cpu": CPU, "gpu": CPU | {claims.GPU: "8"}, "tpu": CPU | {"google.com/tpu": "4"}}
 
 
 def say(msg: str) -> None:
@@ -63,8 +66,9 @@ class Pods:
     """The service as the chart's two pods on a real node: the image built from the Dockerfile,
     `helm install`, and Prometheus scraping the pods over HTTPS with a reader's token."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: LocalCluster, settle: float) -> None:
         self.cluster = cluster
+        self.settle = settle
         self.node: RealNode | None = None
         self.token_file = cluster.workdir / "reader.token"
 
@@ -79,6 +83,7 @@ class Pods:
         self.node.load_image(archive)
         values = self.cluster.workdir / "values.yaml"
         values.write_text(json.dumps({"image": {"repository": tag.split(":")[0], "pullPolicy": "Never"},
+                                      "quota": {"actuation": True}, "extraArgs": [f"--quota-settle={self.settle:g}"],
                                       **POD_PLACEMENT}))
         helm = ensure_binaries((HELM,))["helm"]
         subprocess.run([str(helm), "install", "node-workload-summary", str(ROOT / "charts/node-workload-summary"),
@@ -104,6 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", action="store_true",
                         help="run the service as the chart's pods on a real node (containerd, the kubelet; needs root "
                              "and podman: make node-tools), from the image built from the Dockerfile")
+    parser.add_argument("--quota-settle", type=float, default=20,
+                        help="the service's --quota-settle: seconds a capacity change lasts before the claims "
+                             "follow it")
+    parser.add_argument("--quota-story", action="store_true",
+                        help="once ready, play the ClusterResourceClaim story (the gpu pool loses nodes, the claim "
+                             "shows the shortfall, the quota follows) and print each command with its output")
     args = parser.parse_args(argv)
 
     stop = threading.Event()
@@ -117,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
-        ensure_binaries(BUILD)
+        ensure_binaries((*BUILD, KUEUE))  # Kueue's CRDs: copied out of its module, no build
         if args.pods:
             ensure_binaries((*NODE_COMPONENTS, HELM))
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")
@@ -126,15 +137,21 @@ def main(argv: list[str] | None = None) -> int:
         say("starting the JobSet and LeaderWorkerSet controllers (their CRDs and webhooks) ...")
         for project in (JOBSET_PROJECT, LWS_PROJECT):
             Controller(cluster, project).start()  # stopped with the cluster
-        cluster.kubectl("apply", "-f", str(ROOT / "examples"))
+        # The example summarizers; the demo makes its own claim (claims.setup), on its own flavor.
+        cluster.kubectl("apply", "-f", str(ROOT / "examples/nodesummarizer.yaml"),
+                        "-f", str(ROOT / "examples/workloadsummarizer.yaml"))
         say(f"creating {3 * args.nodes_per_pool} KWOK nodes in pools cpu, gpu, tpu and the example workloads ...")
         populate(cluster, args.nodes_per_pool)
+        say(f"installing Kueue's CRDs, ResourceFlavor {claims.FLAVOR}, ClusterQueues {' and '.join(claims.QUEUES)} "
+            f"and ClusterResourceClaim {claims.CLAIM} ...")
+        claims.setup(cluster, args.nodes_per_pool)
         rules = cluster.workdir / "rules.yaml"
-        fast = Thresholds(not_ready_for="30s", down_for="30s", unhealthy_for="30s", disrupting_for="30s")
+        fast = Thresholds(not_ready_for="30s", down_for="30s", unhealthy_for="30s", disrupting_for="30s",
+                          claim_over_allocated_for="30s")
         rules.write_text(yaml.safe_dump(rules_file(fast)))
         if args.pods:
             say("building the image, starting a real node and installing the chart (two pods) ...")
-            pods = Pods(cluster)
+            pods = Pods(cluster, args.quota_settle)
             targets = pods.start()
             metrics = (f"curl -sk -H \"Authorization: Bearer $(cat {pods.token_file})\" "
                        f"https://{targets[0]}/metrics")
@@ -142,14 +159,16 @@ def main(argv: list[str] | None = None) -> int:
             prometheus = Prometheus(cluster.workdir / "prometheus", targets, [rules], interval="5s", scheme="https",
                                     bearer_token_file=pods.token_file, insecure_skip_verify=True).start()
         else:
-            say("starting node-workload-summary (exporter + reconciler) ...")
-            service = Service(cluster).start()
+            say(f"starting node-workload-summary (exporter + reconciler; --quota-actuation=on "
+                f"--quota-settle={args.quota_settle:g}) ...")
+            service = Service(cluster, ("--quota-actuation=on", f"--quota-settle={args.quota_settle:g}")).start()
             metrics = f"curl -s http://127.0.0.1:{service.port}/metrics"
             say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
             prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
                                     interval="5s").start()
         wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers").stdout.splitlines()) >= 4,
                  timeout=90)
+        wait_for(lambda: claims.applied(cluster), timeout=60)
     except (ClusterError, BuildError, AssertionError, NodeError, ImageError, subprocess.CalledProcessError) as err:
         say(f"error: {err}")
         for part in (prometheus, service, pods):
@@ -170,7 +189,7 @@ Look around:
   export KUBECONFIG={cluster.kubeconfig}
   alias kubectl={cluster.kubectl_path}
   kubectl get nodesummaries -o wide
-  kubectl get workloads.ux -A -o wide          (`kubectl get workloads` where Kueue is not installed)
+  kubectl get workloads.ux -A -o wide          (`kubectl get workloads` is Kueue's here)
   kubectl get nodesummarizers,workloadsummarizers -o wide
   {metrics} | grep ^nws_nodegroup
   Prometheus: {prometheus.url}/alerts
@@ -185,11 +204,20 @@ Taint the tpu pool as Karpenter does before it removes nodes, and watch the work
   {kubectl} get workloads.ux -A -o wide
   {metrics} | grep ^nws_workload_pods_by_node_state
 
-Press Ctrl-C to stop everything.""", flush=True)
+{claims.instructions(kubectl, args.nodes_per_pool, args.quota_settle, fast.claim_over_allocated_for)}""",
+          flush=True)
     try:
+        story = claims.Story(cluster, args.nodes_per_pool, args.quota_settle, stop, lambda t: print(t, flush=True))
+        if args.quota_story and not story.play() and not stop.is_set():
+            say("error: the ClusterResourceClaim story did not play to its end")
+            return 1
+        print("\nPress Ctrl-C to stop everything.", flush=True)
         while not stop.wait(1):
             if args.duration and time.monotonic() - started > args.duration:
                 break
+    except ClusterError as err:
+        say(f"error: {err}")
+        return 1
     finally:
         say("stopping ...")
         for part in (prometheus, service, pods):

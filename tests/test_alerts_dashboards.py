@@ -19,13 +19,13 @@ import dashboards.__main__ as dashboards_gen
 from alerts.replicas import LABELS, by
 from alerts.rules import Thresholds, alerts, rules_file
 from dashboards.build import Options as DashboardOptions
+from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, select, wait_for
 from node_workload_summary import generated
 from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
-from tests.kueue import cluster_queue, install_kueue, resource_flavor
 from tests.paths import CRDS, ROOT
 
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
+from demo.kueue import API as KUEUE_API
+from demo.kueue import install_kueue, resource_flavor
 from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, select, wait_for
 from tests.kube import create_node, is_leader, set_node_status, settled, writes
-from tests.kueue import API as KUEUE_API
-from tests.kueue import install_kueue, resource_flavor
 
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}

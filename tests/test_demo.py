@@ -1,10 +1,13 @@
 """The README's main command, small and time-boxed: it starts, shows NodeSummaries and workloads,
-its NotReady instructions work, and it exits leaving nothing behind."""
+its NotReady instructions work, its ClusterResourceClaim story plays (the gpu pool loses a node, the
+claim shows the shortfall, the ClusterQueues' quota follows after the settle time), and it exits
+leaving nothing behind."""
 
 from __future__ import annotations
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -12,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER, ensure_binaries
+from demo.claims import NOT_READY, commands, shown
+from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KUEUE, KWOK, LWS_CONTROLLER, ensure_binaries
 from localkube.controllers import BUILD
 from localkube.service import wait_for
 from tests.paths import ROOT
@@ -40,18 +44,61 @@ def _group(pattern: str, text: str) -> str:
     return match.group(1)
 
 
+def _run(command: str) -> list[list[str]]:
+    """A command line the demo printed, run as a shell would: its output's rows, split into columns."""
+    proc = subprocess.run(shlex.split(command), check=True, capture_output=True, text=True)
+    return [row.split() for row in proc.stdout.splitlines()]
+
+
+def _outputs(step: str) -> dict[str, list[list[str]]]:
+    """Each ``$ command`` of a story step -> its output's rows, split into columns."""
+    blocks = [block.split("\n", 1) for block in re.split(r"^\$ ", step, flags=re.M)[1:]]
+    return {command: [row.split() for row in output.splitlines() if row.strip()] for command, output in blocks}
+
+
+def _story_checks(lines: list[tuple[float, str]], settle: float) -> None:
+    """--quota-story on 2 gpu nodes of 32 cpu and 8 GPUs: claim gpu gives research 16 cpu and 6 GPUs,
+    prod 50%; gpu-1 goes NotReady. Each step's real kubectl output, and the time between them."""
+    out = "".join(line for _, line in lines)
+    story = out[out.index("\n### claim gpu"):out.index("\nPress Ctrl-C")]
+    steps = [_outputs(step) for step in re.split(r"^### ", story, flags=re.M)[1:]]
+    assert len(steps) == 5, out
+    c = commands(2)
+    claims, quota, shortfall = shown(c.claims), shown(c.quota), shown(c.shortfall)
+    assert steps[0][claims][1][:8] == ["gpu", "local", "gpu", "64", "16", "87%", "True", "AssignmentsFit"]
+    assert steps[0][quota] == [["NAME", "CPU", "GPU"], ["prod", "32", "8"], ["research", "16", "6"]]
+    assert steps[1] == {shown(c.lose): [["node/gpu-1", "labeled"]]} and c.lose[2:] == ("gpu-1", f"{NOT_READY}=true")
+    # At once: CPU and GPU show the live capacity, the assignments still the settled one, the quota as it was.
+    assert steps[2][claims][1][:8] == ["gpu", "local", "gpu", "32", "8", "87%", "True", "AssignmentsFit"]
+    assert steps[2][quota] == steps[0][quota]
+    # After the settle time: the shortfall (research's 6 and prod's 50% ask 10 GPUs of 8) ...
+    assert steps[3][claims][1][:8] == ["gpu", "local", "gpu", "32", "8", "125%", "False", "OverAllocated"]
+    short, message = steps[3][shortfall]
+    assert short == ['{"nvidia.com/gpu":"2"}'] and " ".join(message).startswith(
+        "nvidia.com/gpu short by 2 (assigned 10, capacity 8)"), steps[3]
+    # ... and the quota followed: prod gets half the cpu left and the 2 GPUs that research's 6 leave.
+    assert steps[4][quota] == [["NAME", "CPU", "GPU"], ["prod", "16", "2"], ["research", "16", "6"]]
+    # Not before the settle time (the demo prints each line as it happens; pendingSince is kept to the second).
+    labeled = next(t for t, line in lines if line.startswith("node/gpu-1 labeled"))
+    settled = next(t for t, line in lines if line.startswith("### 2. after the settle time"))
+    assert settled - labeled >= settle - 1, (settled - labeled, out)
+
+
 def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
     ensure_binaries()
-    ensure_binaries(BUILD)  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
-    demo = subprocess.Popen([sys.executable, "-m", "demo", "--nodes-per-pool", "2", "--duration", "90"],
+    ensure_binaries((*BUILD, KUEUE))  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
+    settle = 5.0
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--nodes-per-pool", "2", "--duration", "120",
+                             "--quota-story", f"--quota-settle={settle:g}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: list[str] = []
+    timed: list[tuple[float, str]] = []
     try:
         assert demo.stdout is not None
         for line in demo.stdout:
-            lines.append(line)
+            timed.append((time.monotonic(), line))
             if line.startswith("Press Ctrl-C"):
                 break
+        lines = [line for _, line in timed]
         out = "".join(lines)
         assert "Ready in" in out, out
         summaries = _group(r"\$ kubectl get nodesummaries\n(.*?)\n\n", out).splitlines()
@@ -61,10 +108,22 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
         names = {row.split()[1]: row.split()[3] for row in workloads[1:]}
         assert names == {"web": "deploy", "nightly-report": "job", "train": "js", "llm": "lws"}, workloads
 
-        # The printed NotReady instruction works: the gpu pool's NodeSummary shows it.
-        command = next(line.strip() for line in lines if "node-not-ready.stage.kwok.x-k8s.io=true" in line)
-        subprocess.run(command.split(), check=True, capture_output=True)
+        # The printed NotReady instruction: the whole gpu pool.
+        not_ready = f"-l cloud.google.com/gke-nodepool=gpu {NOT_READY}=true"
+        command = next(line.strip() for line in lines if not_ready in line)
         kubectl = command.split()[:3]
+
+        # The ClusterResourceClaim story played. The commands printed for it are those it ran, and
+        # show where it ended.
+        _story_checks(timed, settle)
+        assert f"--quota-actuation=on --quota-settle={settle:g}" in out
+        lose, claims, _, queues = _group(r"\nTake 1 of the gpu pool's 2 nodes away.*?\n(  /.*?)\n\n", out).splitlines()
+        assert lose.strip() == " ".join(kubectl) + f" label nodes gpu-1 {NOT_READY}=true"
+        assert _run(claims)[1][:8] == ["gpu", "local", "gpu", "32", "8", "125%", "False", "OverAllocated"]
+        assert _run(queues) == [["NAME", "CPU", "GPU"], ["prod", "16", "2"], ["research", "16", "6"]]
+
+        # The printed NotReady instruction works: the gpu pool's NodeSummary shows it.
+        subprocess.run(command.split(), check=True, capture_output=True)
         wait_for(lambda: subprocess.run([*kubectl, "get", "nodesummary", "gke-nodepool-gpu", "-o",
                                          "jsonpath={.status.conditions[?(@.type=='NotReady')].count}"],
                                         capture_output=True, text=True).stdout == "2", timeout=30)

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import kwok_node
 from localkube.build import KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 from node_workload_summary import generated
 from tests.kube import AuditedCluster, token_kubeconfig
-from tests.kueue import cluster_queue, install_kueue, resource_flavor
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.needs(PROMETHEUS_OPERATOR, KUBERNETES_CONTROLLERS, KWOK)

@@ -30,6 +30,8 @@ from typing import Any
 import pytest
 import yaml
 
+from demo.kueue import API as KUEUE_API
+from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from kubeindex.api import NotFound
 from kubeindex.fleet import RECHECK, Fleet
 from kubeindex.fleet import Member as FleetMember
@@ -58,8 +60,6 @@ from localkube.service import Service, select, value, wait_for
 from reconciler.claims import CLAIMS, Claims, ClaimSettings, member_claim_name
 from tests.clock import FakeClock, settle
 from tests.kube import create_node, set_node_status, summarized_cluster, token_kubeconfig
-from tests.kueue import API as KUEUE_API
-from tests.kueue import cluster_queue, install_kueue, resource_flavor
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.needs(HELM)

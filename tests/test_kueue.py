@@ -19,6 +19,7 @@ import yaml
 
 import kubeindex.discovery as discovery
 from alerts.rules import Thresholds, rules_file
+from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
 from kubeindex.api import ApiClient, load_connection
@@ -29,7 +30,6 @@ from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import ScrapeFailed, Service, select, value, wait_for
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status, token_kubeconfig
-from tests.kueue import cluster_queue, install_kueue, resource_flavor
 from tests.paths import CRDS
 
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}

@@ -1,5 +1,6 @@
 """Kueue objects on the local control plane, with the real CRDs of Kueue v0.14.0 (no Kueue
-controller or webhooks: the CRDs' own schema and validation rules check what is created)."""
+controller or webhooks: the CRDs' own schema and validation rules check what is created): shared by
+the demo and the tests."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def install_kueue(cluster: LocalCluster) -> None:
 
 
 def _apply(cluster: LocalCluster, obj: dict) -> None:
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=test", "-f", "-",
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=admin", "-f", "-",
                     input=json.dumps(obj))
 
 
