@@ -6,8 +6,10 @@ counted, Hold."""
 from __future__ import annotations
 
 import asyncio
+import random
 from typing import Any
 
+import msgspec
 import pytest
 
 from kubeindex.api import Conflict
@@ -25,6 +27,7 @@ from kubeindex.objects import (
     ResourceQuota,
 )
 from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, settle_state
+from reconciler.quota import evaluate, parse_claim, queue_patch
 from tests.builders import GPU, make_node
 
 NODE = {"cpu": "8", GPU: "4"}
@@ -235,3 +238,117 @@ def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: Clust
     status = written_status(request)
     assert status["settledResources"][GPU] == "4" and status["settledFor"]["flavor"] == "h100"
     assert "pendingSince" not in status
+
+
+# -- held back: random claims, capacity changes and edits against a from-scratch computation -------
+
+SETTLE = 10.0
+
+
+class Cluster:
+    """What the API server would do with the controller's writes: a status apply becomes the
+    claim's status, a JSON patch of a ClusterQueue is applied (409 on a stale resourceVersion)."""
+
+    def __init__(self, index: ClusterIndex) -> None:
+        self.index = index
+        self.version = 1
+
+    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                       content_type: str = "") -> bool:
+        if verb == "apply_status":
+            old = self.index.kueue.claims[body["metadata"]["name"]]
+            self.index.kueue.upsert_claim(ClusterResourceClaim(old.metadata, old.spec, body["status"]))
+            return True
+        assert verb == "patch_quota", verb
+        name = path.rsplit("/", 1)[1]
+        queue = msgspec.to_builtins(self.index.kueue.queue_objects[name])
+        for op in body:
+            assert op["op"] == "replace"
+            *parents, last = op["path"].strip("/").split("/")
+            target = queue
+            for part in parents:
+                target = target[int(part)] if isinstance(target, list) else target[part]
+            if op["path"] == "/metadata/resourceVersion" and op["value"] != target[last]:
+                raise RuntimeError("retry") from Conflict(409, "Conflict", "the object has been modified")
+            target[last] = op["value"]
+        self.version += 1
+        queue["metadata"]["resourceVersion"] = str(self.version)
+        self.index.kueue.upsert_cluster_queue(msgspec.convert(queue, ClusterQueue))
+        return True
+
+
+def reconcile(claims: Claims, cluster: Cluster, now: float, due: dict[tuple[str, str], float]) -> None:
+    """One reconciler pass and its worker: the changed keys and those due, each synced once."""
+    keys = set(claims.changed_keys()) | {k for k, when in due.items() if when <= now}
+    for key in sorted(keys):
+        due.pop(key, None)
+        try:
+            again = run(claims, key, cluster)  # type: ignore[arg-type]
+        except RuntimeError:  # the queue would retry it
+            again = 0.0
+        if again is not None:
+            due[key] = now + again
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_capacity_and_edits_converge_to_the_quota_computed_from_scratch(seed: int) -> None:
+    """Nodes going NotReady and back, claims edited, added and deleted, time passing, in random
+    order; once the capacity has been still for the settle time, every ClusterQueue's nominalQuota
+    is what quota.evaluate computes from scratch from the claims and the live capacity."""
+    rng = random.Random(seed)
+    index = ClusterIndex()
+    index.kueue.upsert_flavor(ResourceFlavor(ObjectMeta(name="a100"), ResourceFlavorSpec({"pool": "a100"})))
+    nodes = [f"n{i}" for i in range(4)]
+    for node in nodes:
+        index.upsert_node(make_node(node, {"pool": "a100"}, allocatable=NODE))
+    for name in ("research", "prod", "dev"):
+        index.kueue.upsert_cluster_queue(queue(name))
+    clock = Clock()
+    claims = Claims(index.kueue, ClaimSettings(settle=SETTLE, actuation=True), clock)
+    cluster = Cluster(index)
+    due: dict[tuple[str, str], float] = {}
+
+    def random_spec() -> dict[str, Any]:
+        assignments = []
+        budget = 100
+        for name in rng.sample(["research", "prod", "dev"], rng.randint(1, 3)):
+            if rng.random() < 0.5:
+                share = rng.randint(0, budget)
+                budget -= share
+                assignments.append({"clusterQueueName": name, "shares": {GPU: f"{share}%", "cpu": f"{share}%"}})
+            else:
+                assignments.append({"clusterQueueName": name, "resources": {GPU: str(rng.randint(0, 10))}})
+        return {"clusterName": "local", "flavor": "a100", "resourceAssignments": assignments}
+
+    def write(name: str) -> None:
+        old = index.kueue.claims.get(name)
+        meta = ClaimMeta(name=name, generation=(old.metadata.generation + 1) if old else 1,
+                         creationTimestamp=f"2026-01-01T00:00:0{len(name)}Z")  # pool is older than extra
+        index.kueue.upsert_claim(ClusterResourceClaim(meta, random_spec(), old.status if old else {}))
+
+    write("pool")
+    for _ in range(60):
+        action = rng.choice(("node", "node", "edit", "time", "time"))
+        if action == "node":
+            index.upsert_node(make_node(rng.choice(nodes), {"pool": "a100"}, ready=rng.choice(("True", "False")),
+                                        allocatable=NODE))
+        elif action == "edit":
+            if "extra" in index.kueue.claims and rng.random() < 0.3:
+                index.kueue.delete_claim("extra")  # a duplicate of pool while it lives: it contributes nothing
+            else:
+                write(rng.choice(("pool", "extra")))
+        else:
+            clock.now += rng.uniform(0, 1.5 * SETTLE)
+        reconcile(claims, cluster, clock.now, due)
+
+    for _ in range(4):  # the capacity stays as it is now for longer than the settle time
+        clock.now += SETTLE
+        reconcile(claims, cluster, clock.now, due)
+    parsed = [parse_claim({"metadata": {"name": c.metadata.name, "creationTimestamp": c.metadata.creationTimestamp},
+                           "spec": c.spec}) for c in index.kueue.claims.values()]
+    live = {("local", "a100"): index.kueue.capacity("a100")}
+    queues = {n: msgspec.to_builtins(q) for n, q in index.kueue.queue_objects.items()}
+    expected = evaluate(parsed, queues, live).quota
+    assert expected, "no claim named a queue: the run tested nothing"
+    for name, quotas in expected.items():
+        assert queue_patch(queues[name], quotas) == [], (seed, name, quotas)
