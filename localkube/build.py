@@ -233,6 +233,23 @@ LWS_CONTROLLER = Component(
         ("lws-webhook-patches.yaml", tuple(f"config/webhook/{kind}-patch.yaml" for kind in ("mutating", "validating"))),
     ),
 )
+# Not in COMPONENTS either: Kueue's controller manager, built on first use by the tests that run it
+# (localkube.controllers.KueueController). It watches more kinds than the tests create (admission
+# checks, topologies, MultiKueue, ...), so it comes with every CRD of the module (kueue-all-crds.yaml;
+# KUEUE's bundle keeps the five the service reads), and with its webhook configurations.
+KUEUE_CONTROLLER = Component(
+    "kueue", "sigs.k8s.io/kueue",
+    (Binary("kueue-controller", "sigs.k8s.io/kueue/cmd/kueue"),),
+    version_vars=("sigs.k8s.io/kueue/pkg/version.GitVersion",),
+    bundles=(
+        ("kueue-all-crds.yaml", tuple(
+            f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
+            for plural in ("admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters",
+                           "multikueueconfigs", "provisioningrequestconfigs", "resourceflavors", "topologies",
+                           "workloadpriorityclasses", "workloads"))),
+        ("kueue-webhooks.yaml", ("config/components/webhook/manifests.yaml",)),
+    ),
+)
 
 
 def cache_root() -> Path:
@@ -359,8 +376,10 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 
 
 # What the tests build on first use, in the order `make test` first needs them (files run by name:
-# test_chart needs helm, test_claims Kueue's CRDs, test_deploy the Prometheus Operator's, ...).
-TEST_TOOLS = (HELM, KUEUE, PROMETHEUS_OPERATOR, JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, ACTIONLINT)
+# test_chart needs helm, test_claims Kueue's CRDs, test_deploy the Prometheus Operator's, test_demo the
+# JobSet and LWS controllers, test_kueue_admission Kueue's, test_release actionlint).
+TEST_TOOLS = (HELM, KUEUE, PROMETHEUS_OPERATOR, JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_CONTROLLER,
+              ACTIONLINT)
 
 
 class BackgroundBuild:
