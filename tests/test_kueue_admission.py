@@ -68,8 +68,8 @@ def refused(svc: Service) -> list[str]:
 
 def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: LocalCluster) -> None:
     kube = kueue
-    # research: a100 GPUs 0, no cohort (it can borrow from no one); prod: a100 GPUs 8 in a cohort,
-    # of which it lends at most 6 (lendingLimit), which Kueue's webhook holds below nominalQuota.
+    # research: 0 a100 GPUs, in no cohort (it can borrow from no one); prod: 8 a100 GPUs in a cohort,
+    # lending at most 6 (lendingLimit): Kueue's webhook refuses a nominalQuota below that.
     cluster_queue(kube, "research", {"a100": {"cpu": "64", GPU: "0"}})
     kube.kubectl("apply", "--server-side", "--field-manager=admin", "-f", "-", input=json.dumps({
         "apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": "prod"},
@@ -97,7 +97,7 @@ def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: L
             {"clusterQueueName": "prod", "shares": {GPU: "25%"}}]}}))
 
     # A dry run: the claim reports what research would get, nothing is written, nothing admitted.
-    versions = {q: queue_spec(kube, q)["metadata"]["generation"] for q in ("research", "prod")}
+    generations = {q: queue_spec(kube, q)["metadata"]["generation"] for q in ("research", "prod")}
     dry = Service(kube, ("--identity=dry", f"--quota-settle={SETTLE}")).start()
     try:
         wait_for(lambda: value(dry.scrape(), "nws_queue_desired_quota", cluster_queue="research", flavor="a100",
@@ -107,7 +107,7 @@ def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: L
         assert writes(dry, "applied") == 0
     finally:
         dry.stop()
-    assert {q: queue_spec(kube, q)["metadata"]["generation"] for q in ("research", "prod")} == versions
+    assert {q: queue_spec(kube, q)["metadata"]["generation"] for q in ("research", "prod")} == generations
     assert workload_condition(kube, NAMESPACE, "train", "QuotaReserved")["status"] == "False"
 
     svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}", "--quota-actuation=on")).start()
