@@ -234,6 +234,23 @@ LWS_CONTROLLER = Component(
         ("lws-webhook-patches.yaml", tuple(f"config/webhook/{kind}-patch.yaml" for kind in ("mutating", "validating"))),
     ),
 )
+# Not in COMPONENTS either: Kueue's controller manager, built on first use by the tests that run it
+# (localkube.controllers.KueueController). It watches more kinds than the tests create (admission
+# checks, topologies, MultiKueue, ...), so it comes with every CRD of the module (kueue-all-crds.yaml;
+# KUEUE's bundle keeps the five the service reads), and with its webhook configurations.
+KUEUE_CONTROLLER = Component(
+    "kueue", "sigs.k8s.io/kueue",
+    (Binary("kueue-controller", "sigs.k8s.io/kueue/cmd/kueue"),),
+    version_vars=("sigs.k8s.io/kueue/pkg/version.GitVersion",),
+    bundles=(
+        ("kueue-all-crds.yaml", tuple(
+            f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
+            for plural in ("admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters",
+                           "multikueueconfigs", "provisioningrequestconfigs", "resourceflavors", "topologies",
+                           "workloadpriorityclasses", "workloads"))),
+        ("kueue-webhooks.yaml", ("config/components/webhook/manifests.yaml",)),
+    ),
+)
 
 
 def cache_root() -> Path:
@@ -362,7 +379,7 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 # background (tests/conftest.py --prebuild; the modules that need them declare it, and run last in
 # this order): Kueue's CRDs are a download; the rest are Go builds of minutes each on a fresh machine.
 TEST_TOOLS: tuple[Component, ...] = (KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
-                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER)
+                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_CONTROLLER)
 
 
 class BackgroundBuild:

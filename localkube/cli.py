@@ -13,7 +13,7 @@ from pathlib import Path
 from .build import BuildError
 from .build import main as build_main
 from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
-from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
+from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller, KueueController
 from .node import NODE_ADDRESS, NodeError, RealNode
 
 
@@ -42,6 +42,9 @@ def _up(args: argparse.Namespace) -> int:
             print(f"[localkube] starting the {project.name} controller (built on first use) ...",
                   file=sys.stderr, flush=True)
             Controller(cluster, project).start()  # its CRDs and webhooks too; stopped with the cluster
+        if args.kueue:
+            print("[localkube] starting the kueue controller (built on first use) ...", file=sys.stderr, flush=True)
+            KueueController(cluster).start()
         if args.node:
             print("[localkube] starting a real node: containerd, the kubelet, kube-proxy (built on first use) ...",
                   file=sys.stderr, flush=True)
@@ -110,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the JobSet controller (its real CRDs and webhooks; needs --controllers for pods)")
     up.add_argument("--lws", action="store_true",
                     help="also run the LeaderWorkerSet controller (its real CRDs and webhooks; needs --controllers)")
+    up.add_argument("--kueue", action="store_true",
+                    help="also run Kueue's controller manager (every Kueue CRD, its webhooks for its own kinds and "
+                         "batch Jobs)")
     up.add_argument("--crds", action="append", default=[], metavar="PATH",
                     help="install the CRDs in PATH and wait until they are Established (repeatable)")
     up.add_argument("--apply", action="append", default=[], metavar="PATH",
