@@ -54,6 +54,8 @@ KUBECONFIG_KEY = "kubeconfig"  # the Secret's key, as MultiKueue reads it
 MEMBER_CONNECTIONS = 4  # per member: two watches and the odd LIST
 Capacity = dict[str, int]
 MULTIKUEUE_CLUSTER = (KUEUE_GROUP, "MultiKueueCluster")
+NOT_LISTED = ("the hub has not listed the MultiKueueClusters yet (is MultiKueue's CRD "
+              "multikueueclusters.kueue.x-k8s.io installed, and may the hub list them?)")
 AddWatch = Callable[[Reflector], None]
 
 
@@ -283,7 +285,7 @@ class Fleet:
         """Why the member's capacity is not read from its watches now (None: it is)."""
         if name not in self.specs:
             if not self.listed():
-                return MemberProblem("MemberConnecting", "the hub has not listed the MultiKueueClusters yet")
+                return MemberProblem("MemberConnecting", NOT_LISTED)
             return MemberProblem("MemberUnreachable", f"no MultiKueueCluster {name}: not (or no longer) a member")
         member = self.members.get(name)
         synced = member is not None and member.synced
