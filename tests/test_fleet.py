@@ -234,8 +234,19 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("True", "AssignmentsFit")
 
-        # Past the grace out of contact: Ready names the member and the grace.
+        # A hub that just started, member a still connecting: the claim keeps its status (no write).
         index.kueue.upsert_claim(seen("a-a100", body["spec"], status))
+        restarted = Fleet(Secrets(), lambda r: None, lambda name: None, grace=10, clock=clock)
+        restarted.upsert(multikueue_cluster("a", "member-a"))
+        await settle()
+        assert _reason(restarted, "a") == "MemberConnecting"
+        writes = len(requests.calls)
+        await Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now,
+                     fleet=restarted).sync((CLAIMS, "a-a100"), requests)
+        assert len(requests.calls) == writes
+        await restarted.stop()
+
+        # Past the grace out of contact: Ready names the member and the grace.
         for reflector in fleet.members["a"].reflectors:
             reflector.connected, reflector.lost_at = False, clock.now
         await clock.advance(11)
