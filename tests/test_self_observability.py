@@ -25,7 +25,8 @@ from tests.kube import create_node, create_pod, get_object
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
 LEASE = "self-observability"
 NS = "default"
-KEYS = {"ts", "level", "logger", "msg", "resource", "namespace", "name", "error", "stacktrace", "kind", "reason"}
+KEYS = {"ts", "level", "logger", "msg", "resource", "namespace", "name", "error", "stacktrace", "kind", "group",
+        "reason"}
 LEVELS = {"debug", "info", "warn", "error"}
 PLURAL = re.compile(r"^[a-z0-9]+(\.[a-z0-9.-]+)?$")  # a plural, with its group: never a path or a name
 
