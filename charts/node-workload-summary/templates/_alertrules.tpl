@@ -40,8 +40,12 @@ A name that matches no alert or setting fails the render instead of being ignore
     {{- $text = replace (printf "${%s.%s|percent}" $name $key) (printf "%.0f%%" (mulf $value 100)) $text }}
   {{- end }}
 {{- end }}
+{{- $filled := fromYaml $text }}
+{{- if hasKey $filled "Error" }}
+  {{- fail (printf "prometheusRule: the rules do not parse with these values: %s" $filled.Error) }}
+{{- end }}
 {{- $groups := list }}
-{{- range (fromYaml $text).spec.groups }}
+{{- range $filled.spec.groups }}
   {{- $rules := list }}
   {{- range .rules }}
     {{- $rule := . }}
