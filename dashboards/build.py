@@ -375,10 +375,54 @@ def exporter_health(o: Options = Options()) -> Dashboard:
         TimeSeries(title="CPU", dataSource=DS, gridPos=_pos(12, 28, 12, 8), unit="percentunit",
                    targets=[_t(f"max by (instance) (rate(process_cpu_seconds_total{{{job}}}[$__rate_interval]))",
                                "{{instance}}")]),
+        *self_metrics_panels(job, 36),
     ]
     return _dashboard(o, "nws-health", "node-workload-summary health", panels,
                       [_var("job", _values(o, "nws_build_info", "job"), "Job")],
-                      "Is the exporter keeping up: sync lag, events, relists, series caps, scrapes, writes.")
+                      "Is the exporter keeping up: sync lag, events, relists, series caps, scrapes, writes, "
+                      "the write queue, API requests.")
+
+
+def _quantile(q: float, family: str, sel: str, by: str = "") -> str:
+    """The ``q`` quantile of a histogram over all replicas' observations (per ``by``)."""
+    return (f"histogram_quantile({q}, sum by ({by + ', ' if by else ''}le) "
+            f"(rate({family}_bucket{{{sel}}}[$__rate_interval])))")
+
+
+def self_metrics_panels(job: str, y: int) -> list:
+    """The write queue and the API requests, in client-go's workqueue_* and rest_client_* shapes:
+    depth per replica (only the leader's queue fills), the rest over all replicas (the followers'
+    queues stay empty; every replica's requests are real ones)."""
+    queue, requests = "nws_workqueue", "nws_rest_client"
+    return [
+        TimeSeries(title="Write queue: keys waiting for a worker, per replica", dataSource=DS,
+                   gridPos=_pos(0, y, 8, 8), unit="short",
+                   targets=[_t(f"max by (instance) ({queue}_depth{{{job}}})", "{{instance}}")]),
+        TimeSeries(title="Write queue: adds and retries / s", dataSource=DS, gridPos=_pos(8, y, 8, 8), unit="ops",
+                   targets=[_t(f"sum(rate({queue}_adds_total{{{job}}}[$__rate_interval]))", "adds", "A"),
+                            _t(f"sum(rate({queue}_retries_total{{{job}}}[$__rate_interval]))", "retries", "B")]),
+        TimeSeries(title="Write queue: time waiting and working (p50, p99)", dataSource=DS,
+                   description="Waiting: from queued to taken by a worker. Working: deciding and writing one key, "
+                               "the wait for --writes-per-second included.",
+                   gridPos=_pos(16, y, 8, 8), unit="s",
+                   targets=[_t(_quantile(0.5, f"{queue}_queue_duration_seconds", job), "waiting p50", "A"),
+                            _t(_quantile(0.99, f"{queue}_queue_duration_seconds", job), "waiting p99", "B"),
+                            _t(_quantile(0.5, f"{queue}_work_duration_seconds", job), "working p50", "C"),
+                            _t(_quantile(0.99, f"{queue}_work_duration_seconds", job), "working p99", "D")]),
+        TimeSeries(title="API request latency p99 by verb and resource", dataSource=DS,
+                   description="WATCH: until the API server answered (the stream then lasts minutes); LIST: the "
+                               "whole response read.",
+                   gridPos=_pos(0, y + 8, 12, 8), unit="s",
+                   targets=[_t(_quantile(0.99, f"{requests}_request_duration_seconds", job, "verb, resource"),
+                               "{{verb}} {{resource}}")]),
+        TimeSeries(title="API requests / s by code and method", dataSource=DS,
+                   description="<error>: no answer (connection refused, broken or silent past its timeout). A "
+                               "410 Gone, a 404 of a kind not installed and a 409 of a raced write are expected "
+                               "now and then.",
+                   gridPos=_pos(12, y + 8, 12, 8), unit="ops",
+                   targets=[_t(f"sum by (code, method) (rate({requests}_requests_total{{{job}}}[$__rate_interval]))",
+                               "{{code}} {{method}}")]),
+    ]
 
 
 DASHBOARDS = {

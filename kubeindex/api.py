@@ -2,6 +2,11 @@
 
 Authentication comes from the official client's kubeconfig / in-cluster loaders (exec plugins,
 token files and their refresh included); requests go through one aiohttp session.
+
+Every request is measured (``RequestMetrics``, client-go's ``rest_client_*``): its duration per
+verb and resource, and its answer per status code and HTTP method. The resource is read from the
+path (``path_parts``): the plural, with its group, never an object's name. A watch's duration ends
+when the server answered (its stream may last minutes).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import os
 import random
 import ssl
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
@@ -20,6 +26,8 @@ import aiohttp
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+
+from .histogram import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +255,56 @@ def predates_watch_list(version: dict[str, Any]) -> str:
     return ""
 
 
+def path_parts(path: str) -> tuple[str, str, str]:
+    """(resource, namespace, name) of an API path. The resource is the plural, with its group as
+    kubectl writes it (``pods``, ``leases.coordination.k8s.io``), a subresource left out; ""
+    for a path that names no resource (discovery, ``/version``)."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    if parts[0] == "api" and len(parts) > 2:
+        group, rest = "", parts[2:]
+    elif parts[0] == "apis" and len(parts) > 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return "", "", ""
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) > 2:
+        namespace, rest = rest[1], rest[2:]
+    return (f"{rest[0]}.{group}" if group else rest[0]), namespace, (rest[1] if len(rest) > 1 else "")
+
+
+NO_ANSWER = "<error>"  # the code of a request that got no answer (client-go's)
+
+
+class RequestMetrics:
+    """client-go's rest_client_* metrics of every request of the clients that share it, read by a
+    collector at scrape time. Bounded: one histogram per (verb, resource) met, one count per
+    (code, HTTP method) met."""
+
+    def __init__(self) -> None:
+        self.durations: dict[tuple[str, str], Histogram] = {}  # (verb, resource) -> seconds
+        self.requests: dict[tuple[str, str], int] = {}  # (code, method) -> requests
+
+    def observe(self, method: str, path: str, params: dict[str, str] | None, code: str, seconds: float) -> None:
+        """One request: its verb is the HTTP method, or LIST (a GET of a collection) or WATCH."""
+        resource, _, name = path_parts(path)
+        if params is not None and params.get("watch") in ("1", "true"):
+            verb = "WATCH"
+        elif method == "GET" and resource and not name:
+            verb = "LIST"
+        else:
+            verb = method
+        histogram = self.durations.get((verb, resource))
+        if histogram is None:
+            histogram = self.durations[verb, resource] = Histogram(REQUEST_BUCKETS)
+        histogram.observe(seconds)
+        self.requests[code, method] = self.requests.get((code, method), 0) + 1
+
+
 class ApiClient:
-    def __init__(self, connection: Connection, max_connections: int = 64) -> None:
+    def __init__(self, connection: Connection, max_connections: int = 64,
+                 metrics: RequestMetrics | None = None) -> None:
         self.connection = connection
+        self.metrics = metrics if metrics is not None else RequestMetrics()
         self._session: aiohttp.ClientSession | None = None
         self._limit = max_connections
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
@@ -317,6 +372,7 @@ class ApiClient:
         headers = self._headers(accept)
         if data is not None:
             headers["Content-Type"] = content_type
+        started = time.monotonic()
         try:
             async with self.session.request(
                 method, self.connection.host + path, data=data, params=params, headers=headers,
@@ -324,7 +380,9 @@ class ApiClient:
             ) as resp:
                 answer = await resp.read()
         except _TRANSPORT as err:
+            self.metrics.observe(method, path, params, NO_ANSWER, time.monotonic() - started)
             raise transport_error(err) from err
+        self.metrics.observe(method, path, params, str(resp.status), time.monotonic() - started)
         if resp.status >= 300:
             raise error_from_body(resp.status, answer)
         return answer
@@ -336,9 +394,12 @@ class ApiClient:
         connection that died without closing is noticed. ``on_open`` is called once the server
         answered 200 (an idle watch may send nothing for a minute). Errors as ``request``."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        started, answered = time.monotonic(), False
         try:
             async with self.session.get(self.connection.host + path, params=params,
                                         headers=self._headers(accept), timeout=timeout) as resp:
+                answered = True
+                self.metrics.observe("GET", path, params, str(resp.status), time.monotonic() - started)
                 if resp.status >= 300:
                     raise error_from_body(resp.status, await resp.read())
                 if on_open is not None:
@@ -356,6 +417,8 @@ class ApiClient:
                 if buffer.strip():
                     yield bytes(buffer)
         except _TRANSPORT as err:
+            if not answered:
+                self.metrics.observe("GET", path, params, NO_ANSWER, time.monotonic() - started)
             raise transport_error(err) from err
 
     # -- discovery ---------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from collections.abc import Callable, Container, Coroutine, Iterable
 from typing import Any
 
 from .api import ApiClient, ApiResource, sleep_jittered
+from .logfields import fields
 from .objects import long_type
 
 log = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ class KindDiscovery:
                     resource = await self.api.preferred_resource(*need)
                     break
                 except Exception as err:
-                    log.warning("discovery of %s failed: %r", describe(need), err)
+                    log.warning("discovery of %s failed: %r", describe(need), err,
+                                extra=fields(kind=need[1], group=need[0], error=err))
                     await sleep_jittered(attempt + 1)
             else:
                 return  # stays unknown: retry_unserved looks again
@@ -106,4 +108,5 @@ class KindDiscovery:
         optional = need in self._optional
         log.log(logging.INFO if optional else logging.WARNING,
                 "%s is not served by the API server; looking again every %.0fs while it is %s",
-                describe(need), DISCOVERY_RETRY_SECONDS, "optional" if optional else "needed")
+                describe(need), DISCOVERY_RETRY_SECONDS, "optional" if optional else "needed",
+                extra=fields(kind=need[1], group=need[0]))

@@ -34,6 +34,7 @@ from typing import Protocol
 
 from .api import ApiClient, ApiError, ConfigError, connection_from_kubeconfig
 from .clock import REAL, Clock
+from .logfields import fields
 from .objects import (
     API_VERSION,
     KUEUE_GROUP,
@@ -54,6 +55,9 @@ KUBECONFIG_KEY = "kubeconfig"  # the Secret's key, as MultiKueue reads it
 MEMBER_CONNECTIONS = 4  # per member: two watches and the odd LIST
 Capacity = dict[str, int]
 MULTIKUEUE_CLUSTER = (KUEUE_GROUP, "MultiKueueCluster")
+NOT_LISTED = ("the hub has not listed the MultiKueueClusters yet (is MultiKueue's CRD "
+              "multikueueclusters.kueue.x-k8s.io installed, and may the hub list them?)")
+MEMBER_RESOURCE = f"multikueueclusters.{KUEUE_GROUP}"  # the log lines' resource
 AddWatch = Callable[[Reflector], None]
 
 
@@ -226,7 +230,7 @@ class Fleet:
                         self._changes += 1
                     self.errors[name] = str(err)
                     self._say(name, str(err), logging.WARNING, "member %s: %s; retrying every %.0fs", name, err,
-                              RECHECK)
+                              RECHECK, extra=fields(MEMBER_RESOURCE, name=name, error=str(err)))
                 await self.clock.sleep(RECHECK)
         finally:
             if member is not None:
@@ -256,7 +260,8 @@ class Fleet:
         self.members[name] = member
         for reflector in member.reflectors:
             self._add_watch(reflector)
-        log.info("member %s: watching its NodeSummaries and ResourceFlavors at %s", name, member.api.connection.host)
+        log.info("member %s: watching its NodeSummaries and ResourceFlavors at %s", name, member.api.connection.host,
+                 extra=fields(MEMBER_RESOURCE, name=name))
         self._changes += 1
         return member
 
@@ -283,7 +288,7 @@ class Fleet:
         """Why the member's capacity is not read from its watches now (None: it is)."""
         if name not in self.specs:
             if not self.listed():
-                return MemberProblem("MemberConnecting", "the hub has not listed the MultiKueueClusters yet")
+                return MemberProblem("MemberConnecting", NOT_LISTED)
             return MemberProblem("MemberUnreachable", f"no MultiKueueCluster {name}: not (or no longer) a member")
         member = self.members.get(name)
         synced = member is not None and member.synced

@@ -1,7 +1,9 @@
-"""The watches' own metrics: a prometheus_client collector over Sources, read at scrape time.
+"""The watches' own metrics: a prometheus_client collector over Sources, read at scrape time;
+the API requests' (``nws_rest_client_*``), and the fleet's.
 
 Bounds: one series per watched resource (and event type or restart reason), one per configured
-or referenced kind that is not served or not allowed.
+or referenced kind that is not served or not allowed; a histogram per (verb, resource) requested
+and a count per (code, HTTP method) answered.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Set
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from .histogram import Histogram
     from .reflector import SourceStats
 
 
@@ -102,3 +105,29 @@ class FleetCollector(Collector):
         for name in sorted(self.fleet.specs):
             up.add_metric([name], int(self.fleet.problem(name) is None))
         yield up
+
+
+class _Requests(Protocol):
+    @property
+    def durations(self) -> Mapping[tuple[str, str], Histogram]: ...  # (verb, resource)
+    @property
+    def requests(self) -> Mapping[tuple[str, str], int]: ...  # (code, method)
+
+
+class RequestCollector(Collector):
+    """The API requests (kubeindex/api.py's RequestMetrics), in client-go's rest_client_* shape."""
+
+    def __init__(self, metrics: _Requests) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        durations = HistogramMetricFamily(
+            "nws_rest_client_request_duration_seconds", "API request latency in seconds, by verb (the HTTP method, "
+            "or LIST, WATCH: until the server answered) and resource.", labels=["verb", "resource"])
+        for (verb, resource), histogram in sorted(self.metrics.durations.items()):
+            durations.add_metric([verb, resource], histogram.cumulative(), histogram.sum)
+        requests = CounterMetricFamily("nws_rest_client_requests", "API requests by status code (<error>: no "
+                                       "answer) and HTTP method.", labels=["code", "method"])
+        for (code, method), n in sorted(self.metrics.requests.items()):
+            requests.add_metric([code, method], n)
+        yield from (durations, requests)

@@ -27,6 +27,7 @@ from functools import partial
 from .api import ApiResource
 from .discovery import KindDiscovery, Need
 from .index import ClusterIndex
+from .logfields import fields
 from .objects import OwnerReference, PartialObject, group_of, object_key
 from .owners import POD, GroupKind
 from .reflector import Handler, Reflector
@@ -75,7 +76,8 @@ class OwnerKinds:
         self._forget_refs(gk)
         name = resource.name if resource.name not in self._reserved else f"{resource.name}.owners"
         handler = Handler(partial(self._upsert, gk, name), partial(self._delete, gk, name))
-        log.info("watching %s (metadata only) for %s", resource.path, resource.kind)
+        log.info("watching %s (metadata only) for %s", resource.path, resource.kind,
+                 extra=fields(resource.name, kind=resource.kind))
         self.reflectors[gk] = self._start(name, resource.path, handler)
 
     def track(self, source: str, key: str, ref: OwnerReference | None) -> None:

@@ -82,6 +82,7 @@ from .api import (
     status_error,
 )
 from .clock import REAL, Clock
+from .logfields import fields, key_fields
 from .objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_key
 from .throttle import ThrottledLog
 
@@ -247,7 +248,8 @@ class Reflector(Generic[T]):
     def _contact(self) -> None:
         """The API server answered a LIST or WATCH with 200."""
         if self._say.clear("failure"):
-            log.info("%s: API server reachable again after %.0fs", self.name, self.clock.monotonic() - self.lost_at)
+            log.info("%s: API server reachable again after %.0fs", self.name, self.clock.monotonic() - self.lost_at,
+                     extra=fields(self.name))
         self.connected = True
         self.failure = None
         self.last_error = ""
@@ -264,11 +266,11 @@ class Reflector(Generic[T]):
         verb = "LIST" if listing else "WATCH"
         if isinstance(err, (ApiError, msgspec.DecodeError)):
             self._say("failure", reason, logging.WARNING, "%s: %s %s: %s; retrying with backoff", self.name, verb,
-                      self.path, _explain(err))
+                      self.path, _explain(err), extra=fields(self.name, error=_explain(err)))
         else:  # a bug: start again from a LIST
             self._need_sync = True
             self._say("failure", reason, logging.ERROR, "%s: unexpected error in %s %s; relisting after backoff",
-                      self.name, verb, self.path, exc_info=err)
+                      self.name, verb, self.path, exc_info=err, extra=fields(self.name, error=err))
         return SLOW_BACKOFF_CAP if self.permanent else BACKOFF_CAP
 
     # -- the loop -------------------------------------------------------------------------------
@@ -330,7 +332,8 @@ class Reflector(Generic[T]):
                 ran_its_course = await self._sync_and_watch()
             except Gone:
                 self.stats.restart("gone")
-                log.info("%s: resourceVersion %s expired (410), relisting", self.name, self.resource_version)
+                log.info("%s: resourceVersion %s expired (410), relisting", self.name, self.resource_version,
+                         extra=fields(self.name))
                 if self._need_sync:  # the sync itself was answered 410: do not spin on it
                     await sleep_jittered(attempt, sleep=self.clock.sleep)
                     attempt += 1
@@ -366,10 +369,11 @@ class Reflector(Generic[T]):
             return True  # the WatchList was refused: list at once
         if self._need_sync:  # a WatchList that ended before its state was complete: again
             log.warning("%s: WatchList of %s ended before its initial-events-end bookmark; again",
-                        self.name, self.path)
+                        self.name, self.path, extra=fields(self.name))
             self.stats.restart("incomplete")
         elif self.failed:
-            log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed))
+            log.info("%s: relisting to retry %d objects whose handler failed", self.name, len(self.failed),
+                     extra=fields(self.name))
             self._need_sync = True
         return self.clock.monotonic() - started > 1
 
@@ -382,7 +386,8 @@ class Reflector(Generic[T]):
             self.stats.handler_errors += 1
             self.failed.add(key)
             log.error("%s: handler failed for %s: %r; a relist will retry it", self.name, key, err,
-                      exc_info=self.stats.handler_errors == 1)  # the traceback once; then one line each
+                      exc_info=self.stats.handler_errors == 1,  # the traceback once; then one line each
+                      extra=key_fields(self.name, key, err))
             return False
         self.failed.discard(key)
         return True
@@ -421,7 +426,7 @@ class Reflector(Generic[T]):
                     # The snapshot was compacted between two pages: a fresh paged pass (see the
                     # module docstring for why this is correct and bounded).
                     log.info("%s: continue token expired after %d objects; listing again from the first page",
-                             self.name, len(seen))
+                             self.name, len(seen), extra=fields(self.name))
                     seen.clear()
                     self.failed.clear()
                     params = first
@@ -512,7 +517,7 @@ class Reflector(Generic[T]):
         if not self.api.watch_list_refused:
             self.api.watch_list_refused = err.message.strip()
             log.warning("the API server refused a WatchList (%s %s); using paged LISTs with this server",
-                        err.status, self.api.watch_list_refused)
+                        err.status, self.api.watch_list_refused, extra=fields(self.name, error=err))
         return True
 
     def _handle(self, line: bytes) -> None:

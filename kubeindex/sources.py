@@ -38,6 +38,7 @@ from typing import Any
 from .api import ApiClient, ApiResource
 from .discovery import KindDiscovery, Need, describe
 from .index import ClusterIndex
+from .logfields import fields
 from .objects import (
     API_VERSION,
     GROUP,
@@ -297,7 +298,7 @@ class Sources:
         if gk in self._optional_reflectors:
             return
         item_type, handler = self.optional[need]
-        log.info("watching %s", resource.path)
+        log.info("watching %s", resource.path, extra=fields(resource.name))
         reflector = Reflector(self.api, resource.name, resource.path, item_type, handler, settings=self.settings)
         self._optional_reflectors[gk] = reflector
         self._add(reflector)

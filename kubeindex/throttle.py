@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from .api import LOG_EVERY
 
@@ -19,15 +19,15 @@ class ThrottledLog:
         self._said: dict[str, tuple[str, float]] = {}  # topic -> (reason, when) last logged
 
     def __call__(self, topic: str, reason: str, level: int, message: str, *args: object,
-                 exc_info: BaseException | bool | None = None) -> bool:
+                 exc_info: BaseException | bool | None = None, extra: Mapping[str, object] | None = None) -> bool:
         """Log ``message`` unless ``reason`` was said on ``topic`` within ``every`` seconds;
-        True when it was logged."""
+        True when it was logged. ``extra``: the line's structured fields (logfields.py)."""
         now = self.clock()
         last = self._said.get(topic)
         if last is not None and last[0] == reason and now - last[1] < self.every:
             return False
         self._said[topic] = (reason, now)
-        self.logger.log(level, message, *args, exc_info=exc_info)
+        self.logger.log(level, message, *args, exc_info=exc_info, extra=extra)
         return True
 
     def clear(self, topic: str) -> bool:

@@ -24,10 +24,10 @@ from exporter.auth import Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, CertificateError, load_pem, self_signed_hosts, self_signed_pem, server_context
-from kubeindex.api import ApiClient, ConfigError, Connection, load_connection
+from kubeindex.api import ApiClient, ConfigError, Connection, RequestMetrics, load_connection
 from kubeindex.fleet import MULTIKUEUE_CLUSTER, Fleet
 from kubeindex.index import ClusterIndex
-from kubeindex.metrics import FleetCollector, SourcesCollector
+from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
 from kubeindex.objects import KUEUE_VERSION, MultiKueueCluster
 from kubeindex.reflector import Handler, WatchSettings
 from kubeindex.sources import Sources
@@ -37,6 +37,7 @@ from reconciler.leader import LeaderElector, LeaseSettings, identity
 from reconciler.metrics import ReconcilerCollector
 
 from .gcfreeze import Freezer
+from .logs import configure as configure_logs
 from .settings import InvalidSettings, Settings, load
 from .version import build_info
 
@@ -144,10 +145,11 @@ def build(settings: Settings) -> Service:
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
                           initial_list=settings.initial_list)
-    api = ApiClient(connection)
+    requests = RequestMetrics()  # both clients' requests, in one set of nws_rest_client_* series
+    api = ApiClient(connection, metrics=requests)
     # The Lease has a pool of its own: past about 50 owner kinds the watches hold every connection
     # of the main pool, and renewals waiting for one would lose the lease.
-    lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS)
+    lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS, metrics=requests)
     sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
     fleet = fleet_of(settings, api, sources, watch) if settings.fleet else None
     elector = reconciler = None
@@ -165,6 +167,7 @@ def build(settings: Settings) -> Service:
     renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,
                         dataclasses.asdict(build_info()))
     renderer.registry.register(SourcesCollector(sources))
+    renderer.registry.register(RequestCollector(requests))
     if fleet is not None:
         renderer.registry.register(FleetCollector(fleet))
     if reconciler is not None:
@@ -275,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     if settings.version:
         print(build_info())
         return 0
-    logging.basicConfig(level=settings.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logs(settings.log_level, settings.log_format)
     pin_mmap_threshold()
     try:
         uvloop.run(serve(settings))

@@ -24,6 +24,8 @@ from reconciler.claims import ClaimSettings
 from reconciler.controller import ReconcilerSettings
 from reconciler.leader import LeaseSettings
 
+from .logs import LogFormat
+
 ENV_PREFIX = "NWS_"
 # The defaults live in the settings objects the flags feed; the flags read them from there.
 WATCH, LEASE, WRITES, QUOTA = WatchSettings(), LeaseSettings(namespace=""), ReconcilerSettings(), ClaimSettings()
@@ -185,6 +187,9 @@ class Settings(BaseSettings):
     metrics_auth_cache_size: Count = Field(CACHE_SIZE, ge=1, description="Tokens whose decision is cached; the least "
                                            "recently used is dropped beyond this.")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
+    log_format: LogFormat = Field("text", description="text: a line a person reads; json: one JSON object per "
+                                  "line (ts, level, logger, msg and the line's fields: resource, namespace, "
+                                  "name, error), as controller-runtime writes them.")
     version: bool = Field(False, description="Print the version, the source revision and Python's version, "
                           "then exit.")
 
@@ -223,7 +228,7 @@ class Settings(BaseSettings):
                 raise ValueError(f"{pattern!r}: a resource name, or a prefix followed by one * at the end")
         return patterns
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value

@@ -181,15 +181,22 @@ def _cluster_unknown(conditions: list[dict[str, Any]], cluster: str) -> list[dic
     return [ready if c["type"] == "Ready" else c for c in conditions]
 
 
-def _member_ready(conditions: list[dict[str, Any]], fleet: Fleet, cluster: str, flavor: str) -> list[dict[str, Any]]:
-    """Ready as the member makes it: why its capacity is not known, or why it is not read now."""
+def _member_ready(conditions: list[dict[str, Any]], fleet: Fleet, cluster: str, flavor: str,
+                  before: Any) -> list[dict[str, Any]]:
+    """Ready as the member makes it: why its capacity is not known, or why it is not read now.
+    While the member is connecting (a hub that just started), the capacity last read stands, and
+    so does the Ready the claim had: a restart writes nothing."""
     ready = next(c for c in conditions if c["type"] == "Ready")
     problem = fleet.problem(cluster)
     if ready["reason"] in ("InvalidSpec", "Duplicate"):
         return conditions
+    had = next((c for c in before if isinstance(c, Mapping) and c.get("type") == "Ready"),
+               None) if isinstance(before, list) else None
     if ready["reason"] == "CapacityUnknown":  # kept: no capacity was in effect (settle_state reads it)
         why = problem.message if problem is not None else fleet.why_unknown(cluster, flavor)
         ready = {**ready, "message": f"{why}; the quota last applied for this claim is kept"}
+    elif problem is not None and problem.reason == "MemberConnecting" and had is not None:
+        ready = {k: had[k] for k in ("type", "status", "reason", "message") if k in had}
     elif problem is not None and problem.reason == "MemberConnecting":
         ready = {"type": "Ready", "status": "False", "reason": problem.reason,
                  "message": f"{problem.message}; the capacity last read stands"}
@@ -286,7 +293,10 @@ class Claims:
         if cluster != LOCAL and self.fleet is None:
             conditions = _cluster_unknown(conditions, cluster)
         elif cluster != LOCAL and self.fleet is not None:
-            conditions = _member_ready(conditions, self.fleet, cluster, flavor)
+            conditions = _member_ready(conditions, self.fleet, cluster, flavor, claim.status.get("conditions"))
+            problem = self.fleet.problem(cluster)
+            if problem is not None and problem.reason == "MemberConnecting" and "nominalResources" in claim.status:
+                status.setdefault("nominalResources", claim.status["nominalResources"])  # the last read stands
         status["conditions"] = with_times(conditions, claim.status.get("conditions"), claim.metadata.generation,
                                            ev.now)
         if "queues" in status:

@@ -34,6 +34,7 @@ import msgspec
 from kubeindex.api import ApiClient, ApiError, Conflict, Forbidden, NotFound, Transient
 from kubeindex.fleet import Fleet
 from kubeindex.index import ClusterIndex
+from kubeindex.logfields import key_fields, path_fields
 from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector
 from kubeindex.sources import Sources
@@ -351,8 +352,8 @@ class Reconciler:
             except Retry:
                 if self.leading:
                     self.queue.retry(key)
-            except Exception:
-                log.exception("sync of %s %s failed", KIND_OF[key[0]], key[1])
+            except Exception as err:
+                log.exception("sync of %s %s failed", KIND_OF[key[0]], key[1], extra=key_fields(key[0], key[1], err))
                 if self.leading:
                     self.queue.retry(key)
             finally:
@@ -453,10 +454,10 @@ class Reconciler:
     def _failed(self, method: str, path: str, err: ApiError) -> NoReturn:
         """Count and log a failed write, and have the queue retry it."""
         self.stats.count(self.stats.errors, str(err.status) if err.status else err.reason)
-        if not err.status:
-            log.warning("%s %s: %s", method, path, err)  # no answer: a line each, as the transport says
+        if not err.status:  # no answer: a line each, as the transport says
+            log.warning("%s %s: %s", method, path, err, extra=path_fields(path, err))
         elif not isinstance(err, (Transient, Conflict)):  # those pass on their own: counted only
-            log.error("%s %s: %s", method, path, err)
+            log.error("%s %s: %s", method, path, err, extra=path_fields(path, err))
         raise Retry from err
 
     async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:

@@ -27,6 +27,7 @@ from typing import Protocol
 
 from kubeindex.api import ApiError, Conflict, NotFound
 from kubeindex.clock import REAL, Clock
+from kubeindex.logfields import path_fields
 from kubeindex.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ class LeaderElector:
         self._observed: tuple[str, float] = ("", 0.0)  # (record fingerprint, when we first saw it)
         self._listeners: list[Listener] = []
         self._say = ThrottledLog(log, clock=clock.monotonic)
+        self._fields = path_fields(f"{self.path}/{settings.name}")  # the log lines' resource, namespace, name
         self.last_error = ""  # why the last attempt failed ("" after a success)
         self._stopped = False  # released for good (shutdown): never take the lease again
 
@@ -94,7 +96,7 @@ class LeaderElector:
     def _set(self, leader: bool) -> None:
         if leader != self._is_leader:
             log.info("%s %s leadership of lease %s/%s", self.settings.identity, "acquired" if leader else "lost",
-                     self.settings.namespace, self.settings.name)
+                     self.settings.namespace, self.settings.name, extra=self._fields)
             self._is_leader = leader
             for listener in self._listeners:
                 listener(leader)
@@ -114,14 +116,14 @@ class LeaderElector:
         if reasons:
             if self._is_leader:
                 log.warning("giving up lease %s/%s: %s", self.settings.namespace, self.settings.name,
-                            "; ".join(reasons))
+                            "; ".join(reasons), extra=self._fields)
                 await self.release(final=False)
             else:  # the initial sync is the normal start, not worth a warning
                 level = logging.INFO if all("initial sync" in r for r in reasons) else logging.WARNING
                 # Keyed by what is out of sync ("pods"), not the seconds counted in the text.
                 which = "; ".join(sorted(r.partition(":")[0] for r in reasons))
                 self._say("not-ready", which, level, "not a candidate for lease %s/%s: %s",
-                          self.settings.namespace, self.settings.name, "; ".join(reasons))
+                          self.settings.namespace, self.settings.name, "; ".join(reasons), extra=self._fields)
             return
         self._say.clear("not-ready")
         try:
@@ -132,7 +134,8 @@ class LeaderElector:
         except Exception as err:  # any failure is a failed renewal (dropped connections included)
             self.last_error = str(err) if isinstance(err, LeaseError) else f"{type(err).__name__}: {err}"
             self._say("request", self.last_error, logging.WARNING, "lease %s/%s: %s", self.settings.namespace,
-                      self.settings.name, self.last_error)
+                      self.settings.name, self.last_error,
+                      extra=path_fields(f"{self.path}/{self.settings.name}", self.last_error))
             ok = False
         else:
             self._say.clear("request")
@@ -154,7 +157,8 @@ class LeaderElector:
                 lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
                 await self.api.request("PUT", f"{self.path}/{self.settings.name}", lease, timeout=5)
         except Exception as err:
-            log.warning("could not release lease %s/%s: %s", self.settings.namespace, self.settings.name, err)
+            log.warning("could not release lease %s/%s: %s", self.settings.namespace, self.settings.name, err,
+                        extra=path_fields(f"{self.path}/{self.settings.name}", err))
 
     def _spec(self, transitions: int, acquire_time: str | None = None) -> dict:
         now = _now()

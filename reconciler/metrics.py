@@ -1,9 +1,11 @@
 """The reconciler's own metrics: a prometheus_client collector, read at scrape time.
 
 It reads only ``reconciler.stats.writes`` / ``.errors`` (dict[str, int]), ``reconciler.actual``
-(plural -> the summary objects that exist) and ``elector.is_leader`` (no elector: always leader).
+(plural -> the summary objects that exist), ``reconciler.queue`` (the write queue's own counts,
+client-go's ``workqueue_*``) and ``elector.is_leader`` (no elector: always leader).
 Bounds: one series per write verb, per HTTP status seen, per summary kind, and the leader gauge;
-per ClusterQueue named by a claim, one per result (four at most).
+per ClusterQueue named by a claim, one per result (four at most); the queue's five families
+without labels.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sized
 from typing import Protocol
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from kubeindex.histogram import Histogram
 
 
 # Read-only members (properties): the collector reads them, so a reconciler's own, more precise
@@ -34,9 +38,24 @@ class _Claims(Protocol):
     def writes(self) -> _QuotaWrites: ...
 
 
+class _Queue(Protocol):
+    @property
+    def depth(self) -> int: ...
+    @property
+    def adds(self) -> int: ...
+    @property
+    def retries(self) -> int: ...
+    @property
+    def queue_duration(self) -> Histogram: ...
+    @property
+    def work_duration(self) -> Histogram: ...
+
+
 class _Reconciler(Protocol):
     @property
     def stats(self) -> _Stats: ...
+    @property
+    def queue(self) -> _Queue: ...
     @property
     def claims(self) -> _Claims: ...
     @property
@@ -75,3 +94,23 @@ class ReconcilerCollector(Collector):
         for (queue, result), n in sorted(self.reconciler.claims.writes.counts.items()):
             quota.add_metric([queue, result], n)
         yield from (writes, errors, leader, summaries, quota)
+        yield from _queue(self.reconciler.queue)
+
+
+def _queue(queue: _Queue) -> Iterator[Metric]:
+    """The write queue, in client-go's workqueue_* shape."""
+    depth = GaugeMetricFamily("nws_workqueue_depth", "Keys of the write queue waiting to be taken by a worker.")
+    depth.add_metric([], queue.depth)
+    adds = CounterMetricFamily("nws_workqueue_adds", "Keys queued for a worker (each time one becomes due).")
+    adds.add_metric([], queue.adds)
+    retries = CounterMetricFamily("nws_workqueue_retries", "Keys queued again with backoff after a failed write.")
+    retries.add_metric([], queue.retries)
+    yield from (depth, adds, retries)
+    for name, help_, histogram in (
+            ("nws_workqueue_queue_duration_seconds", "Seconds a key waited in the queue before a worker took it.",
+             queue.queue_duration),
+            ("nws_workqueue_work_duration_seconds", "Seconds a worker took over a key: deciding and writing "
+             "(the write rate limit's wait included).", queue.work_duration)):
+        family = HistogramMetricFamily(name, help_)
+        family.add_metric([], histogram.cumulative(), histogram.sum)
+        yield family

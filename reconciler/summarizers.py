@@ -15,7 +15,8 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import LABEL_WORKLOAD_PREFIX, NodeSummarizer, WorkloadSummarizer, WorkloadSummarizerSpec
+from kubeindex.logfields import fields
+from kubeindex.objects import GROUP, LABEL_WORKLOAD_PREFIX, NodeSummarizer, WorkloadSummarizer, WorkloadSummarizerSpec
 from kubeindex.owners import GroupKind
 from kubeindex.sources import Summarizers
 
@@ -82,7 +83,7 @@ class SummarizerStatuses:
         problems = [p for t in types if (p := self.kind_problem(t.group, t.kind, t.version)) is not None]
         count = self._workload_count({(t.group, t.kind) for t in types}, {p.labelKey for p in labels}, usable)
         if problems:
-            self._log_once(obj.metadata.uid, problems)
+            self._log_once(obj, problems)
             reasons = dict.fromkeys(reason for reason, _ in problems)
             return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
                 {"workloadCount": count}
@@ -106,11 +107,12 @@ class SummarizerStatuses:
                 others.append(f"{name} ({', '.join(mine[k] for k in shared)})")
         return ", ".join(others)
 
-    def _log_once(self, uid: str, problems: list[tuple[str, str]]) -> None:
+    def _log_once(self, obj: WorkloadSummarizer, problems: list[tuple[str, str]]) -> None:
         for reason, message in problems:
-            if (uid, message) not in self._logged:
-                self._logged.add((uid, message))
-                log.warning("%s: %s", reason, message)
+            if (obj.metadata.uid, message) not in self._logged:
+                self._logged.add((obj.metadata.uid, message))
+                log.warning("%s: %s", reason, message,
+                            extra=fields(f"workloadsummarizers.{GROUP}", name=obj.metadata.name, reason=reason))
 
 
 def _counts_for(w: WorkloadAgg, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> bool:

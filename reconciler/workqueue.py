@@ -8,6 +8,12 @@
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
 
+Its own metrics, client-go's (``workqueue_*``), kept in O(1) per key: ``depth`` (keys queued to
+be taken, client-go's count: a key re-added while in flight included, keys waiting for a debounce
+or a backoff not yet), ``adds`` (keys queued, each time one becomes due), ``retries``,
+``queue_duration`` (from queued to taken) and ``work_duration`` (from taken to done: deciding
+and writing, the token bucket's wait included).
+
 Time comes from an injectable ``Clock`` (kubeindex/clock.py): tests step a fake one.
 """
 
@@ -21,6 +27,7 @@ from typing import Generic, TypeVar
 
 from kubeindex.api import SLOW_BACKOFF_CAP, backoff
 from kubeindex.clock import REAL, Clock
+from kubeindex.histogram import QUEUE_BUCKETS, Histogram
 
 K = TypeVar("K", bound=Hashable)
 
@@ -40,6 +47,16 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._done_at: dict[K, float] = {}  # last write, for the debounce (pruned as it ages)
         self._wake = asyncio.Event()
+        self._queued_at: dict[K, float] = {}  # when each dirty key was queued (pruned when taken or cleared)
+        self._taken_at: dict[K, float] = {}  # when each key in flight was taken
+        self.adds = 0
+        self.retries = 0
+        self.queue_duration = Histogram(QUEUE_BUCKETS)
+        self.work_duration = Histogram(QUEUE_BUCKETS)
+
+    @property
+    def depth(self) -> int:
+        return len(self._dirty)
 
     def __len__(self) -> int:
         return len(self._dirty | self._waiting_at.keys())
@@ -54,10 +71,15 @@ class WorkQueue(Generic[K]):
             del self._done_at[key]
         if key in self._dirty:
             return
-        self._dirty.add(key)
+        self._mark_dirty(key)
         if key not in self._processing:
             self._queue.append(key)
             self._wake.set()
+
+    def _mark_dirty(self, key: K) -> None:
+        self._dirty.add(key)
+        self.adds += 1
+        self._queued_at.setdefault(key, self.clock.monotonic())
 
     def add_after(self, key: K, delay: float) -> None:
         """Add ``key`` once ``delay`` seconds have passed (client-go's AddAfter)."""
@@ -67,6 +89,7 @@ class WorkQueue(Generic[K]):
         """Again after an error, with backoff: base * 2^failures, capped."""
         failures = self._failures.get(key, 0)
         self._failures[key] = failures + 1
+        self.retries += 1
         self._add_at(key, self.clock.monotonic() + backoff(failures, self.base_delay, self.max_delay))
 
     def forget(self, key: K) -> None:
@@ -78,6 +101,9 @@ class WorkQueue(Generic[K]):
             self._done_at[key] = self.clock.monotonic()
 
     def done(self, key: K) -> None:
+        taken = self._taken_at.pop(key, None)
+        if taken is not None:
+            self.work_duration.observe(self.clock.monotonic() - taken)
         self._processing.discard(key)
         if key in self._dirty:
             self._queue.append(key)
@@ -90,6 +116,7 @@ class WorkQueue(Generic[K]):
         self._waiting_at.clear()
         self._failures.clear()
         self._done_at.clear()
+        self._queued_at.clear()
 
     async def get(self) -> K:
         while True:
@@ -98,6 +125,9 @@ class WorkQueue(Generic[K]):
                 key = self._queue.popleft()
                 self._dirty.discard(key)
                 self._processing.add(key)
+                now = self.clock.monotonic()
+                self.queue_duration.observe(now - self._queued_at.pop(key, now))
+                self._taken_at[key] = now
                 return key
             self._wake.clear()
             await self._wait(self._waiting[0][0] - self.clock.monotonic() if self._waiting else None)
@@ -118,7 +148,7 @@ class WorkQueue(Generic[K]):
                 continue  # superseded by an earlier entry
             del self._waiting_at[key]
             if key not in self._dirty:
-                self._dirty.add(key)
+                self._mark_dirty(key)
                 if key not in self._processing:
                     self._queue.append(key)
         if len(self._done_at) > 1024:  # drop debounce marks that no longer delay anything

@@ -386,6 +386,8 @@ def test_every_metric_used_is_in_a_real_scrape(service: Service) -> None:
     assert code == 200
     exposed = set(re.findall(r"^# TYPE (\S+) ", text, re.M))
     exposed |= {n.removesuffix("_total") + "_total" for n in exposed}  # counters' sample names
+    exposed |= {f"{n}_{suffix}" for n in re.findall(r"^# TYPE (\S+) histogram$", text, re.M)
+                for suffix in ("bucket", "sum", "count")}  # histograms' sample names
     used = set().union(*(metric_names(e) for e in all_exprs())) - PROMETHEUS_OWN
     assert len(used) > 15
     assert used <= exposed, f"used but never exported: {sorted(used - exposed)}"

@@ -87,6 +87,7 @@ RULE_VALUES: dict[str, Any] = {
 ALL_FLIPPED: dict[str, Any] = {
     "image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"},
     "replicas": 3, "resources": RESOURCES, "extraArgs": ["--max-owner-depth=12"], "extraEnv": EXTRA_ENV,
+    "logFormat": "text",
     "nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": TOLERATIONS, "affinity": AFFINITY,
     "priorityClassName": "system-cluster-critical",
     **_summarizer_values(),
@@ -209,6 +210,13 @@ def _container_list(key: str, extra: list[Any]) -> Change:
     return change
 
 
+def _log_format(log_format: str) -> Change:
+    def change(d: dict[str, Any]) -> None:
+        args = _container(d)["args"]
+        args[args.index("--log-format=json")] = f"--log-format={log_format}"
+    return change
+
+
 def _cert_secret(d: dict[str, Any]) -> None:
     tls = "/etc/node-workload-summary/tls"
     _container(d)["args"] += [f"--metrics-cert-file={tls}/tls.crt", f"--metrics-key-file={tls}/tls.key"]
@@ -227,6 +235,7 @@ DEPLOYMENT_VALUES: dict[str, tuple[dict[str, Any], list[Change]]] = {
     "extraArgs": ({"extraArgs": ["--max-owner-depth=12", "--no-exporter"]},
                   [_container_list("args", ["--max-owner-depth=12", "--no-exporter"])]),
     "extraEnv": ({"extraEnv": EXTRA_ENV}, [_container_list("env", EXTRA_ENV)]),
+    "logFormat": ({"logFormat": "text"}, [_log_format("text")]),
     "nodeSelector": ({"nodeSelector": {"kubernetes.io/os": "linux"}},
                      [_pod_value("nodeSelector", {"kubernetes.io/os": "linux"})]),
     "tolerations": ({"tolerations": TOLERATIONS}, [_pod_value("tolerations", TOLERATIONS)]),

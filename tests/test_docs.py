@@ -8,11 +8,13 @@ from types import SimpleNamespace
 import prometheus_client
 
 from exporter.metrics import Renderer
+from kubeindex.api import RequestMetrics
 from kubeindex.index import ClusterIndex
-from kubeindex.metrics import FleetCollector, SourcesCollector
+from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
 from kubeindex.reflector import SourceStats
 from node_workload_summary.settings import Settings
 from reconciler.metrics import ReconcilerCollector
+from reconciler.workqueue import WorkQueue
 from tests.paths import ROOT
 
 METRICS = (ROOT / "docs" / "metrics.md").read_text()
@@ -21,14 +23,19 @@ SETTINGS = (ROOT / "docs" / "settings.md").read_text()
 
 def exposed_families() -> set[str]:
     """Every nws_ family a scrape shows: the renderer's tables and its own families, and the
-    collectors main.py registers (sources, fleet, reconciler), each fed enough to show everything."""
+    collectors main.py registers (sources, API requests, fleet, reconciler and its write queue),
+    each fed enough to show everything."""
     registry = prometheus_client.CollectorRegistry()
     sources = SimpleNamespace(stats={"pods": SourceStats()}, sync_seconds=1.0, missing_kinds={("x.io", "X")},
                               forbidden_kinds={("y.io", "Y")})
     reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 1}, errors={"409": 1}),
                                  actual={"nodesummaries": {}},
-                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={("q", "applied"): 1})))
+                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={("q", "applied"): 1})),
+                                 queue=WorkQueue[str]())
+    requests = RequestMetrics()
+    requests.observe("GET", "/api/v1/pods", None, "200", 0.01)
     registry.register(SourcesCollector(sources))
+    registry.register(RequestCollector(requests))
     registry.register(FleetCollector(SimpleNamespace(specs={"a": None}, problem=lambda name: None)))
     registry.register(ReconcilerCollector(reconciler, None))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()

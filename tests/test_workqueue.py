@@ -1,10 +1,11 @@
 """The keyed work queue (reconciler/workqueue.py): one key at a time, and its timing rules on a fake
-clock: debounce, backoff, forget, the earlier due time."""
+clock: debounce, backoff, forget, the earlier due time; its own metrics (client-go's workqueue_*)."""
 
 from __future__ import annotations
 
 import asyncio
 
+from kubeindex.histogram import Histogram
 from reconciler.workqueue import WorkQueue
 from tests.clock import FakeClock, settle
 
@@ -119,3 +120,75 @@ def test_queue_dedupes_and_never_hands_a_key_to_two_workers() -> None:
         return [first, second, third]
 
     assert asyncio.run(main()) == ["a", "b", "a"]
+
+
+def _observed(histogram: Histogram) -> list[tuple[str, int]]:
+    """The buckets that hold an observation: (le, observations in that bucket alone)."""
+    out, below = [], 0
+    for le, total in histogram.cumulative():
+        if total > below:
+            out.append((le, total - below))
+        below = total
+    return out
+
+
+def test_metrics_count_adds_retries_depth_and_time_waiting_and_working() -> None:
+    """client-go's semantics: an add is counted when a key becomes queued (not again while it is),
+    a retry's backoff and a debounce are not in the depth until due, the wait runs from queued (or
+    due) to taken, the work from taken to done."""
+    async def main() -> None:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=2.0, base_delay=1.0, clock=clock)
+        q.add("a")
+        q.add("a")  # already queued: not counted
+        q.add("b")
+        assert (q.adds, q.depth, q.retries) == (2, 2, 0)
+        await clock.advance(0.5)
+        assert await q.get() == "a"  # waited 0.5 s
+        assert q.depth == 1
+        q.add("a")  # changed while a worker has it: queued again after done, counted now
+        assert (q.adds, q.depth) == (3, 2)
+        await clock.advance(0.03)
+        q.wrote("a")
+        q.done("a")  # worked 0.03 s
+        assert await q.get() == "b" and await q.get() == "a"  # b waited 0.53 s, a 0.03 s
+        q.done("b")
+        q.retry("a")  # due in 1 s: not in the depth until then
+        q.done("a")
+        assert (q.retries, q.depth, q.adds) == (1, 0, 3)
+        getter = asyncio.ensure_future(q.get())
+        while not getter.done():
+            await clock.advance(0.1)
+        assert getter.result() == "a" and q.adds == 4  # due after its backoff, then taken at once
+        q.wrote("a")
+        q.done("a")
+        q.add("a")  # debounced for 2 s: counted when due, not before
+        assert (q.adds, q.depth) == (4, 0)
+        await clock.advance(2.0)
+        assert await q.get() == "a" and q.adds == 5
+        q.done("a")
+        assert q.depth == 0
+        assert q.queue_duration.count == 5 and q.work_duration.count == 5
+        assert _observed(q.queue_duration) == [("0.001", 2), ("0.05", 1), ("0.5", 1), ("1.0", 1)]
+        assert _observed(q.work_duration) == [("0.001", 4), ("0.05", 1)]
+        assert round(q.queue_duration.sum, 6) == round(0.5 + 0.53 + 0.03, 6)
+
+    asyncio.run(main())
+
+
+def test_clear_keeps_no_wait_times_for_keys_it_dropped() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=0, clock=clock)
+        for key in ("a", "b"):
+            q.add(key)
+        taken = await q.get()
+        q.clear()  # leadership lost: "b" dropped, "a" finishes
+        await clock.advance(5)
+        q.done(taken)
+        q.add("c")
+        assert await q.get() == "c"
+        assert q.depth == 0 and q.queue_duration.count == 2  # "a" and "c", both at once
+        assert q.queue_duration.sum == 0 and q.work_duration.sum == 5
+
+    asyncio.run(main())

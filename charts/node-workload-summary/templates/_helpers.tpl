@@ -14,6 +14,9 @@ app.kubernetes.io/name: {{ include "nws.name" . }}
 {{- define "nws.args" -}}
 - --port=8080
 - --probe-port=8081
+{{- with .Values.logFormat }}
+- --log-format={{ . }}
+{{- end }}
 {{- if .Values.metrics.secure }}
 - --metrics-secure
 {{- end }}

@@ -1,0 +1,175 @@
+"""The service's own logs and metrics, from the real process on a real control plane: with
+--log-format=json every line it writes is one JSON object (ts, level, logger, msg, and the
+structured fields of the lines about a resource or an object), and a scrape shows the write
+queue (nws_workqueue_*) and the API requests (nws_rest_client_*) under bounded labels."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+
+import pytest
+
+from demo.workloads import deployment_chain, node_summarizer, workload_summarizer
+from kubeindex.api import NO_ANSWER, Forbidden, RequestMetrics
+from kubeindex.logfields import FIELDS, fields, key_fields, path_fields
+from kubeindex.objects import API_VERSION
+from localkube.cluster import LocalCluster
+from localkube.service import Samples, Service, select, value, wait_for
+from node_workload_summary.logs import TEXT, JsonFormatter
+from tests.kube import create_node, create_pod, get_object
+
+FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
+LEASE = "self-observability"
+NS = "default"
+KEYS = {"ts", "level", "logger", "msg", "resource", "namespace", "name", "error", "stacktrace", "kind", "group",
+        "reason"}
+LEVELS = {"debug", "info", "warn", "error"}
+PLURAL = re.compile(r"^[a-z0-9]+(\.[a-z0-9.-]+)?$")  # a plural, with its group: never a path or a name
+
+
+@pytest.fixture(scope="module")
+def leader(cluster: LocalCluster) -> Iterator[Service]:
+    """A replica that leads and writes: a NodeSummary for pool a, a WorkloadSummary for web."""
+    node_summarizer(cluster, "pool", "pool")
+    workload_summarizer(cluster, "apps", [("apps", "Deployment")])
+    create_node(cluster, "obs-1", {"pool": "a"})
+    _, rs = deployment_chain(cluster, NS, "web")
+    create_pod(cluster, NS, "web-1", node="obs-1", owner=rs)
+    svc = Service(cluster, ("--log-format=json", "--identity=obs", f"--lease-name={LEASE}", *FAST_LEASE)).start()
+    wait_for(lambda: get_object(cluster, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web"), timeout=30)
+    yield svc
+    svc.stop()
+
+
+def lines(svc: Service) -> list[dict[str, object]]:
+    """Every line the process wrote, each parsed as one JSON object and checked for its keys."""
+    parsed = []
+    for line in svc.log_text().splitlines():
+        obj = json.loads(line)  # fails on any line that is not one JSON object
+        assert isinstance(obj, dict), line
+        assert {"ts", "level", "logger", "msg"} <= obj.keys() <= KEYS, line
+        ts = datetime.fromisoformat(str(obj["ts"]))
+        assert str(obj["ts"]).endswith("Z") and ts.utcoffset() == timedelta(0), line
+        assert obj["level"] in LEVELS and all(isinstance(v, str) and v for v in obj.values()), line
+        parsed.append(obj)
+    return parsed
+
+
+def test_every_line_is_one_json_object_with_the_fields_of_its_resource(cluster: LocalCluster,
+                                                                       leader: Service) -> None:
+    logged = lines(leader)
+    [serving] = [o for o in logged if " serving on " in str(o["msg"])]
+    assert serving["logger"] == "node-workload-summary" and serving["level"] == "info"
+    [won] = [o for o in logged if "acquired leadership" in str(o["msg"])]
+    assert (won["logger"], won["resource"], won["namespace"], won["name"]) == (
+        "reconciler.leader", "leases.coordination.k8s.io", "default", LEASE)
+    # The owner kinds the Deployment's pods lead to, each watch named as in nws_watch_*.
+    watching = {o["resource"] for o in logged if str(o["msg"]).startswith("watching ")}
+    assert {"replicasets.apps", "deployments.apps"} <= watching, watching
+    # A replica that cannot write its Lease: the error, and the object it is about.
+    lost = Service(cluster, ("--log-format=json", "--identity=lost", "--lease-namespace=nowhere",
+                             f"--lease-name={LEASE}", "--no-exporter", *FAST_LEASE)).start()
+    try:
+        wait_for(lambda: any(o.get("namespace") == "nowhere" and "error" in o for o in lines(lost)), timeout=15)
+    finally:
+        lost.stop()
+    logged = lines(lost)  # the shutdown's lines too
+    [failed] = [o for o in logged if o.get("namespace") == "nowhere" and "error" in o]
+    assert (failed["level"], failed["logger"], failed["resource"], failed["name"]) == (
+        "warn", "reconciler.leader", "leases.coordination.k8s.io", LEASE)
+    assert 'namespaces "nowhere" not found' in str(failed["error"]) and str(failed["error"]) in str(failed["msg"])
+    assert any(o["msg"] == "shutting down" for o in logged)
+
+
+def _count(samples: Samples, family: str, **labels: str) -> float:
+    return sum(select(samples, family, **labels).values())
+
+
+def test_a_scrape_shows_the_write_queue_and_the_api_requests(cluster: LocalCluster, leader: Service) -> None:
+    samples = leader.scrape()
+    # The write queue: the summaries and summarizers' status were queued, taken and written.
+    adds = value(samples, "nws_workqueue_adds_total") or 0
+    assert adds >= 4, adds  # NodeSummary, WorkloadSummary, and each summarizer's status
+    assert value(samples, "nws_workqueue_depth") is not None
+    assert value(samples, "nws_workqueue_retries_total") is not None
+    for family in ("nws_workqueue_queue_duration_seconds", "nws_workqueue_work_duration_seconds"):
+        count = value(samples, f"{family}_count") or 0
+        assert 0 < count <= adds, family
+        assert value(samples, f"{family}_bucket", le="+Inf") == count, family
+    # The API requests: the watches' LIST or WATCH, the summaries' apply (PATCH), the Lease.
+    durations = "nws_rest_client_request_duration_seconds"
+    pairs = {(dict(k)["verb"], dict(k)["resource"]) for k in select(samples, f"{durations}_count")}
+    assert {("WATCH", "pods"), ("WATCH", "nodes"), ("PATCH", f"nodesummaries.{API_VERSION.split('/')[0]}"),
+            ("PATCH", f"workloadsummaries.{API_VERSION.split('/')[0]}")} <= pairs, pairs
+    assert {verb for verb, resource in pairs if resource == "leases.coordination.k8s.io"} >= {"GET", "POST"}, pairs
+    resources = {resource for _, resource in pairs}
+    assert all(PLURAL.match(r) for r in resources - {""}), resources  # plurals: no object's name, no path
+    assert not resources & {"obs-1", "web", "web-1", "pool-a", LEASE}, resources
+    assert _count(samples, f"{durations}_bucket", verb="PATCH", le="+Inf") == _count(
+        samples, f"{durations}_count", verb="PATCH")
+    requests = "nws_rest_client_requests_total"
+    codes = {(dict(k)["code"], dict(k)["method"]) for k in select(samples, requests)}
+    assert {("200", "GET"), ("200", "PATCH")} <= codes, codes  # applies answer 200 (201 when created)
+    assert _count(samples, requests) == _count(samples, f"{durations}_count") > 0  # each request in both
+
+
+# -- no cluster: the formats, the fields, the request labels ---------------------------------------
+
+
+def _record(extra: Mapping[str, object] | None = None, exc: BaseException | None = None) -> logging.LogRecord:
+    logger = logging.getLogger("kubeindex.reflector")
+    exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
+    return logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "%s: LIST %s: %s", (
+        "pods", "/api/v1/pods", "403 Forbidden"), exc_info, extra=extra)
+
+
+def test_json_lines_carry_the_fields_and_text_lines_stay_as_they_were() -> None:
+    extra = fields("pods", error=Forbidden(403, "Forbidden", "pods is forbidden"))
+    line = json.loads(JsonFormatter().format(_record(extra)))
+    assert line.pop("ts").endswith("Z")
+    assert line == {"level": "warn", "logger": "kubeindex.reflector", "msg": "pods: LIST /api/v1/pods: 403 Forbidden",
+                    "resource": "pods", "error": "403 Forbidden: pods is forbidden"}
+    text = logging.Formatter(TEXT).format(_record(extra))
+    assert text.endswith(" WARNING kubeindex.reflector: pods: LIST /api/v1/pods: 403 Forbidden")
+
+
+def test_an_object_key_or_path_gives_namespace_and_name_and_a_traceback_stays_on_one_line() -> None:
+    assert key_fields("pods", "team-a/web-1", KeyError("x")) == {FIELDS: {
+        "resource": "pods", "namespace": "team-a", "name": "web-1", "error": "KeyError('x')"}}
+    assert path_fields(f"/apis/{API_VERSION}/nodesummaries/pool-a/status") == {FIELDS: {
+        "resource": f"nodesummaries.{API_VERSION.split('/')[0]}", "name": "pool-a"}}
+    try:
+        raise RuntimeError("a bug")
+    except RuntimeError as err:
+        formatted = JsonFormatter().format(_record(key_fields("pods", "a/b"), err))
+    assert "\n" not in formatted
+    line = json.loads(formatted)
+    assert line["error"] == "RuntimeError('a bug')" and line["stacktrace"].startswith("Traceback")
+    assert (line["namespace"], line["name"]) == ("a", "b")
+
+
+@pytest.mark.parametrize(("method", "path", "params", "verb", "resource"), [
+    ("GET", "/api/v1/pods", {"limit": "500"}, "LIST", "pods"),
+    ("GET", "/api/v1/pods", {"watch": "1"}, "WATCH", "pods"),
+    ("GET", "/apis/apps/v1/replicasets", {"watch": "1", "sendInitialEvents": "true"}, "WATCH", "replicasets.apps"),
+    ("GET", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", None, "GET", "leases.coordination.k8s.io"),
+    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", None, "PUT", "leases.coordination.k8s.io"),
+    ("PATCH", "/apis/x.io/v1/namespaces/ns/workloadsummaries/web/status", {}, "PATCH", "workloadsummaries.x.io"),
+    ("GET", "/api/v1/namespaces/ns/secrets/member", None, "GET", "secrets"),
+    ("GET", "/api/v1/namespaces/ns", None, "GET", "namespaces"),
+    ("GET", "/apis/apps/v1", None, "GET", ""),  # discovery
+    ("GET", "/version", None, "GET", ""),
+])
+def test_requests_are_labelled_by_verb_and_resource_never_by_name(
+        method: str, path: str, params: dict[str, str] | None, verb: str, resource: str) -> None:
+    metrics = RequestMetrics()
+    metrics.observe(method, path, params, "200", 0.03)
+    metrics.observe(method, path, params, NO_ANSWER, 120.0)
+    [(key, histogram)] = metrics.durations.items()
+    assert key == (verb, resource)
+    assert histogram.count == 2 and histogram.cumulative()[3:4] == [("0.25", 1)] and histogram.counts[-1] == 1
+    assert metrics.requests == {("200", method): 1, (NO_ANSWER, method): 1}
