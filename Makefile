@@ -28,12 +28,14 @@ install: $(STAMP)  ## create the virtualenv and install the project with its tes
 binaries: install  ## build (or reuse) etcd, kube-apiserver, kubectl, ... from their Go modules
 	$(BIN)/localkube build
 
-tools:  ## Debian's prometheus package (prometheus + promtool) for the alert and dashboard tests
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
-	  echo "installing Debian's prometheus package (promtool, prometheus) ..."; \
+tools:  ## Debian's prometheus and prometheus-alertmanager (promtool, prometheus, alertmanager) for the alert tests
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null && command -v prometheus-alertmanager >/dev/null || { \
+	  echo "installing Debian's prometheus and prometheus-alertmanager packages (promtool, prometheus, alertmanager) ..."; \
 	  $(SUDO) apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+	    prometheus prometheus-alertmanager >/dev/null; }
 	@promtool --version 2>&1 | head -1
+	@prometheus-alertmanager --version 2>&1 | head -1
 
 image-tools:  ## Debian's podman, buildah and mmdebstrap, for `make image` where no Docker engine runs
 	@command -v docker >/dev/null && docker info >/dev/null 2>&1 || \

@@ -1,41 +1,102 @@
 """The alert rules, in one place: a plain Prometheus rules file and a PrometheusRule object are
-both generated from ALERTS below (``python -m alerts``). Thresholds and durations are parameters,
-so tests and the demo can render the same rules with short durations.
+both generated from ALERTS below (``python -m alerts``), and so is the chart's copy
+(``chart_rules``). Thresholds and durations are parameters, so tests and the demo can render the
+same rules with short durations, and the chart's values can tune them without a fork.
 
 Every aggregation keeps the cluster label (``Thresholds.cluster``): rules evaluated over many
 clusters at once (Thanos Ruler, Mimir, a federating Prometheus) fire per cluster."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from .replicas import CLUSTER, by, one
+
+# Where docs/runbooks.md is read: each rule's runbook_url is this, then ``#`` and the anchor of its
+# section. A placeholder (RFC 2606's .invalid): neither Chart.yaml nor the README names the
+# project's repository yet. Point it at your copy (``python -m alerts --runbook-base-url``, the
+# chart's ``prometheusRule.runbookBaseUrl``), e.g. a fork's docs/runbooks.md as its host renders it.
+RUNBOOK_BASE_URL = "https://example.invalid/node-workload-summary/docs/runbooks.md"
+
+T = TypeVar("T")
+
+
+def tunable(default: T, alert: str, key: str) -> T:
+    """A setting of one alert, named ``key`` under that alert in the chart's
+    ``prometheusRule.overrides`` (``for`` for its duration)."""
+    return field(default=default, metadata={"alert": alert, "key": key})
 
 
 @dataclass(frozen=True)
 class Thresholds:
-    not_ready_fraction: float = 0.2  # NodeGroupNotReady above this fraction of NotReady/Unknown nodes
-    not_ready_for: str = "10m"
-    down_for: str = "3m"
-    shrink_fraction: float = 0.3  # NodeGroupShrunk: lost more than this fraction against an hour ago
-    shrink_for: str = "5m"
-    pending_for: str = "15m"
-    failed_for: str = "5m"
-    exporter_down_for: str = "5m"
-    stale_seconds: int = 600  # no watch event or bookmark for this long
-    stale_for: str = "5m"
-    no_leader_for: str = "5m"
-    unhealthy_for: str = "5m"  # WorkloadOnUnhealthyNodes: pods on NotReady/Unknown/Disrupting nodes
-    unhealthy_critical_fraction: float = 0.5  # ... critical from this fraction of its pods
-    accelerators_unhealthy_for: str = "10m"
-    disrupting_for: str = "5m"
-    quota_exceeds_for: str = "10m"  # KueueQuotaExceedsCapacity: nominal quota above allocatable
-    unassigned_fraction: float = 0.2  # KueueCapacityUnassigned: allocatable in no quota, above this fraction
-    unassigned_for: str = "30m"
-    claim_over_allocated_for: str = "5m"  # ClusterResourceClaimOverAllocated: assignments above settled capacity
+    not_ready_fraction: float = tunable(0.2, "NodeGroupNotReady", "fraction")  # of NotReady/Unknown nodes
+    not_ready_for: str = tunable("10m", "NodeGroupNotReady", "for")
+    down_for: str = tunable("3m", "NodeGroupDown", "for")
+    # NodeGroupShrunk: lost more than this fraction against an hour ago
+    shrink_fraction: float = tunable(0.3, "NodeGroupShrunk", "fraction")
+    shrink_for: str = tunable("5m", "NodeGroupShrunk", "for")
+    pending_for: str = tunable("15m", "WorkloadPodsPending", "for")
+    failed_for: str = tunable("5m", "WorkloadPodsFailed", "for")
+    # WorkloadOnUnhealthyNodes: pods on NotReady/Unknown/Disrupting nodes; critical from this fraction of its pods
+    unhealthy_for: str = tunable("5m", "WorkloadOnUnhealthyNodes", "for")
+    unhealthy_critical_fraction: float = tunable(0.5, "WorkloadOnUnhealthyNodes", "criticalFraction")
+    accelerators_unhealthy_for: str = tunable("10m", "NodeGroupAcceleratorsUnhealthy", "for")
+    disrupting_for: str = tunable("5m", "NodeGroupDisrupting", "for")
+    # KueueQuotaExceedsCapacity: nominal quota above allocatable
+    quota_exceeds_for: str = tunable("10m", "KueueQuotaExceedsCapacity", "for")
+    # KueueCapacityUnassigned: allocatable in no quota, above this fraction
+    unassigned_fraction: float = tunable(0.2, "KueueCapacityUnassigned", "fraction")
+    unassigned_for: str = tunable("30m", "KueueCapacityUnassigned", "for")
+    # ClusterResourceClaimOverAllocated: assignments above settled capacity
+    claim_over_allocated_for: str = tunable("5m", "ClusterResourceClaimOverAllocated", "for")
+    exporter_down_for: str = tunable("5m", "NodeWorkloadSummaryDown", "for")
+    stale_seconds: int = tunable(600, "NodeWorkloadSummaryWatchStale", "staleSeconds")  # no event or bookmark
+    stale_for: str = tunable("5m", "NodeWorkloadSummaryWatchStale", "for")
+    series_cap_for: str = tunable("15m", "NodeWorkloadSummarySeriesCapReached", "for")
+    write_errors_per_second: float = tunable(0.1, "NodeWorkloadSummaryWriteErrors", "errorsPerSecond")
+    write_errors_for: str = tunable("15m", "NodeWorkloadSummaryWriteErrors", "for")
+    no_leader_for: str = tunable("5m", "NodeWorkloadSummaryNoLeader", "for")
     job: str = "node-workload-summary"  # the scrape job of the exporter
     cluster: str = CLUSTER  # the label naming the cluster, kept by every aggregation
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        """alert -> its settings' values (the chart's ``prometheusRule.overrides`` shape)."""
+        out: dict[str, dict[str, Any]] = {}
+        for f in fields(self):
+            if f.metadata:
+                out.setdefault(f.metadata["alert"], {})[f.metadata["key"]] = getattr(self, f.name)
+        return out
+
+    def with_overrides(self, overrides: Mapping[str, Mapping[str, Any]]) -> Thresholds:
+        """These thresholds with ``overrides`` (alert -> setting -> value, as the chart's values) in place."""
+        names = {(f.metadata["alert"], f.metadata["key"]): f.name for f in fields(self) if f.metadata}
+        settings = self.settings()
+        changes: dict[str, Any] = {}
+        for alert, values in overrides.items():
+            if alert not in settings:
+                raise ValueError(f"overrides.{alert}: no such alert ({', '.join(sorted(settings))})")
+            for key, value in values.items():
+                if (alert, key) not in names:
+                    raise ValueError(f"overrides.{alert}.{key}: no such setting ({', '.join(sorted(settings[alert]))})")
+                changes[names[alert, key]] = value
+        return replace(self, **changes)
+
+
+class Marker(str):
+    """A setting left for the chart to fill in: ``${Alert.key}``, or ``${Alert.key|percent}`` where
+    the rules show it as a percentage (``f"{x:.0%}"``). templates/_alertrules.tpl replaces both."""
+
+    def __new__(cls, name: str) -> Marker:
+        return super().__new__(cls, "${" + name + "}")
+
+    def __format__(self, spec: str) -> str:
+        if spec == "":
+            return str(self)
+        if spec == ".0%":
+            return str(self)[:-1] + "|percent}"
+        raise ValueError(f"{self}: the chart fills in no format {spec!r}")
 
 
 @dataclass(frozen=True)
@@ -48,16 +109,22 @@ class Alert:
     description: str
     labels: dict[str, str] = field(default_factory=dict)
 
-    def rule(self) -> dict[str, Any]:
+    @property
+    def anchor(self) -> str:
+        """Its section's anchor in docs/runbooks.md (``## <name>``)."""
+        return self.name.lower()
+
+    def rule(self, runbook_base_url: str = RUNBOOK_BASE_URL, extra_labels: Mapping[str, str] | None = None,
+             ) -> dict[str, Any]:
         return {
             "alert": self.name,
             "expr": self.expr,
-            "for": self.duration,
-            "labels": {"severity": self.severity, **self.labels},
+            "for": str(self.duration),  # a plain str where it is a Marker: yaml.safe_dump takes no subclass
+            "labels": {"severity": self.severity, **self.labels, **(extra_labels or {})},
             "annotations": {
                 "summary": self.summary,
                 "description": self.description,
-                "runbook": f"docs/runbooks.md#{self.name.lower()}",
+                "runbook_url": f"{runbook_base_url}#{self.anchor}",
             },
         }
 
@@ -215,14 +282,14 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         Alert(
             "NodeWorkloadSummarySeriesCapReached",
             f"{one('nws_workload_series_overflow', cluster=c)} > 0",
-            "15m", "info",
+            t.series_cap_for, "info",
             "Workload series cap reached",
             "{{ $value }} workloads are folded into workload=\"other\": raise --max-workload-series.",
         ),
         Alert(
             "NodeWorkloadSummaryWriteErrors",
-            f"sum by ({c}) (rate(nws_reconciler_write_errors_total[5m])) > 0.1",
-            "15m", "warning",
+            f"sum by ({c}) (rate(nws_reconciler_write_errors_total[5m])) > {t.write_errors_per_second}",
+            t.write_errors_for, "warning",
             "node-workload-summary cannot write summaries",
             "The reconciler fails {{ $value | humanize }} writes per second: check its log and RBAC.",
         ),
@@ -237,15 +304,37 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     ]
 
 
-def rules_file(t: Thresholds = Thresholds()) -> dict[str, Any]:
-    return {"groups": [{"name": "node-workload-summary", "rules": [a.rule() for a in alerts(t)]}]}
+def rules_file(t: Thresholds = Thresholds(), runbook_base_url: str = RUNBOOK_BASE_URL,
+               disabled: Iterable[str] = (), additional_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The rules file: every alert but those ``disabled`` (by name), each with ``additional_labels``
+    (which may not replace a rule's own, such as severity) and its runbook under ``runbook_base_url``."""
+    rules, extra, left_out = alerts(t), dict(additional_labels or {}), set(disabled)
+    names = sorted({a.name for a in rules})
+    if unknown := left_out - set(names):
+        raise ValueError(f"disabled: no such alert {', '.join(sorted(unknown))} ({', '.join(names)})")
+    if own := sorted({k for a in rules for k in a.rule()["labels"]} & extra.keys()):
+        raise ValueError(f"additionalRuleLabels: {', '.join(own)} is set by the rules themselves")
+    return {"groups": [{"name": "node-workload-summary",
+                        "rules": [a.rule(runbook_base_url, extra) for a in rules if a.name not in left_out]}]}
 
 
-def prometheus_rule(t: Thresholds = Thresholds(), namespace: str = "node-workload-summary") -> dict[str, Any]:
+def prometheus_rule(t: Thresholds = Thresholds(), namespace: str = "node-workload-summary",
+                    runbook_base_url: str = RUNBOOK_BASE_URL) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
         "metadata": {"name": "node-workload-summary", "namespace": namespace,
                      "labels": {"app.kubernetes.io/name": "node-workload-summary", "role": "alert-rules"}},
-        "spec": rules_file(t),
+        "spec": rules_file(t, runbook_base_url),
     }
+
+
+def chart_rules() -> dict[str, Any]:
+    """The chart's copy of the rules (its files/alert-rules.yaml, written by deploy/render.py):
+    ``defaults``, every alert's settings (``Thresholds().settings()``), and ``spec``, the rules file
+    with each setting left as its Marker and the runbook base as ``${runbookBaseUrl}``. The chart
+    fills them in from its values, or the defaults: so its rules are these rules, tuned."""
+    markers: dict[str, Any] = {f.name: Marker(f"{f.metadata['alert']}.{f.metadata['key']}")
+                               for f in fields(Thresholds) if f.metadata}
+    return {"defaults": Thresholds().settings(),
+            "spec": rules_file(replace(Thresholds(), **markers), runbook_base_url=Marker("runbookBaseUrl"))}

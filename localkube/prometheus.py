@@ -20,7 +20,7 @@ class Prometheus:
                  job: str = "node-workload-summary", target_labels: dict[str, dict[str, str]] | None = None,
                  honor_labels: bool = False, scheme: str = "http", ca_file: Path | None = None,
                  bearer_token_file: Path | None = None, extra_jobs: list[dict] | None = None,
-                 insecure_skip_verify: bool = False) -> None:
+                 insecure_skip_verify: bool = False, alertmanagers: list[str] | None = None) -> None:
         self.workdir = workdir
         self.targets = targets
         # Extra labels per target address, as service discovery would add them (pod, namespace, ...).
@@ -34,6 +34,8 @@ class Prometheus:
         self.rule_files = rule_files
         # More scrape_configs entries, as written in prometheus.yml (another exporter beside ours).
         self.extra_jobs = extra_jobs or []
+        # Alertmanagers (host:port) the firing alerts are sent to.
+        self.alertmanagers = alertmanagers or []
         self.interval = interval
         self.job = job
         self.port = 0
@@ -63,6 +65,8 @@ class Prometheus:
             "rule_files": [str(p) for p in self.rule_files],
             "scrape_configs": [job, *self.extra_jobs],
         }
+        if self.alertmanagers:
+            config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": self.alertmanagers}]}]}
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
         self.port = free_port()
         self.process = Process("prometheus", [

@@ -4,12 +4,17 @@ every dashboard query reads the same with one replica scraped as with two."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import re
 import subprocess
+import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -17,10 +22,11 @@ import yaml
 import alerts.__main__ as alerts_gen
 import dashboards.__main__ as dashboards_gen
 from alerts.replicas import LABELS, by
-from alerts.rules import Thresholds, alerts, rules_file
+from alerts.rules import RUNBOOK_BASE_URL, Marker, Thresholds, alerts, chart_rules, rules_file
 from dashboards.build import Options as DashboardOptions
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
+from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, select, wait_for
@@ -29,6 +35,8 @@ from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
 from tests.paths import CRDS, ROOT
 
 RULES = ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml"
+RUNBOOKS = (ROOT / "docs" / "runbooks.md").read_text()
+CHART_YAML = ROOT / "charts" / "node-workload-summary" / "Chart.yaml"
 PROMTOOL_TESTS = ROOT / "tests" / "promtool" / "alerts.test.yaml"
 # Series Prometheus makes itself, not the exporter.
 PROMETHEUS_OWN = {"up", "scrape_duration_seconds"}
@@ -102,6 +110,121 @@ def test_every_alert_is_annotated_and_has_a_runbook() -> None:
     for alert in alerts():
         assert "{{ $labels" in alert.summary + alert.description or "NodeWorkloadSummary" in alert.name, alert.name
         assert f"## {alert.name}" in runbooks, f"docs/runbooks.md has no runbook for {alert.name}"
+
+
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors of a Markdown file's headings, as GitHub makes them (lower case, punctuation
+    dropped, spaces to hyphens; a repeated heading gets -1, -2, ...)."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", markdown, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in anchors:
+            n += 1
+            unique = f"{slug}-{n}"
+        anchors.add(unique)
+    return anchors
+
+
+def test_heading_anchors() -> None:
+    assert heading_anchors("# A b\n## NodeGroupDown\n## Beside kubernetes-mixin\n## A b\n") == {
+        "a-b", "nodegroupdown", "beside-kubernetes-mixin", "a-b-1"}
+
+
+def runbook_urls(rules: dict[str, Any]) -> list[str]:
+    return [r["annotations"]["runbook_url"] for g in rules["groups"] for r in g["rules"]]
+
+
+def test_every_runbook_url_is_absolute_and_its_anchor_exists() -> None:
+    anchors = heading_anchors(RUNBOOKS)
+    for generated_file in (RULES, alerts_gen.OUT / "prometheusrule.yaml"):
+        doc = yaml.safe_load(generated_file.read_text())
+        urls = runbook_urls(doc.get("spec", doc))
+        assert len(urls) == len(alerts())
+        for url in urls:
+            base, _, anchor = url.partition("#")
+            parts = urllib.parse.urlsplit(base)
+            assert base == RUNBOOK_BASE_URL and parts.scheme == "https" and parts.netloc, url
+            assert anchor in anchors, f"{url}: docs/runbooks.md has no heading with anchor {anchor!r}"
+        for group in doc.get("spec", doc)["groups"]:
+            assert all(set(r["annotations"]) == {"summary", "description", "runbook_url"} for r in group["rules"])
+
+
+def test_runbook_base_url_option(tmp_path: Path) -> None:
+    base = "https://wiki.example.com/platform/nws-runbooks"
+    assert alerts_gen.main(["--runbook-base-url", base, "--out", str(tmp_path)]) == 0
+    plain = yaml.safe_load((tmp_path / "node-workload-summary.rules.yaml").read_text())
+    rule = yaml.safe_load((tmp_path / "prometheusrule.yaml").read_text())
+    want = [f"{base}#{a.name.lower()}" for a in alerts()]
+    assert runbook_urls(plain) == runbook_urls(rule["spec"]) == want
+    assert alerts_gen.main(["--check"]) == 0  # the committed files keep the default
+
+
+def test_default_runbook_base_follows_the_charts_home() -> None:
+    """A placeholder while neither Chart.yaml nor the README names the project's repository; once
+    Chart.yaml's `home` or `sources` does, the default must point into it."""
+    chart = yaml.safe_load(CHART_YAML.read_text())
+    named = [u for u in [chart.get("home"), *chart.get("sources", [])] if u]
+    if named:
+        assert any(RUNBOOK_BASE_URL.startswith(u.rstrip("/") + "/") for u in named), (RUNBOOK_BASE_URL, named)
+    else:
+        assert urllib.parse.urlsplit(RUNBOOK_BASE_URL).netloc.endswith(".invalid")
+    assert RUNBOOK_BASE_URL.endswith("/docs/runbooks.md")
+
+
+def test_every_alert_has_its_settings_and_uses_them_alone() -> None:
+    """The chart's copy leaves every setting as a Marker: each alert's `for` is its own setting, and
+    every setting shows up in the rules of its alert and of no other."""
+    chart = chart_rules()
+    defaults, rules = chart["defaults"], chart["spec"]["groups"][0]["rules"]
+    assert defaults == Thresholds().settings()
+    assert set(defaults) == {a.name for a in alerts()}
+    for rule in rules:
+        assert rule["for"] == f"${{{rule['alert']}.for}}", rule["alert"]
+        assert rule["annotations"]["runbook_url"] == f"${{runbookBaseUrl}}#{rule['alert'].lower()}"
+    for alert, settings in defaults.items():
+        for key in settings:
+            marker = Marker(f"{alert}.{key}")  # or its |percent form
+            using = {r["alert"] for r in rules if re.search(re.escape(marker[:-1]) + r"[}|]", json.dumps(r))}
+            assert using == {alert}, (marker, using)
+
+
+def test_overrides_change_only_their_alert() -> None:
+    default = alerts()
+    for alert, settings in Thresholds().settings().items():
+        for key, value in settings.items():
+            new = "42m" if isinstance(value, str) else value * 3
+            tuned = alerts(Thresholds().with_overrides({alert: {key: new}}))
+            assert {a.name for a, b in zip(default, tuned, strict=True) if a != b} == {alert}, (alert, key)
+    with pytest.raises(ValueError, match="no such alert"):
+        Thresholds().with_overrides({"NodeGroupNotRedy": {"for": "1m"}})
+    with pytest.raises(ValueError, match=r"no such setting \(for, fraction\)"):
+        Thresholds().with_overrides({"NodeGroupNotReady": {"fractoin": 0.3}})
+
+
+def test_disabled_alerts_and_additional_labels() -> None:
+    rules = rules_file(disabled=["NodeGroupShrunk", "WorkloadOnUnhealthyNodes"],
+                       additional_labels={"team": "platform"})["groups"][0]["rules"]
+    assert [r["alert"] for r in rules] == [a.name for a in alerts()
+                                           if a.name not in ("NodeGroupShrunk", "WorkloadOnUnhealthyNodes")]
+    assert all(r["labels"] == {"severity": r["labels"]["severity"], "team": "platform"} for r in rules)
+    with pytest.raises(ValueError, match="no such alert NodeGroupShrink"):
+        rules_file(disabled=["NodeGroupShrink"])
+    with pytest.raises(ValueError, match="severity"):
+        rules_file(additional_labels={"severity": "page"})
+
+
+def test_the_tuning_table_lists_every_setting_and_its_default() -> None:
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in
+            re.finditer(r"^\| `(\w+)` \| ([a-z, ]+) \| (`[^|]*`) \|", RUNBOOKS, re.M)}
+    severities: dict[str, list[str]] = {}
+    for a in alerts():
+        severities.setdefault(a.name, []).append(a.severity)
+    assert set(rows) == set(severities)
+    for alert, settings in Thresholds().settings().items():
+        severity, listed = rows[alert]
+        assert severity.split(", ") == severities[alert], alert
+        assert dict(re.findall(r"`(\w+): ([^`]+)`", listed)) == {k: str(v) for k, v in settings.items()}, alert
 
 
 def test_every_expression_parses(tmp_path: Path) -> None:
@@ -440,3 +563,156 @@ def test_every_dashboard_query_reads_the_same_with_two_replicas(replicas: list[S
     finally:
         one.stop()
         two.stop()
+
+
+# -- beside kubernetes-mixin: docs/runbooks.md's inhibition in a real Alertmanager -----------------
+
+
+def runbooks_inhibit_rules() -> list[dict[str, Any]]:
+    """The inhibit_rules of docs/runbooks.md: the YAML block of its "Beside kubernetes-mixin" section."""
+    section = RUNBOOKS.split("\n## Beside kubernetes-mixin\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```yaml\n(.*?)```", section, re.S)
+    rules: list[dict[str, Any]] = yaml.safe_load(block)["inhibit_rules"]
+    return rules
+
+
+# Stand-ins for kubernetes-mixin's three alerts: their names, severity and labels, over series shaped
+# as kube-state-metrics' (simpler expressions: no owner join, no cordon check).
+MIXIN_STAND_INS = [
+    {"alert": "KubeNodeNotReady", "expr": 'kube_node_status_condition{condition="Ready", status="true"} == 0'},
+    {"alert": "KubePodNotReady",
+     "expr": 'sum by (cluster, namespace, pod) (kube_pod_status_phase{phase=~"Pending|Unknown"}) > 0'},
+    {"alert": "KubeJobFailed", "expr": 'kube_job_failed{condition="true"} > 0'},
+]
+
+# Cluster a: node group gpu down (2 of 2 nodes NotReady) and cpu partly (1 of 4); JobSet ml/train with
+# both its Running pods on gpu's nodes and one Failed pod; Pending pods in namespaces ml and web, failed
+# Jobs in ml and batch. Cluster b: one NotReady node, nothing of ours.
+MIXED_SERIES = """\
+nws_nodegroup_nodes{cluster="a",summarizer="pool",group="gpu"} 2
+nws_nodegroup_nodes_by_condition{cluster="a",summarizer="pool",group="gpu",condition="Ready"} 0
+nws_nodegroup_nodes_by_condition{cluster="a",summarizer="pool",group="gpu",condition="NotReady"} 2
+nws_nodegroup_nodes{cluster="a",summarizer="pool",group="cpu"} 4
+nws_nodegroup_nodes_by_condition{cluster="a",summarizer="pool",group="cpu",condition="Ready"} 3
+nws_nodegroup_nodes_by_condition{cluster="a",summarizer="pool",group="cpu",condition="NotReady"} 1
+nws_workload_pods{cluster="a",namespace="ml",workload="train",kind="JobSet",phase="Running"} 2
+nws_workload_pods{cluster="a",namespace="ml",workload="train",kind="JobSet",phase="Failed"} 1
+nws_workload_pods_by_node_state{cluster="a",namespace="ml",workload="train",kind="JobSet",state="NotReady"} 2
+kube_node_status_condition{cluster="a",node="gpu-1",condition="Ready",status="true"} 0
+kube_node_status_condition{cluster="a",node="gpu-2",condition="Ready",status="true"} 0
+kube_node_status_condition{cluster="a",node="cpu-1",condition="Ready",status="true"} 1
+kube_node_status_condition{cluster="a",node="cpu-4",condition="Ready",status="true"} 0
+kube_node_status_condition{cluster="b",node="cpu-9",condition="Ready",status="true"} 0
+kube_pod_status_phase{cluster="a",namespace="ml",pod="train-workers-0-0",phase="Pending"} 1
+kube_pod_status_phase{cluster="a",namespace="web",pod="web-1",phase="Pending"} 1
+kube_job_failed{cluster="a",namespace="ml",job_name="train-workers-0",condition="true"} 1
+kube_job_failed{cluster="a",namespace="batch",job_name="report",condition="true"} 1
+"""
+# (alertname, severity, cluster, what it is about) of every alert that fires: muted or not.
+MUTED = {
+    ("NodeGroupNotReady", "warning", "a", "gpu"),  # NodeGroupDown says more
+    ("WorkloadOnUnhealthyNodes", "warning", "a", "train"),  # its critical twin fires
+    ("KubeNodeNotReady", "warning", "a", "gpu-1"), ("KubeNodeNotReady", "warning", "a", "gpu-2"),
+    ("KubeNodeNotReady", "warning", "a", "cpu-4"),  # cluster a's node groups alert
+    ("KubePodNotReady", "warning", "a", "train-workers-0-0"),  # a workload of namespace ml alerts
+    ("KubeJobFailed", "warning", "a", "train-workers-0"),
+}
+NOTIFIED = {
+    ("NodeGroupDown", "critical", "a", "gpu"), ("NodeGroupNotReady", "warning", "a", "cpu"),
+    ("WorkloadOnUnhealthyNodes", "critical", "a", "train"), ("WorkloadPodsFailed", "warning", "a", "train"),
+    ("KubeNodeNotReady", "warning", "b", "cpu-9"),  # another cluster
+    ("KubePodNotReady", "warning", "a", "web-1"), ("KubeJobFailed", "warning", "a", "report"),  # other namespaces
+}
+
+
+def ident(labels: dict[str, str]) -> tuple[str, str, str, str]:
+    subject = next((labels[k] for k in ("group", "workload", "node", "pod", "job_name") if k in labels), "")
+    return labels["alertname"], labels["severity"], labels.get("cluster", ""), subject
+
+
+class Stub:
+    """A scrape target serving fixed series, and a webhook receiver that records every alert
+    Alertmanager notifies: the pager."""
+
+    def __init__(self, series: str) -> None:
+        self.notified: list[dict[str, str]] = []
+        stub = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = series.encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_POST(self) -> None:
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                stub.notified += [alert["labels"] for alert in payload["alerts"]]
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}"
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_runbooks_inhibition_pages_once_per_incident_beside_kubernetes_mixin(tmp_path: Path) -> None:
+    """docs/runbooks.md's inhibit_rules in a real Alertmanager, fed by a real Prometheus that
+    evaluates our rules and the kubernetes-mixin stand-ins over two clusters: Alertmanager mutes
+    exactly MUTED, and the receiver hears of the others only."""
+    fast = Thresholds(not_ready_for="0s", down_for="0s", unhealthy_for="0s", failed_for="0s")
+    rules = rules_file(fast)
+    rules["groups"][0]["rules"] += [{**r, "for": "0s", "labels": {"severity": "warning"}} for r in MIXIN_STAND_INS]
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    stub = Stub(MIXED_SERIES)
+    pager = {"name": "pager", "webhook_configs": [{"url": f"http://{stub.address}/", "send_resolved": False}]}
+    manager = Alertmanager(tmp_path / "alertmanager", {
+        "route": {"receiver": "pager", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
+                  "repeat_interval": "1h"},
+        "receivers": [pager],
+        "inhibit_rules": runbooks_inhibit_rules(),
+    })
+    try:
+        manager.start()
+        prom = Prometheus(tmp_path / "prometheus", [stub.address], [tmp_path / "rules.yaml"], honor_labels=True,
+                          alertmanagers=[f"127.0.0.1:{manager.port}"]).start()
+        try:
+            def firing() -> set[tuple[str, str, str, str]]:
+                return {ident(a["labels"]) for a in prom.alerts()}
+
+            def states() -> dict[tuple[str, str, str, str], str]:
+                return {ident(a["labels"]): a["status"]["state"] for a in manager.alerts()}
+
+            def notified() -> set[tuple[str, str, str, str]]:
+                return {ident(labels) for labels in stub.notified}
+
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: firing() == MUTED | NOTIFIED, timeout=30)
+            assert firing() == MUTED | NOTIFIED  # every alert the example speaks of fires
+            want = {**{k: "suppressed" for k in MUTED}, **{k: "active" for k in NOTIFIED}}
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: states() == want, timeout=30)
+            assert states() == want
+            assert all(a["status"]["inhibitedBy"] for a in manager.alerts() if a["status"]["state"] == "suppressed")
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: notified() == NOTIFIED, timeout=30)
+            time.sleep(3)  # three group intervals: a muted alert notified late would show by now
+            assert notified() == NOTIFIED
+            assert len(stub.notified) == len(NOTIFIED)  # each once
+        finally:
+            prom.stop()
+    finally:
+        manager.stop()
+        stub.stop()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from alerts.rules import Thresholds, alerts, rules_file
 from demo.workloads import kwok_node
 from localkube.build import HELM, KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
@@ -68,6 +69,20 @@ DASHBOARDS = {"label": "my_dashboard", "labelValue": "yes", "namespace": "monito
               "annotations": {"grafana_folder": "Kubernetes"}}
 
 FLEET_READER = {"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}
+
+
+def _tuned(value: Any) -> Any:
+    """A setting away from its default, one that Helm and Python print alike."""
+    return "42m" if isinstance(value, str) else round(value * 2 + 0.05, 2) if isinstance(value, float) else value * 2
+
+
+# The alert rules' values (prometheusRule.runbookBaseUrl, .disabled, .overrides, .additionalRuleLabels).
+RUNBOOK_BASE = "https://wiki.example.com/platform/node-workload-summary/runbooks"
+EVERY_SETTING = {alert: {key: _tuned(v) for key, v in settings.items()}
+                 for alert, settings in Thresholds().settings().items()}
+RULE_VALUES: dict[str, Any] = {
+    "runbookBaseUrl": RUNBOOK_BASE, "disabled": {"NodeGroupShrunk": True, "KueueCapacityUnassigned": True},
+    "overrides": EVERY_SETTING, "additionalRuleLabels": {"team": "platform", "tier": "cluster"}}
 # Every value away from its default at once (lint and the server-side dry run).
 ALL_FLIPPED: dict[str, Any] = {
     "image": {"repository": "registry.example.com/nws", "tag": "9.9.9", "pullPolicy": "Always"},
@@ -82,7 +97,7 @@ ALL_FLIPPED: dict[str, Any] = {
     "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "kube-prometheus-stack"},
                        "bearerTokenFile": "/var/run/secrets/prometheus/token", "authorization": SM_AUTHORIZATION,
                        "tlsConfig": SM_TLS},
-    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, **RULE_VALUES},
     "dashboards": DASHBOARDS,
     "quota": {"actuation": True},
     # The Secrets' namespace: one the dry run finds (the release's).
@@ -333,6 +348,89 @@ def test_prometheus_rule_toggle_and_labels(helm: list[str], tmp_path: Path) -> N
     expected = copy.deepcopy(rule)
     expected["metadata"]["labels"]["release"] = "kps"
     assert labelled[("PrometheusRule", NS, RELEASE)] == expected
+
+
+# -- the alert rules: prometheusRule.runbookBaseUrl, .disabled, .overrides, .additionalRuleLabels -----
+
+RULE = ("PrometheusRule", NS, RELEASE)
+ON = {"prometheusRule": {"enabled": True}}
+
+
+def _rules(rendered: Objects) -> list[dict[str, Any]]:
+    [group] = rendered[RULE]["spec"]["groups"]
+    rules: list[dict[str, Any]] = group["rules"]
+    return rules
+
+
+def test_prometheus_rule_defaults_are_the_generated_rules(helm: list[str], tmp_path: Path) -> None:
+    """The chart's copy is alerts/rules.py's rules with the default values: no drift."""
+    spec = _template(helm, tmp_path, ON)[RULE]["spec"]
+    assert spec == rules_file()
+    assert spec == yaml.safe_load((ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml").read_text())
+
+
+# name: (values under prometheusRule, what alerts.rules renders for them, the alerts whose rules change)
+TUNINGS: dict[str, tuple[dict[str, Any], dict[str, Any], set[str]]] = {
+    "runbookBaseUrl": ({"runbookBaseUrl": RUNBOOK_BASE}, rules_file(runbook_base_url=RUNBOOK_BASE),
+                       {a.name for a in alerts()}),
+    "disabled": ({"disabled": {"NodeGroupShrunk": True, "WorkloadOnUnhealthyNodes": True, "NodeGroupDown": False}},
+                 rules_file(disabled=["NodeGroupShrunk", "WorkloadOnUnhealthyNodes"]), set()),
+    "overrides": ({"overrides": {"NodeGroupNotReady": {"for": "15m", "fraction": 0.35},
+                                 "WorkloadOnUnhealthyNodes": {"criticalFraction": 0.75}}},
+                  rules_file(Thresholds().with_overrides({"NodeGroupNotReady": {"for": "15m", "fraction": 0.35},
+                                                          "WorkloadOnUnhealthyNodes": {"criticalFraction": 0.75}})),
+                  {"NodeGroupNotReady", "WorkloadOnUnhealthyNodes"}),
+    "every-setting": ({"overrides": EVERY_SETTING}, rules_file(Thresholds().with_overrides(EVERY_SETTING)),
+                      {a.name for a in alerts()}),
+    "additionalRuleLabels": ({"additionalRuleLabels": {"team": "platform"}},
+                             rules_file(additional_labels={"team": "platform"}), {a.name for a in alerts()}),
+    "all": (RULE_VALUES, rules_file(Thresholds().with_overrides(EVERY_SETTING), RUNBOOK_BASE,
+                                    list(RULE_VALUES["disabled"]), RULE_VALUES["additionalRuleLabels"]),
+            {a.name for a in alerts()} - set(RULE_VALUES["disabled"])),
+}
+
+
+@pytest.mark.parametrize("name", TUNINGS)
+def test_prometheus_rule_values_change_exactly_what_was_asked(helm: list[str], tmp_path: Path, name: str) -> None:
+    values, expected, changed = TUNINGS[name]
+    default = _template(helm, tmp_path, ON)
+    rendered = _template(helm, tmp_path, {"prometheusRule": {"enabled": True, **values}})
+    assert rendered[RULE]["spec"] == expected  # what alerts/rules.py renders for the same settings
+    by_name = {r["alert"]: [x for x in _rules(default) if x["alert"] == r["alert"]] for r in _rules(default)}
+    kept = {r["alert"] for r in _rules(rendered)}
+    assert {a for a in kept if [r for r in _rules(rendered) if r["alert"] == a] != by_name[a]} == changed
+    left_out = set(by_name) - kept
+    assert left_out == {a for a, on in values.get("disabled", {}).items() if on}
+    # Nothing else changes: the PrometheusRule's metadata, every other object.
+    assert {**rendered[RULE], "spec": None} == {**default[RULE], "spec": None}
+    assert {k: v for k, v in rendered.items() if k != RULE} == {k: v for k, v in default.items() if k != RULE}
+
+
+@pytest.mark.parametrize("values,message", [
+    ({"disabled": {"NodeGroupNotRedy": True}}, "prometheusRule.disabled.NodeGroupNotRedy: no such alert (Cluster"),
+    ({"overrides": {"NodeGroupNotRedy": {"for": "1m"}}}, "prometheusRule.overrides.NodeGroupNotRedy: no such alert"),
+    ({"overrides": {"NodeGroupNotReady": {"fractoin": 0.3}}},
+     "prometheusRule.overrides.NodeGroupNotReady.fractoin: no such setting (for, fraction)"),
+    ({"additionalRuleLabels": {"severity": "page"}}, "prometheusRule.additionalRuleLabels.severity: "),
+    ({"runbookBaseUrl": ""}, "prometheusRule.runbookBaseUrl: "),
+], ids=["disabled", "overrides-alert", "overrides-setting", "labels-severity", "no-runbook-base"])
+def test_prometheus_rule_refuses_what_matches_nothing(helm: list[str], tmp_path: Path, values: dict[str, Any],
+                                                      message: str) -> None:
+    """A typo in an alert's or setting's name fails the render instead of being ignored."""
+    proc = subprocess.run([*helm, "template", RELEASE, str(CHART), "--namespace", NS, "-f",
+                           _values_file(tmp_path, {"prometheusRule": {"enabled": True, **values}})],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("values", [{}, RULE_VALUES], ids=["default", "tuned"])
+def test_rendered_prometheus_rule_passes_promtool(helm: list[str], tmp_path: Path, values: dict[str, Any]) -> None:
+    rules = _template(helm, tmp_path, {"prometheusRule": {"enabled": True, **values}})[RULE]["spec"]
+    path = tmp_path / "rendered.rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    proc = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    expected = len(alerts()) - len(values.get("disabled", {}))
+    assert proc.returncode == 0 and f"SUCCESS: {expected} rules found" in proc.stdout, proc.stdout + proc.stderr
 
 
 def _dashboards(objects: Objects) -> Objects:
