@@ -819,7 +819,7 @@ def test_schema_rejects_a_typo(helm: list[str], args: list[str], error: str) -> 
 
 
 def test_schema_takes_an_umbrella_charts_global_values(helm: list[str], tmp_path: Path) -> None:
-    assert _template(helm, tmp_path, {"global": {"imageRegistry": "mirror.example.com"}}) == _template(helm, tmp_path)
+    assert _template(helm, tmp_path, {"global": {"team": "platform"}}) == _template(helm, tmp_path)
 
 
 def test_readme_and_schema_are_current_and_every_value_is_described() -> None:
