@@ -18,7 +18,7 @@ from .replicas import CLUSTER, by, one
 # section. A placeholder (RFC 2606's .invalid): neither Chart.yaml nor the README names the
 # project's repository yet. Point it at your copy (``python -m alerts --runbook-base-url``, the
 # chart's ``prometheusRule.runbookBaseUrl``), e.g. a fork's docs/runbooks.md as its host renders it.
-RUNBOOK_BASE_URL = "https://example.invalid/node-workload-summary/docs/runbooks.md"
+RUNBOOK_BASE_URL = "https://example.com/node-workload-summary/blob/main/docs/runbooks.md"
 
 T = TypeVar("T")
 

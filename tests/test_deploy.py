@@ -151,22 +151,41 @@ def test_deployment_serves_metrics_secure_and_probes_plain(kube: LocalCluster) -
         assert container[probe]["httpGet"]["port"] == "probes", probe  # no token needed
 
 
-def test_network_policy_admits_metrics_from_labelled_namespaces_and_probes_from_anywhere(
+def test_network_policy_admits_metrics_from_prometheus_and_labelled_namespaces_and_probes_from_anywhere(
         kube: LocalCluster, base: subprocess.CompletedProcess[str]) -> None:
-    # Checked as an object only: this control plane has no network plugin to enforce it.
+    # Checked as an object here (tests/test_chart.py has the API server select the pods it admits):
+    # this control plane has no network plugin to enforce it.
     [policy] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "NetworkPolicy"]
     [deployment] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "Deployment"]
     spec = policy["spec"]
-    assert spec["podSelector"]["matchLabels"] == deployment["spec"]["template"]["metadata"]["labels"]
+    assert spec["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert spec["podSelector"]["matchLabels"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
     assert spec["policyTypes"] == ["Ingress"]
     metrics, probes = spec["ingress"]
-    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}],
-                       "from": [{"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}}]}
+    # The Prometheus Operator's Prometheus (and PrometheusAgent) pods of any namespace, namespaces
+    # labelled metrics=enabled, and the chart's `helm test` pod in this one.
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}], "from": [
+        {"namespaceSelector": {}, "podSelector": {
+            "matchLabels": {"app.kubernetes.io/managed-by": "prometheus-operator"},
+            "matchExpressions": [{"key": "app.kubernetes.io/name", "operator": "In",
+                                  "values": ["prometheus", "prometheus-agent"]}]}},
+        {"namespaceSelector": {"matchLabels": {"metrics": "enabled"}}},
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "node-workload-summary-test"}}}]}
     assert probes == {"ports": [{"port": "probes", "protocol": "TCP"}]}  # no `from`: anyone
     live = json.loads(kube.kubectl("get", "networkpolicy", "node-workload-summary", "-n", NS, "-o", "json").stdout)
     assert live["spec"] == spec
-    policy["spec"]["ingress"][0]["from"][0]["namespaceSelector"]["matchLabels"] = {"team": "observability"}
+    policy["spec"]["ingress"][0]["from"][1]["namespaceSelector"]["matchLabels"] = {"team": "observability"}
     kube.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(policy))
+
+
+def test_pod_disruption_budget_takes_one_replica_at_a_time(kube: LocalCluster,
+                                                           base: subprocess.CompletedProcess[str]) -> None:
+    [deployment] = [d for d in _rendered(kube, DEPLOY) if d["kind"] == "Deployment"]
+    live = json.loads(kube.kubectl("get", "poddisruptionbudget", "node-workload-summary", "-n", NS, "-o",
+                                   "json").stdout)
+    assert live["spec"]["selector"] == deployment["spec"]["selector"]
+    assert live["spec"]["maxUnavailable"] == 1 and live["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert deployment["spec"]["replicas"] == 2
 
 
 @pytest.mark.parametrize("path", [DEPLOY, WITH_MONITORING], ids=["base", "with-monitoring"])
