@@ -89,7 +89,9 @@ class Engine:
     def build_flags(self) -> list[str]:
         # Podman's default isolation needs a cgroup manager it can drive; chroot isolation runs the
         # RUN steps anywhere root can chroot (also in a container or a VM with cgroup v1).
-        return ["--isolation=chroot", "--pull=never"] if self.command == "podman" else []
+        # --no-cache: buildah 1.28 (Debian's podman 4.3) keys a cached RUN layer without the content
+        # of its `--mount=type=bind,from=build`, so the install layer would keep an older wheel.
+        return ["--isolation=chroot", "--pull=never", "--no-cache"] if self.command == "podman" else []
 
 
 def find_engine(wanted: str | None) -> Engine:

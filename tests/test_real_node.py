@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import json
 import shutil
 import subprocess
@@ -171,6 +172,11 @@ def test_the_pods_run_this_checkouts_build(kube: LocalCluster, release: str) -> 
     out = kube.kubectl("exec", "-n", NS, pods(kube)[0]["metadata"]["name"], "--", "node-workload-summary",
                        "--version").stdout
     assert out.startswith(f"node-workload-summary {version()} (revision {revision()}, Python 3."), out
+    # The code itself, not only the labels: a module of the running wheel is the checkout's, byte for byte.
+    script = ("import hashlib, node_workload_summary.settings as m; "
+              "print(hashlib.sha256(open(m.__file__, 'rb').read()).hexdigest())")
+    running = kube.kubectl("exec", "-n", NS, pods(kube)[0]["metadata"]["name"], "--", "python", "-c", script).stdout
+    assert running.strip() == hashlib.sha256((ROOT / "node_workload_summary/settings.py").read_bytes()).hexdigest()
 
 
 def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCluster, release: str,
