@@ -24,6 +24,7 @@ from kubeindex.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.metrics import ReconcilerCollector
+from reconciler.workqueue import WorkQueue
 from tests.builders import add_owner, configured, make_node, make_pod, ref
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status
 from tests.paths import CRDS
@@ -520,7 +521,8 @@ def test_sources_and_reconciler_collectors() -> None:
                               forbidden_kinds={("serving.knative.dev", "Revision")})
     reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 2}, errors={"409": 1}),
                                  actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}},
-                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={})))
+                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={})),
+                                 queue=WorkQueue[str]())
     elector = SimpleNamespace(is_leader=False)
     registry = CollectorRegistry()
     registry.register(SourcesCollector(sources))
@@ -535,6 +537,7 @@ def test_sources_and_reconciler_collectors() -> None:
     assert value(s, "nws_reconciler_write_errors_total", code="409") == 1
     assert value(s, "nws_reconciler_leader") == 0
     assert value(s, "nws_reconciler_summaries", kind="nodesummaries") == 2
+    assert value(s, "nws_workqueue_depth") == 0  # the write queue's own families
     elector.is_leader = True
     sources.missing_kinds.clear()  # a kind no longer configured: its series goes
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
