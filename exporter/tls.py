@@ -14,8 +14,6 @@ import shutil
 import socket
 import ssl
 import subprocess
-import tempfile
-from pathlib import Path
 
 log = logging.getLogger(__name__)
 SELF_SIGNED_DAYS = 365
@@ -62,23 +60,6 @@ def self_signed_pem(hosts: list[str]) -> bytes:
     if proc.returncode != 0:
         raise CertificateError(f"openssl could not make a self-signed certificate: {proc.stderr.decode()[-300:]}")
     return proc.stdout
-
-
-def load_pem(context: ssl.SSLContext, pem: bytes) -> None:
-    """The ssl module loads only from paths: an anonymous memory file where there is one (Linux),
-    else a private temporary file removed at once."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("metrics-tls")
-        try:
-            os.write(fd, pem)
-            context.load_cert_chain(f"/proc/self/fd/{fd}")
-        finally:
-            os.close(fd)
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "tls.pem"
-        path.write_bytes(pem)
-        context.load_cert_chain(path)
 
 
 def _stamp(*paths: str) -> tuple[tuple[int, int, int], ...]:

@@ -12,11 +12,13 @@ when the server answered (its stream may last minutes).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
 import random
 import ssl
+import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -176,9 +178,9 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
 
 
 def connection_from_kubeconfig(text: str, where: str) -> Connection:
-    """From a kubeconfig's content (a member cluster's, read from a Secret): certificates and keys
-    inline (``*-data``), its current context. ConfigError names ``where`` it came from."""
-    config = k8s_client.Configuration()
+    """From a kubeconfig's content (a member cluster's, read from a Secret): its current context,
+    certificates and keys inline (``*-data``) and loaded from memory, never written to the (in a
+    pod, read-only) disk. ConfigError names ``where`` it came from."""
     try:
         document = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -189,8 +191,55 @@ def connection_from_kubeconfig(text: str, where: str) -> Connection:
     if refused:
         raise ConfigError(f"{where}: {', '.join(refused)} not allowed: a kubeconfig from a Secret must carry its "
                           "credentials inline (token, client-certificate-data, certificate-authority-data)")
-    return _connection(where, lambda: k8s_config.load_kube_config_from_dict(
-        document, client_configuration=config, persist_config=False), config)
+    try:
+        context = _named(document, "contexts", document.get("current-context"))["context"]
+        cluster = _named(document, "clusters", context["cluster"])["cluster"]
+        user = _named(document, "users", context["user"])["user"] if context.get("user") else {}
+        server = str(cluster["server"]).rstrip("/")
+        tls = ssl.create_default_context(cadata=_pem(cluster, "certificate-authority-data") or None)
+        if cluster.get("insecure-skip-tls-verify"):
+            tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
+        if user.get("client-certificate-data"):
+            load_pem(tls, (_pem(user, "client-certificate-data") + "\n" + _pem(user, "client-key-data")).encode())
+    except (KeyError, TypeError, ValueError, ssl.SSLError) as err:
+        raise ConfigError(f"{where}: {type(err).__name__}: {err}") from None
+    config = k8s_client.Configuration()
+    config.host = server
+    if user.get("token"):
+        config.api_key["authorization"] = f"Bearer {user['token']}"
+    return Connection(server, tls, config)
+
+
+def _named(document: dict[str, Any], section: str, name: Any) -> dict[str, Any]:
+    """The entry of a kubeconfig section by name (no name: the first one)."""
+    entries = [e for e in document.get(section) or [] if isinstance(e, dict)]
+    found = next((e for e in entries if name is None or e.get("name") == name), None)
+    if found is None:
+        raise KeyError(f"no {section} entry named {name!r}" if name is not None else f"no {section}")
+    return found
+
+
+def _pem(entry: dict[str, Any], key: str) -> str:
+    value = entry.get(key)
+    return base64.b64decode(value).decode() if value else ""
+
+
+def load_pem(context: ssl.SSLContext, pem: bytes) -> None:
+    """A certificate chain and its key into ``context``. The ssl module loads only from paths: an
+    anonymous memory file where there is one (Linux), else a private temporary file removed at once."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tls")
+        try:
+            os.write(fd, pem)
+            context.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "tls.pem")
+        with open(path, "wb") as file:
+            file.write(pem)
+        context.load_cert_chain(path)
 
 
 # What a kubeconfig from a Secret may not hold: a command to run or a file to read in this process

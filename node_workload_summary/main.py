@@ -23,8 +23,8 @@ from aiohttp import web
 from exporter.auth import Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
-from exporter.tls import CertFiles, CertificateError, load_pem, self_signed_hosts, self_signed_pem, server_context
-from kubeindex.api import ApiClient, ConfigError, Connection, RequestMetrics, load_connection
+from exporter.tls import CertFiles, CertificateError, self_signed_hosts, self_signed_pem, server_context
+from kubeindex.api import ApiClient, ConfigError, Connection, RequestMetrics, load_connection, load_pem
 from kubeindex.fleet import MULTIKUEUE_CLUSTER, Fleet
 from kubeindex.index import ClusterIndex
 from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector

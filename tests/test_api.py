@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -118,3 +119,17 @@ def test_a_kubeconfig_from_a_secret_carries_its_credentials_inline() -> None:
             connection_from_kubeconfig(config(cluster, user), "member a")
     with pytest.raises(ConfigError, match="member a: not a kubeconfig"):
         connection_from_kubeconfig("just text", "member a")
+
+
+def test_a_member_kubeconfig_connects_without_writing_a_file(cluster: LocalCluster,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fleet hub's pod has a read-only disk: the CA, the client certificate and its key of a
+    kubeconfig from a Secret are loaded from memory (no temporary directory usable here)."""
+    monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/tmp")
+    connection = connection_from_kubeconfig(cluster.inline_kubeconfig(), "member a")
+
+    async def version() -> dict[str, Any]:
+        async with ApiClient(connection) as api:
+            return json.loads(await api.get("/version"))
+
+    assert asyncio.run(version())["major"] == "1"
