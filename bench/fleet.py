@@ -5,7 +5,7 @@ Member clusters, each a real control plane (etcd + kube-apiserver, this project'
 Kueue's), populated as a member running node-workload-summary would be: NodeSummarizers `pool`,
 `zone` and `machine`, and their 10 NodeSummaries written as the service writes them (the bodies and
 statuses from the reconciler's own code, reconciler/desired.py, over the product's index fed 160
-synthetic nodes and 1,280 pods; server-side applied as field manager node-workload-summary, so
+synthetic nodes and 1,312 pods; server-side applied as field manager node-workload-summary, so
 their managedFields are the service's), 4 ResourceFlavors `pool-a` .. `pool-d` on `pool=a` .. `d`
 whose nodeLabels equal the `pool` NodeSummaries' selectors, some nodes NotReady. No service runs
 in the members: the objects are created directly through the API. A hub control plane with the
