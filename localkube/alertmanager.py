@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .cluster import ClusterError, Process, free_port, wait_until
+from .prometheus import http_get
 
 # Debian names the binary after its package; upstream's release archives call it alertmanager.
 BINARIES = ("prometheus-alertmanager", "alertmanager")
@@ -51,11 +50,7 @@ class Alertmanager:
             self.process.stop()
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read()
+        return http_get(self.url + path)
 
     def alerts(self) -> list[dict[str, Any]]:
         """Every alert it holds (API v2), each with ``labels`` and ``status``: ``state`` active or

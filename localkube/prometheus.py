@@ -83,11 +83,7 @@ class Prometheus:
             self.process.stop()
 
     def _get(self, path: str) -> tuple[int, bytes]:
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as resp:
-                return resp.status, resp.read()
-        except urllib.error.HTTPError as err:
-            return err.code, err.read()
+        return http_get(self.url + path)
 
     def api(self, path: str) -> dict:
         code, body = self._get(path)
@@ -117,3 +113,12 @@ def start_operator(cluster: LocalCluster) -> Process:
     ], cluster.workdir / "logs")
     proc.start()
     return proc
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    """(status, body) of a GET to a local server (Prometheus, Alertmanager); an HTTP error is an answer."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
