@@ -13,11 +13,11 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import uvloop
 from aiohttp import web
 
 from exporter.auth import Authorizer
@@ -268,6 +268,14 @@ async def serve(settings: Settings) -> None:
         await stop(service)
 
 
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """The event loop the service runs in: asyncio's own. uvloop (0.23) mixes up file descriptors
+    when a TLS handshake to the API server is reset, as in an API server restart: a Prometheus
+    scrape then got the ClientHello meant for the API server, or no answer (CHANGELOG.md,
+    tests/test_event_loop.py)."""
+    asyncio.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         settings = load(sys.argv[1:] if argv is None else argv)
@@ -281,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logs(settings.log_level, settings.log_format)
     pin_mmap_threshold()
     try:
-        uvloop.run(serve(settings))
+        run(serve(settings))
     except (ConfigError, StartupError, CertificateError) as err:  # one line saying what to fix
         log.error("%s", err)
         return 1
