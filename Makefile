@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools image-tools image node-tools test-node test unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image node-tools test-node test compat unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,21 @@ image: install image-tools  ## build the container image from the Dockerfile and
 test: lint install tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/localkube build --core
 	$(BIN)/pytest -m 'not node' --prebuild
+
+# The core scenarios (tests marked compat) against kube-apiserver and kubectl of every other supported
+# Kubernetes minor (localkube.build.COMPAT_MINORS, docs/compatibility.md); make test covers the pinned one.
+# Each minor's binaries are built on first use (about 5 minutes each here). COMPAT=1.33 runs one.
+COMPAT ?=
+
+compat: install tools  ## the core scenarios against every other supported Kubernetes minor (docs/compatibility.md)
+	@minors="$(or $(COMPAT),$$($(BIN)/python -c 'from localkube.build import COMPAT_MINORS; print(*COMPAT_MINORS)'))"; \
+	failed=""; for minor in $$minors; do \
+	  echo "== Kubernetes $$minor: kube-apiserver and kubectl (built on first use), then pytest -m compat"; \
+	  $(BIN)/localkube build --kubernetes $$minor >/dev/null && \
+	  $(BIN)/pytest -m compat --kubernetes $$minor -q --durations=5 || failed="$$failed $$minor"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make compat: failed on Kubernetes$$failed"; exit 1; fi; \
+	echo "make compat: passed on Kubernetes $$minors"
 
 node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)
 	@command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v conntrack >/dev/null && \

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from .build import BuildError
+from .build import COMPAT_MINORS, BuildError, core, ensure_binaries
 from .build import main as build_main
 from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller, KueueController
@@ -30,7 +30,16 @@ def _up(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     # If whatever started us (make, a test's timeout) dies, shut down as on Ctrl-C.
     set_parent_death_signal(signal.SIGTERM)
-    cluster = LocalCluster(options)
+    if args.kubernetes and (options.controller_manager or options.scheduler):
+        print("error: --kubernetes runs another kube-apiserver only; kube-controller-manager and kube-scheduler "
+              "are built at the pinned version and must not be newer than the API server", file=sys.stderr)
+        return 2
+    try:
+        binaries = ensure_binaries(core(args.kubernetes)) if args.kubernetes else None
+    except BuildError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    cluster = LocalCluster(options, binaries)
     node: RealNode | None = None
     started = time.monotonic()
     print("[localkube] starting etcd and kube-apiserver ...", file=sys.stderr, flush=True)
@@ -99,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     build = sub.add_parser("build", help="build or reuse the cached binaries and print their paths")
     build.add_argument("--core", action="store_true",
                        help="only etcd, kube-apiserver and kubectl (make test builds the rest behind its first tests)")
+    build.add_argument("--kubernetes", metavar="MINOR", default="",
+                       help=f"kube-apiserver and kubectl of this Kubernetes minor ({', '.join(COMPAT_MINORS)}); "
+                            "implies --core")
     up = sub.add_parser(
         "up",
         help="start etcd + kube-apiserver (and optionally more) and wait for Ctrl-C",
@@ -126,10 +138,14 @@ def main(argv: list[str] | None = None) -> int:
                          "--scheduler)")
     up.add_argument("--image", action="append", default=[], metavar="ARCHIVE",
                     help="load this OCI archive into the real node's containerd (make image IMAGE_ARGS=--save ...)")
+    up.add_argument("--kubernetes", metavar="MINOR", default="",
+                    help=f"run kube-apiserver and kubectl of this Kubernetes minor ({', '.join(COMPAT_MINORS)}) "
+                         "instead of the pinned one (built on first use); not with the controllers or --node")
     up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        return build_main(["--core"] if args.core else [])
+        return build_main([*(["--core"] if args.core else []),
+                           *([f"--kubernetes={args.kubernetes}"] if args.kubernetes else [])])
     return _up(args)
 
 

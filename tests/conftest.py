@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import CORE, HELM, TEST_TOOLS, BackgroundBuild, Component, ensure_binaries
+from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, ROOT
@@ -44,6 +44,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--prebuild", action="store_true",
                      help="build the tools later tests need (helm, the Prometheus Operator, ...) in the "
                           "background, at the lowest CPU priority, while the first tests run (make test)")
+    parser.addoption("--kubernetes", metavar="MINOR", default="",
+                     help="run against kube-apiserver and kubectl of this Kubernetes minor (one of "
+                          "localkube.build.COMPAT_MINORS) instead of the pinned one; with -m compat: make compat")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    minor = config.getoption("kubernetes")
+    return f"kubernetes: {minor or 'the pinned version'} (kube-apiserver, kubectl)"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -85,9 +93,10 @@ def pytest_runtest_makereport(item: pytest.Item,
 
 
 @pytest.fixture(scope="session")
-def binaries() -> dict[str, Path]:
-    """etcd, kube-apiserver and kubectl; a LocalCluster builds (or waits for) what else its options need."""
-    return ensure_binaries(CORE)
+def binaries(pytestconfig: pytest.Config) -> dict[str, Path]:
+    """etcd, kube-apiserver and kubectl (of ``--kubernetes``'s minor, if given); a LocalCluster
+    builds (or waits for) what else its options need."""
+    return ensure_binaries(core(pytestconfig.getoption("kubernetes")))
 
 
 @pytest.fixture(scope="session")

@@ -210,6 +210,14 @@ async def until(predicate: Callable[[], object], timeout: float = 20) -> float:
     return time.monotonic() - started
 
 
+def serves_watch_list(kube: LocalCluster) -> bool:
+    """Whether the API server accepts a WatchList. 1.33 refuses it by default (its WatchList feature
+    gate is off), as does any server from 1.27 with the gate off (docs/compatibility.md)."""
+    proc = kube.kubectl("get", "--raw", "/api/v1/namespaces?watch=1&sendInitialEvents=true&allowWatchBookmarks=true"
+                        "&resourceVersionMatch=NotOlderThan&timeoutSeconds=1", check=False)
+    return proc.returncode == 0
+
+
 class RecordingApi(ApiClient):
     """Records what it is asked: ``gets`` every GET and watch (path, parameters), ``lists`` the
     parameters of every GET but /version (asked once, before the first WatchList), ``watches``

@@ -25,6 +25,8 @@ from kubeindex.api import (
 )
 from localkube.cluster import LocalCluster
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 
 def _in_cluster(tmp_path: Path, token: str) -> client.Configuration:
     (tmp_path / "token").write_text(token)

@@ -32,7 +32,7 @@ import yaml
 from alerts.rules import Thresholds, alerts, rules_file
 from demo.workloads import kwok_node
 from deploy import chart_values
-from localkube.build import HELM, KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
+from localkube.build import COMPAT_MINORS, HELM, KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options, free_port
 from localkube.prometheus import start_operator
 from localkube.service import Service, wait_for
@@ -982,12 +982,14 @@ last: true
 
 
 def test_chart_metadata(helm: list[str], tmp_path: Path) -> None:
-    assert CHART_META["kubeVersion"] == ">=1.29.0-0"
-    # Helm refuses a cluster older than kubeVersion.
-    proc = subprocess.run([*helm, "template", RELEASE, str(CHART), "--kube-version", "1.28.9"],
+    # The oldest minor make compat tests (docs/compatibility.md); Helm refuses an older cluster.
+    oldest = min(COMPAT_MINORS, key=lambda minor: int(minor.split(".")[1]))
+    assert CHART_META["kubeVersion"] == f">={oldest}.0-0"
+    older = f"1.{int(oldest.split('.')[1]) - 1}.9"
+    proc = subprocess.run([*helm, "template", RELEASE, str(CHART), "--kube-version", older],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "kubeVersion" in proc.stderr, proc.stderr
-    _run([*helm, "template", RELEASE, str(CHART), "--kube-version", "1.29.0"])
+    _run([*helm, "template", RELEASE, str(CHART), "--kube-version", f"{oldest}.0"])
     for url in (CHART_META["home"], *CHART_META["sources"], CHART_META["icon"]):
         assert url.startswith("https://"), url
     annotations = CHART_META["annotations"]

@@ -13,6 +13,8 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
 from tests.paths import CRDS, EXAMPLES
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 KINDS = ("clusterresourceclaims", "nodesummarizers", "nodesummaries", "workloadsummarizers", "workloadsummaries")
 
 

@@ -30,6 +30,8 @@ from tests.kube import create_node, create_pod, delete, set_node_labels, set_nod
 from tests.paths import CRDS
 from tests.reference import Owner
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 A = TypeVar("A")  # the aggregate of a family table's rows
 NS = "exp"
 POOL = "example.com/pool"

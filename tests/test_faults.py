@@ -19,6 +19,8 @@ from localkube.service import ScrapeFailed, Service, parse, select, value, wait_
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, get_object, set_node_status, summarized_cluster
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "faults"
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 

@@ -17,6 +17,8 @@ from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
 from tests.kube import create_node, create_pod, delete, deployment, is_leader, settled, summarized_cluster, writes
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "gangs"
 GANG = "pod-group.scheduling.kubenexus.io/name"
 VOLCANO = "volcano.sh/job-name"

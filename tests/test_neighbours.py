@@ -39,6 +39,8 @@ from tests.kube import (
     writes,
 )
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "team"
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/node-workload-summary"

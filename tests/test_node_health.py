@@ -20,6 +20,8 @@ from node_workload_summary.settings import Settings, load
 from tests.kube import create_node, create_pod, set_node_status
 from tests.paths import CRDS
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "health"
 POOL = "example.com/pool"
 GPU = "nvidia.com/gpu"

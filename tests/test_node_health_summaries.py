@@ -15,6 +15,8 @@ from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, deployment, get_object, summarized_cluster
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "train"
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "8"}
 HEALTHY = {"Ready": 2}  # states with no node are left out of nodesByState

@@ -30,17 +30,26 @@ from kubeindex.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflec
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from tests.clock import FakeClock, settle
-from tests.kube import RecordingApi, create_pod, delete, set_pod_phase, truth, until
+from tests.kube import RecordingApi, create_pod, delete, serves_watch_list, set_pod_phase, truth, until
 from tests.paths import CRDS
+
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
 
 GATE_OFF = "--feature-gates=WatchList=false"
 
 
 @pytest.fixture(scope="module")
-def kube(cluster: LocalCluster) -> LocalCluster:
+def kube(cluster: LocalCluster, binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """The session's control plane: each test makes its pods in a namespace of its own (one lists
-    every namespace: nothing else changes pods meanwhile)."""
-    return cluster
+    every namespace: nothing else changes pods meanwhile). Where WatchList is off by default
+    (1.33, make compat), a control plane of this module's own with its feature gate on: the
+    WatchList tests run wherever a user can turn it on."""
+    if serves_watch_list(cluster):
+        yield cluster
+        return
+    with LocalCluster(Options(extra_apiserver_args=["--feature-gates=WatchList=true"]), binaries) as c:
+        c.install_crds(CRDS)
+        yield c
 
 
 @pytest.fixture(scope="module")

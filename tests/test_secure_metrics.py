@@ -35,6 +35,8 @@ from localkube.service import Service, metrics_reader_token, wait_for
 from tests.kube import AuditedCluster, create_node, set_node_status
 from tests.paths import CRDS
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 SCRAPES = 100
 HANDFUL = 3  # TokenReviews allowed for SCRAPES concurrent scrapes with one token
 

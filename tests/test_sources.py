@@ -32,6 +32,8 @@ from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, create_pod, delete, found, get_object, token_kubeconfig, until
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 NS = "src"
 FAST = WatchSettings(page_size=2, timeout_min=3, timeout_max=3, read_timeout=2)
 

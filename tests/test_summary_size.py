@@ -18,6 +18,8 @@ from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, get_object
 from tests.reference import old_from_new
 
+pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
+
 LABEL = "size.example.com/pool"
 NAME = "size-pool-a"
 # Bytes of GET .../nodesummaries/size-pool-a: 3 nodes with cpu, memory and pods, 6 pods. Measured
