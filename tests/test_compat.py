@@ -10,6 +10,7 @@ import itertools
 import re
 
 import pytest
+import yaml
 
 from kubeindex.api import load_connection
 from kubeindex.index import ClusterIndex
@@ -41,6 +42,11 @@ def documented() -> dict[str, dict[str, str]]:
 def test_every_minor_built_here_is_in_the_table_and_no_other() -> None:
     pinned = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]
     assert set(documented()) == {*COMPAT_MINORS, pinned}
+
+
+def test_ci_runs_make_compat_on_every_minor() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yaml").read_text())
+    assert workflow["jobs"]["compat"]["strategy"]["matrix"]["kubernetes"] == list(COMPAT_MINORS)
 
 
 def test_the_readme_says_what_the_table_says() -> None:
