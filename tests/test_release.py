@@ -36,17 +36,22 @@ def test_workflows_pass_actionlint() -> None:
 def test_pull_requests_run_what_ci_runs() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "ci.yaml").read_text())
     assert "pull_request" in workflow[True]  # YAML 1.1 reads the key `on` as True
-    assert [s["run"] for s in _steps("ci.yaml") if "run" in s] == ["bash .ci/run"]
+    runs = {name: [s["run"] for s in job["steps"] if "run" in s] for name, job in workflow["jobs"].items()}
+    assert runs == {"test": ["bash .ci/run"], "compat": ["make compat COMPAT=${{ matrix.kubernetes }}"]}
 
 
 def test_release_builds_with_make_image_and_names_the_pushed_image_in_the_chart() -> None:
     runs = "\n".join(s.get("run", "") for s in _steps("release.yaml"))
     assert re.search(r"^make image IMAGE_ARGS=.*--platform linux/amd64,linux/arm64 --push", runs, re.M)
     assert runs.count("cosign sign --yes") == 2  # the image and the chart
-    # The chart's image line the release rewrites is there to be rewritten (else the release stops).
-    [pattern] = re.findall(r'sed -i "s\|(\^.*?\$)\|', runs)
-    values = (ROOT / "charts/node-workload-summary/values.yaml").read_text()
-    assert re.search(pattern, values, re.M), pattern
+    # Each line of the chart the release rewrites (the image, the runbooks' URL, home, sources, the
+    # icon, Artifact Hub's image) is there to be rewritten (else the release stops).
+    patterns = re.findall(r'"s\|(\^.*?)\|', runs)
+    chart = "\n".join((ROOT / "charts/node-workload-summary" / name).read_text() for name in ("values.yaml",
+                                                                                             "Chart.yaml"))
+    assert len(patterns) == 6 and any("runbookBaseUrl" in p for p in patterns), patterns
+    for pattern in patterns:
+        assert re.search(pattern, chart, re.M), pattern
 
 
 def test_one_version_license_and_changelog() -> None:
