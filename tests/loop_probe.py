@@ -11,6 +11,7 @@ probe in uvloop (if installed) to show the defect that made the service leave it
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import socket
 import ssl
@@ -106,10 +107,8 @@ def main() -> int:
         result.update(await probe(seconds))
 
     runner: Any = run
-    if "--uvloop" in sys.argv:
-        import uvloop  # not a dependency: only to show the defect
-
-        runner = uvloop.run
+    if "--uvloop" in sys.argv:  # not a dependency: `pip install uvloop` to show the defect
+        runner = importlib.import_module("uvloop").run
     coro: Coroutine[Any, Any, None] = go()
     runner(coro)
     print(json.dumps(result), flush=True)
