@@ -124,10 +124,11 @@ COMPAT_MINORS = ("1.32", "1.33", "1.34", "1.35", "1.37")
 
 def kubernetes_minor(minor: str) -> Component:
     """kube-apiserver and kubectl of one Kubernetes minor: the pinned one, or one of COMPAT_MINORS."""
-    if minor == KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]:
+    pinned = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]
+    if minor == pinned:
         return KUBERNETES
     if minor not in COMPAT_MINORS:
-        known = ", ".join(sorted({*COMPAT_MINORS, KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]}))
+        known = ", ".join(sorted({*COMPAT_MINORS, pinned}))
         raise BuildError(f"no wrapper module for Kubernetes {minor}: the versions built here are {known}")
     return _kubernetes_at(f"kubernetes-{minor}", "kube-apiserver", "kubectl")
 
@@ -135,6 +136,8 @@ def kubernetes_minor(minor: str) -> Component:
 def core(minor: str = "") -> tuple[Component, ...]:
     """CORE, with kube-apiserver and kubectl of ``minor`` when one is given."""
     return (ETCD, kubernetes_minor(minor)) if minor else CORE
+
+
 COMPONENTS: tuple[Component, ...] = (*CORE, KUBERNETES_CONTROLLERS, KWOK)  # `localkube build`
 
 # Not in COMPONENTS: only the chart tests need helm, so the demo and `localkube build` skip it.
