@@ -12,7 +12,6 @@ import base64
 import gzip
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -160,16 +159,6 @@ def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube
     # The kubelet itself decided Ready: its probes reached the probe port at the pod's address.
     probe = running[0]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
     assert probe["path"] == "/readyz"
-
-
-def test_helm_test_passes_from_a_pod_on_the_node(kube: LocalCluster, release: str, helm: list[str]) -> None:
-    """`helm test`: the chart's test pod, in the image, with a ServiceAccount of its own, reads
-    /readyz and an authorized /metrics through the Service (kube-proxy's rules), then is deleted."""
-    out = run_helm(kube, helm, "test", release, "--namespace", NS, "--timeout", "120s")
-    suite = out.split("TEST SUITE:", 1)[-1]
-    assert "node-workload-summary-test" in suite and re.search(r"Phase:\s+Succeeded", suite), out
-    leftovers = kube.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=test", "-o", "name").stdout
-    assert leftovers == "", leftovers  # hook-delete-policy: hook-succeeded
 
 
 def test_the_pods_run_this_checkouts_build(kube: LocalCluster, release: str) -> None:
