@@ -55,7 +55,7 @@ test: lint install tools  ## lint, then run every test (unit and against the loc
 
 # The core scenarios (tests marked compat) against kube-apiserver and kubectl of every other supported
 # Kubernetes minor (localkube.build.COMPAT_MINORS, docs/compatibility.md); make test covers the pinned one.
-# Each minor's binaries are built on first use (about 5 minutes each here). COMPAT=1.33 runs one.
+# Each minor's binaries are built on first use (4 to 8 minutes each here). COMPAT=1.33 runs one.
 COMPAT ?=
 
 compat: install tools  ## the core scenarios against every other supported Kubernetes minor (docs/compatibility.md)
