@@ -120,15 +120,15 @@ CORE: tuple[Component, ...] = (ETCD, KUBERNETES)  # a bare control plane (etcd, 
 # kube-apiserver and kubectl of each, one wrapper module per minor (localkube/gomod/kubernetes-<minor>).
 # KUBERNETES above is the version everything else is tested on.
 COMPAT_MINORS = ("1.32", "1.33", "1.34", "1.35", "1.37")
+PINNED_MINOR = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]  # "1.36"
 
 
 def kubernetes_minor(minor: str) -> Component:
     """kube-apiserver and kubectl of one Kubernetes minor: the pinned one, or one of COMPAT_MINORS."""
-    pinned = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]
-    if minor == pinned:
+    if minor == PINNED_MINOR:
         return KUBERNETES
     if minor not in COMPAT_MINORS:
-        known = ", ".join(sorted({*COMPAT_MINORS, pinned}))
+        known = ", ".join(sorted({*COMPAT_MINORS, PINNED_MINOR}))
         raise BuildError(f"no wrapper module for Kubernetes {minor}: the versions built here are {known}")
     return _kubernetes_at(f"kubernetes-{minor}", "kube-apiserver", "kubectl")
 

@@ -890,9 +890,14 @@ def test_helm_test_hook(helm: list[str], tmp_path: Path) -> None:
     env = {e["name"]: e["value"] for e in container["env"]}
     service = rendered[("Service", NS, RELEASE)]
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    host = f"{RELEASE}.{NS}.svc"
-    assert env == {"READYZ_URL": f"http://{host}:{ports['probes']}/readyz",
-                   "METRICS_URL": f"https://{host}:{ports['metrics']}/metrics", "SECURE": "true",
+    # The kubelet's service variables (expanded in `env`), named as it names them: the Service's
+    # name and its ports' names, upper case, `-` as `_`.
+    assert set(ports) == {"probes", "metrics"}
+    svc = RELEASE.upper().replace("-", "_")
+    host = f"$({svc}_SERVICE_HOST)"
+    assert pod["spec"]["enableServiceLinks"] is True
+    assert env == {"READYZ_URL": f"http://{host}:$({svc}_SERVICE_PORT_PROBES)/readyz",
+                   "METRICS_URL": f"https://{host}:$({svc}_SERVICE_PORT_METRICS)/metrics", "SECURE": "true",
                    "TOKEN_FILE": "/var/run/secrets/kubernetes.io/serviceaccount/token"}
     # The Service's probes port is the pods' (so /readyz through it is theirs).
     target = {p["name"]: p["targetPort"] for p in service["spec"]["ports"]}
@@ -1273,6 +1278,18 @@ def test_helm_upgrade_turns_monitoring_on(kube: LocalCluster, helm: list[str], m
     names = kube.kubectl("get", "servicemonitor,prometheusrule", "-n", NS, "-o", "name").stdout.split()
     assert sorted(names) == ["prometheusrule.monitoring.coreos.com/node-workload-summary",
                              "servicemonitor.monitoring.coreos.com/node-workload-summary"], names
+
+
+def test_helm_test_check_names_service_variables_it_was_not_given(helm: list[str], tmp_path: Path) -> None:
+    """Without the kubelet's service variables (the Service elsewhere, or enableServiceLinks off)
+    the check says so at once instead of timing out on a host named `$(...)`."""
+    container = _container(_template(helm, tmp_path)[TEST_POD])
+    env = {e["name"]: e["value"] for e in container["env"]}
+    proc = subprocess.run([sys.executable, "-c", container["command"][2]], capture_output=True, text=True,
+                          timeout=30, env={**env, "TIMEOUT": "60"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "READYZ_URL=http://$(NODE_WORKLOAD_SUMMARY_SERVICE_HOST)" in proc.stderr
+    assert "enableServiceLinks" in proc.stderr and "METRICS_URL" in proc.stderr
 
 
 def test_helm_test_check_passes_against_the_service(kube: LocalCluster, helm: list[str], tmp_path: Path,

@@ -16,7 +16,7 @@ from kubeindex.api import load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
-from localkube.build import COMPAT_MINORS, CORE, KUBERNETES, BuildError, core
+from localkube.build import COMPAT_MINORS, CORE, PINNED_MINOR, BuildError, core
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, until
 from tests.paths import ROOT
@@ -40,12 +40,11 @@ def documented() -> dict[str, dict[str, str]]:
 
 
 def test_every_minor_built_here_is_in_the_table_and_no_other() -> None:
-    pinned = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]
-    assert set(documented()) == {*COMPAT_MINORS, pinned}
+    assert set(documented()) == {*COMPAT_MINORS, PINNED_MINOR}
 
 
 def test_a_minor_names_its_wrapper_module_and_an_unknown_one_is_refused() -> None:
-    assert core() == core(KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]) == CORE  # the pinned minor
+    assert core() == core(PINNED_MINOR) == CORE  # the pinned minor
     assert [c.dir.name for c in core("1.33")] == ["etcd", "kubernetes-1.33"]
     assert core("1.33")[1].version == "v1.33.13"  # from its go.mod
     with pytest.raises(BuildError, match=r"Kubernetes 1\.9: the versions built here are 1\.32, 1\.33, "):

@@ -12,6 +12,7 @@ import base64
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -126,9 +127,13 @@ def release(kube: LocalCluster, node: RealNode, helm: list[str], tmp_path_factor
     return "nws"
 
 
-def run_helm(kube: LocalCluster, helm: list[str], *args: str) -> str:
+def helm_process(kube: LocalCluster, helm: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     env, command = helm[:1], helm[1:]  # ["env", HELM_*=..., helm]
-    proc = subprocess.run([*env, f"KUBECONFIG={kube.kubeconfig}", *command, *args], capture_output=True, text=True)
+    return subprocess.run([*env, f"KUBECONFIG={kube.kubeconfig}", *command, *args], capture_output=True, text=True)
+
+
+def run_helm(kube: LocalCluster, helm: list[str], *args: str) -> str:
+    proc = helm_process(kube, helm, *args)
     assert proc.returncode == 0, f"helm {' '.join(args[:2])}: {proc.stderr}"
     return proc.stdout
 
@@ -159,6 +164,20 @@ def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube
     # The kubelet itself decided Ready: its probes reached the probe port at the pod's address.
     probe = running[0]["spec"]["containers"][0]["readinessProbe"]["httpGet"]
     assert probe["path"] == "/readyz"
+
+
+def test_helm_test_passes_from_a_pod_on_the_node(kube: LocalCluster, node: RealNode, release: str,
+                                                helm: list[str]) -> None:
+    """`helm test`: the chart's test pod, in the image, with a ServiceAccount of its own, reads
+    /readyz and an authorized /metrics through the Service (the kubelet's service variables,
+    kube-proxy's rules; this node has no cluster DNS), then is deleted."""
+    proc = helm_process(kube, helm, "test", release, "--namespace", NS, "--timeout", "120s")
+    assert proc.returncode == 0, proc.stdout + proc.stderr + container_log(node, NS, "node-workload-summary-test")
+    print(proc.stdout)
+    suite = proc.stdout.split("TEST SUITE:", 1)[-1]
+    assert "node-workload-summary-test" in suite and re.search(r"Phase:\s+Succeeded", suite), proc.stdout
+    leftovers = kube.kubectl("get", "pods", "-n", NS, "-l", "app.kubernetes.io/component=test", "-o", "name").stdout
+    assert leftovers == "", leftovers  # hook-delete-policy: hook-succeeded
 
 
 def test_the_pods_run_this_checkouts_build(kube: LocalCluster, release: str) -> None:

@@ -1,7 +1,8 @@
 """`helm test`: the service answers /readyz with 200, and /metrics to this pod's ServiceAccount token
 (bound to the metrics reader role) with 200 and its families, and, when secure, to no token with 401.
 Run by the chart's test pod with the image's own Python; it reads only its environment:
-READYZ_URL, METRICS_URL, SECURE ("true"/"false"), TOKEN_FILE; TIMEOUT (seconds, default 60)."""
+READYZ_URL and METRICS_URL (the Service's address from the kubelet's service variables), SECURE
+("true"/"false"), TOKEN_FILE; TIMEOUT (seconds, default 60)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,17 @@ def check() -> list[str]:
     return problems
 
 
+def unexpanded() -> list[str]:
+    """URLs still holding a `$(VAR)`: the kubelet had no such service variable to expand."""
+    return [f"{name}={os.environ[name]}: the Service's variables were not given to this pod (is the Service"
+            " in this namespace, and enableServiceLinks on?)"
+            for name in ("READYZ_URL", "METRICS_URL") if "$(" in os.environ[name]]
+
+
 def main() -> int:
+    if problems := unexpanded():
+        print("\n".join(problems), file=sys.stderr)
+        return 1
     deadline = time.monotonic() + float(os.environ.get("TIMEOUT", "60"))
     while True:
         try:
