@@ -19,6 +19,7 @@ Aggregates carry a ``generation`` stamp that changes whenever their content does
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ from .quantity import parse_or_zero
 
 NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
+_PHASE = {phase: phase for phase in PHASES}  # one string object per phase, not one per pod
 TERMINATED = frozenset({"Succeeded", "Failed"})
 READY_STATES = ("Ready", "NotReady", "Unknown")
 READY = "Ready"
@@ -453,21 +455,36 @@ class ClusterIndex:
     def upsert_pod(self, pod: Pod) -> None:
         meta = pod.metadata
         key = object_key(meta)
-        old = self.pods.pop(key, None)  # out of the table first: graph callbacks must not see it
+        ref = meta.controller_ref()
+        # Strings that many pods repeat are kept once (sys.intern lets go of one no pod holds).
+        parent = sys.intern(ref.uid) if ref else None
+        phase = _PHASE.get(pod.status.phase, "Unknown")
+        requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
+        entry = PodEntry(key, meta.uid, sys.intern(pod.spec.nodeName), phase, requests,
+                         self._label_matches(meta.labels))
+        old = self.pods.get(key)
+        if old is not None and self._counts_alike(old, entry, parent):
+            return  # most pod updates: conditions, container states, IPs
         if old is not None:
+            del self.pods[key]  # out of the table first: graph callbacks must not see it
             self._detach_pod(old)
             if old.uid != meta.uid:  # deleted and recreated under the same name (StatefulSet)
                 self.graph.delete(old.uid)
-        ref = meta.controller_ref()
         if ref is not None:
             self._saw_owner_kind(ref.apiVersion, ref.kind)
-        res = self.graph.upsert(meta.uid, POD, meta.namespace, key, ref.uid if ref else None)
-        phase = pod.status.phase if pod.status.phase in PHASES else "Unknown"
-        requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
-        entry = PodEntry(key, meta.uid, pod.spec.nodeName, phase, requests, self._label_matches(meta.labels))
+        res = self.graph.upsert(meta.uid, POD, sys.intern(meta.namespace), key, parent)
         entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.labels)
         self.pods[key] = entry
         self._attach_pod(entry)
+
+    def _counts_alike(self, old: PodEntry, new: PodEntry, parent: str | None) -> bool:
+        """Everything an aggregate counts of the pod is as it was: the same pod (UID) under the same
+        controller owner, on the same node, in the same phase, with the same requests and label values
+        (its workload follows from the owner and the labels)."""
+        vertex = self.graph.vertices.get(old.uid)
+        return (old.uid == new.uid and old.node == new.node and old.phase == new.phase
+                and old.requests == new.requests and old.labels == new.labels
+                and vertex is not None and vertex.parent == parent)
 
     def delete_pod(self, key: str) -> None:
         entry = self.pods.pop(key, None)

@@ -4,6 +4,7 @@ response bytes by msgspec (unknown fields such as managedFields are skipped, nev
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import msgspec
@@ -286,7 +287,8 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def object_key(meta: ObjectMeta) -> str:
-    return key_of(meta.namespace, meta.name)
+    """Interned: the reflector's store and the index keep one string per object, not two."""
+    return sys.intern(key_of(meta.namespace, meta.name))
 
 
 def group_of(api_version: str) -> str:

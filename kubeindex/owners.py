@@ -52,7 +52,7 @@ _UNSET = Resolution(None, NONE, -1)
 
 
 class Vertex:
-    __slots__ = ("gk", "key", "namespace", "parent", "res", "uid")
+    __slots__ = ("below", "gk", "key", "namespace", "parent", "res", "uid")
 
     def __init__(self, uid: str, gk: GroupKind, namespace: str, key: str, parent: str | None) -> None:
         self.uid = uid
@@ -61,6 +61,7 @@ class Vertex:
         self.key = key  # "<namespace>/<name>" (or name): how the owning store finds the object
         self.parent = parent  # UID of the controller owner
         self.res = _UNSET
+        self.below = _UNSET  # the answer last computed for a child: its siblings share the object
 
 
 # Called with (vertex, old resolution, new resolution) whenever a vertex's answer changes.
@@ -180,7 +181,10 @@ class OwnerGraph:
         above = parent.res.workload or own
         if status == NONE:
             status = OK if above else NONE
-        return Resolution(above, status, height)
+        shared = parent.below
+        if shared.workload != above or shared.status != status or shared.height != height:
+            shared = parent.below = Resolution(above, status, height)
+        return shared
 
     def _refresh(self, start: list[Vertex]) -> None:
         """Recompute ``start`` and, wherever an answer changed, the children below it."""

@@ -14,11 +14,13 @@ from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effecti
 from kubeindex.nodeset import SUMMED, NodeSetAgg, node_into
 from kubeindex.objects import (
     Container,
+    Pod,
     PodLabelWorkload,
     PodSpec,
     Resources,
     Taint,
     WorkloadType,
+    object_key,
 )
 from kubeindex.owners import NONE
 from kubeindex.quantity import NANO
@@ -333,3 +335,45 @@ def test_node_sets_add_up_field_by_field() -> None:
             node_into(direct, entry, +1)
     assert len(groups) > 1 and direct.accelerators_unhealthy and direct.pods
     assert {f: getattr(summed, f) for f in SUMMED} == {f: getattr(direct, f) for f in SUMMED}
+
+
+def test_pods_decoded_apart_share_what_they_repeat() -> None:
+    """Memory per pod (bench.pod_memory): two pods decoded from their own bytes, as watch events
+    arrive, hold one node name, namespace, owner UID, phase and owner-graph answer between them,
+    and the reflector's store and the index one key per pod."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("apps", configured(("apps", "Deployment")))
+    index.upsert_owner(("apps", "Deployment"), "team-a", "web", "d-1", None)
+    index.upsert_owner(("apps", "ReplicaSet"), "team-a", "web-5d8f", "rs-1", ("apps/v1", "Deployment", "d-1"))
+    decode = msgspec.json.Decoder(Pod).decode
+    owner = ref(("apps", "ReplicaSet", "rs-1"))
+    pods = [decode(msgspec.json.encode(make_pod(f"web-5d8f-{n}", f"uid-{n}", "node-1", owner=owner,
+                                                namespace="team-a"))) for n in ("a", "b")]
+    assert pods[0].spec.nodeName is not pods[1].spec.nodeName  # apart, as decoded
+    for pod in pods:
+        index.upsert_pod(pod)
+    a, b = index.pods["team-a/web-5d8f-a"], index.pods["team-a/web-5d8f-b"]
+    assert a.workload == b.workload == "d-1"
+    assert a.node is b.node and a.phase is b.phase
+    va, vb = index.graph.vertices["uid-a"], index.graph.vertices["uid-b"]
+    assert va.namespace is vb.namespace and va.parent is vb.parent and va.res is vb.res
+    assert object_key(pods[0].metadata) is a.key  # what the reflector's store keys it by
+
+
+def test_an_update_that_moves_no_count_leaves_the_aggregates_alone() -> None:
+    """A pod update that changes nothing counted (conditions, container states: most of them) is
+    not detached and attached again: the workload's generation, which makes the reconciler look at
+    it again, stays; a phase change moves it and the counts."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("apps", configured(("apps", "Deployment")))
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d-1", None)
+    index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-5d8f", "rs-1", ("apps/v1", "Deployment", "d-1"))
+    owner = ref(("apps", "ReplicaSet", "rs-1"))
+    index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", owner=owner))
+    generation = index.workloads["d-1"].generation
+    entry = index.pods["ns/web-5d8f-a"]
+    index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", owner=owner))  # a status-only update
+    assert index.workloads["d-1"].generation == generation and index.pods["ns/web-5d8f-a"] is entry
+    index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", phase="Failed", owner=owner))
+    assert index.workloads["d-1"].generation > generation
+    assert index.workloads["d-1"].pods == {"Failed": 1} and index.nodes["node-1"].pod_requests == {}
