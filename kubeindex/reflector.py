@@ -154,6 +154,15 @@ class _Page(msgspec.Struct, Generic[T]):
     items: list[T] | None = None  # an empty metadata-only list comes as "items": null
 
 
+class _Event(msgspec.Struct, Generic[T]):
+    """A watch event decoded in one pass into the item type: half the CPU of RawEvent and then the
+    object, which scans the object's bytes twice. BOOKMARK and ERROR events go the RawEvent way (a
+    bookmark's annotations are not in the projection; a Status is no item)."""
+
+    type: str
+    object: T
+
+
 @dataclass
 class Handler(Generic[T]):
     upsert: Callable[[T], None]
@@ -206,6 +215,7 @@ class Reflector(Generic[T]):
         self._item = msgspec.json.Decoder(item_type)
         # _Page of the item type, made at run time; mypy takes a subscript by a variable for no type.
         self._list: msgspec.json.Decoder[_Page[T]] = msgspec.json.Decoder(_Page[item_type])  # type: ignore[valid-type]
+        self._typed: msgspec.json.Decoder[_Event[T]] = msgspec.json.Decoder(_Event[item_type])  # type: ignore[valid-type]
         self._event = msgspec.json.Decoder(RawEvent)
         self._status = msgspec.json.Decoder(Status)
         self._bookmark = msgspec.json.Decoder(Bookmark)
@@ -521,6 +531,13 @@ class Reflector(Generic[T]):
         return True
 
     def _handle(self, line: bytes) -> None:
+        try:
+            typed = self._typed.decode(line)
+        except msgspec.ValidationError:  # an ERROR event's Status: not an item
+            typed = None
+        if typed is not None and typed.type not in ("BOOKMARK", "ERROR"):
+            self._handle_object(typed.type, typed.object)
+            return
         event = self._event.decode(line)
         kind = event.type
         if kind == "ERROR":
@@ -534,7 +551,9 @@ class Reflector(Generic[T]):
             elif bookmark.annotations.get(INITIAL_EVENTS_END) == "true":
                 self._end_initial(bookmark.resourceVersion)
             return
-        obj: Any = self._item.decode(event.object)
+        self._handle_object(kind, self._item.decode(event.object))
+
+    def _handle_object(self, kind: str, obj: Any) -> None:
         if self._initial is not None and kind != "DELETED":  # a WatchList's state: like a LIST page
             self._apply_listed(obj, self._initial)
             self.stats.last_event = time.time()
