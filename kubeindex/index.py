@@ -257,6 +257,19 @@ def _placement(entry: NodeEntry) -> Placement:
     return entry.node_groups, (entry.state if entry.present and entry.state != READY else None)
 
 
+class Changes:
+    """What changed since a consumer last took it (``ClusterIndex.take_changes``): the node groups
+    and workloads whose content did, or ``structure``: the sets of node groups or workloads, or
+    the configuration, changed (then the consumer redoes everything, and nothing finer is kept)."""
+
+    __slots__ = ("node_groups", "structure", "workloads")
+
+    def __init__(self, structure: bool) -> None:
+        self.node_groups: set[NodeGroupKey] = set()
+        self.workloads: set[str] = set()
+        self.structure = structure
+
+
 class ClusterIndex:
     """Nodes, pods, owners and the summarizers in; node groups (``node_groups``) and root workloads
     (``workloads``) out, and beside them the Kueue flavors (``kueue``), fed the same node and pod
@@ -285,11 +298,28 @@ class ClusterIndex:
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.on_owner_kind = on_owner_kind
+        self._changes: Changes | None = None  # recorded once a consumer takes them
 
-    @property
-    def stamp(self) -> int:
-        """Changes whenever any aggregate, or the set of node groups or workloads, does."""
-        return generation.value
+    def take_changes(self) -> Changes:
+        """What changed since the last call (the first: everything), and record from now on."""
+        taken, self._changes = self._changes or Changes(structure=True), Changes(structure=False)
+        return taken
+
+    def _touched_workload(self, uid: str) -> None:
+        changes = self._changes
+        if changes is not None and not changes.structure:
+            changes.workloads.add(uid)
+
+    def _touched_node_group(self, key: NodeGroupKey) -> None:
+        changes = self._changes
+        if changes is not None and not changes.structure:
+            changes.node_groups.add(key)
+
+    def _restructured(self) -> None:
+        if self._changes is not None:
+            self._changes.structure = True
+            self._changes.workloads.clear()
+            self._changes.node_groups.clear()
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -297,10 +327,12 @@ class ClusterIndex:
         if self.node_summarizers.get(name) == label_key:
             return
         self.node_summarizers[name] = label_key
+        self._restructured()
         self._regroup_all()
 
     def delete_node_summarizer(self, name: str) -> None:
         if self.node_summarizers.pop(name, None) is not None:
+            self._restructured()
             self._regroup_all()
 
     def set_workload_summarizer(self, name: str, types: list[WorkloadType],
@@ -324,6 +356,7 @@ class ClusterIndex:
                     types.setdefault((t.group, t.kind),
                                      WorkloadTypeInfo(name, t.group, t.kind, t.version, t.shortType))
         self.workload_types = types
+        self._restructured()
         self.graph.set_configured(types)  # redoes only the vertices of kinds that changed
 
     @property
@@ -343,6 +376,7 @@ class ClusterIndex:
         if self.label_keys != before:
             self._relabel_pods()
         next(generation)  # a short type may have changed: the summaries are made of it
+        self._restructured()
 
     def _configure_labels(self) -> None:
         """Keys by precedence: the summarizers' by name, each in its list's order; then the flag's."""
@@ -433,9 +467,12 @@ class ClusterIndex:
         agg = self.node_groups.get(key)
         if agg is None:
             agg = self.node_groups[key] = NodeGroupAgg(*key)
+            self._restructured()
         node_into(agg, entry, sign)
+        self._touched_node_group(key)
         if agg.nodes == 0:
             del self.node_groups[key]
+            self._restructured()
 
     def _move_node_workloads(self, entry: NodeEntry, old: Placement, new: Placement) -> None:
         """The node's node groups or state changed: every workload with pods on it moves its counts."""
@@ -449,6 +486,7 @@ class ClusterIndex:
             _node_in_workload(agg, old, pods, True, -1)
             _node_in_workload(agg, new, pods, True, +1)
             agg.generation = next(generation)
+            self._touched_workload(uid)
 
     # ---------------------------------------------------------------------------- pods
 
@@ -509,6 +547,7 @@ class ClusterIndex:
             uid = label_workload_uid(label, namespace, value)
             if uid not in self.workloads:
                 self.workloads[uid] = WorkloadAgg(uid, namespace, value, "", "", label_key=label)
+                self._restructured()
             return uid, res.status
         return None, res.status
 
@@ -534,6 +573,7 @@ class ClusterIndex:
             node.pods.discard(entry.key)
         for g in node.node_groups:
             pod_into(self.node_groups[g], entry.phase, entry.requests, sign)
+            self._touched_node_group(g)
         self.kueue.pod(node, entry.phase, entry.requests, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]
@@ -554,8 +594,10 @@ class ClusterIndex:
             if node is not None and (distinct or node.state != READY):
                 _node_in_workload(agg, _placement(node), 1, distinct, sign)
         agg.generation = next(generation)
+        self._touched_workload(agg.uid)
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]
+            self._restructured()
 
     # ---------------------------------------------------------------------------- owners
 
@@ -598,11 +640,14 @@ class ClusterIndex:
             return
         was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid
         if is_root and not was_root:
-            namespace, name = split_key(vertex.key)
-            self.workloads.setdefault(vertex.uid, WorkloadAgg(vertex.uid, namespace, name, *vertex.gk,
-                                                              generation=next(generation)))
+            stamp = next(generation)
+            if vertex.uid not in self.workloads:
+                namespace, name = split_key(vertex.key)
+                self.workloads[vertex.uid] = WorkloadAgg(vertex.uid, namespace, name, *vertex.gk, generation=stamp)
+                self._restructured()
         elif was_root and not is_root:
             agg = self.workloads.get(vertex.uid)
             if agg is not None and not agg.pods:
                 del self.workloads[vertex.uid]
                 next(generation)  # the set of workloads changed
+                self._restructured()

@@ -45,10 +45,13 @@ from .desired import (
     MANAGED_BY,
     MANAGER,
     Desired,
+    Layout,
     Naming,
     TypeInfo,
-    desired_state,
+    desired_all,
+    desired_of,
     label_claim,
+    layout,
     node_claim,
     short_type,
     workload_claim,
@@ -179,7 +182,8 @@ class Reconciler:
         self._fresh = elector is None  # a new leader writes only from a view relisted since it won
         self._relisting: asyncio.Task | None = None
         self._next_summarizers = 0.0
-        self._inputs: tuple = ()  # (index stamp, summarizer uids) of the last desired computation
+        self._uids: dict[str, str] = {}  # the NodeSummarizers' UIDs the layout was made with
+        self._layout: Layout | None = None  # names and types of every object, from the last full pass
         self.reflectors = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
                       Handler(partial(self._seen, plural), partial(self._gone, plural)),
@@ -302,8 +306,9 @@ class Reconciler:
         return infos
 
     def queue_changes(self) -> None:
-        """One pass: recompute the desired objects (cheap when little changed) and queue the keys
-        whose desired object is new, changed or gone."""
+        """One pass: recompute the desired objects of what changed and queue the keys whose desired
+        object is new, changed or gone. O(touched aggregates) between changes to the sets of node
+        groups and workloads (the index says which); a full pass, O(all), after those."""
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
         infos = self.type_infos()
         if infos != self._infos:
@@ -311,25 +316,33 @@ class Reconciler:
             self._resync = True  # kept summaries of a kind that was not usable may now be stale
         for key in self.claims.changed_keys(everything=self._resync):
             self.queue.add(key)
-        inputs = (self.index.stamp, uids)
-        if inputs == self._inputs and not self._resync:
-            self._summarizers_due()
-            return  # nothing the desired objects are made of changed: a quiet pass costs this much
-        self._inputs = inputs
-        desired = {(d.plural, d.key): d for d in desired_state(self.index, uids, infos, self._desired_cache,
-                                                                self.naming)}
+        changes = self.index.take_changes()
+        if changes.structure or self._resync or uids != self._uids or self._layout is None:
+            self._full_pass(uids, infos)
+        else:
+            for d in desired_of(self.index, self._layout, self._desired_cache, changes.node_groups,
+                                changes.workloads):
+                key = (d.plural, d.key)
+                if self.desired.get(key) is not d:
+                    self.desired[key] = d
+                    self.queue.add(key)
+        self._summarizers_due()
+
+    def _full_pass(self, uids: dict[str, str], infos: dict[tuple[str, str], TypeInfo]) -> None:
+        self._uids = uids
+        self._layout = layout(self.index, uids, infos, self.naming)
+        desired = {(d.plural, d.key): d for d in desired_all(self.index, self._layout, self._desired_cache)}
         previous, self.desired = self.desired, desired
         if self._resync:
             self._resync = False
             for key in [*desired, *((p, k) for p in SUMMARIES for k in self.actual[p])]:
                 self.queue.add(key)
-        else:
-            for key, d in desired.items():
-                if previous.get(key) is not d:
-                    self.queue.add(key)
-            for key in previous.keys() - desired.keys():
+            return
+        for key, d in desired.items():
+            if previous.get(key) is not d:
                 self.queue.add(key)
-        self._summarizers_due()
+        for key in previous.keys() - desired.keys():
+            self.queue.add(key)
 
     def _summarizers_due(self) -> None:
         now = time.monotonic()

@@ -252,46 +252,73 @@ class Naming:
         return cls(NameAllocator(), NameAllocator(), {}, {})
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What only a pass over everything can decide: each object's name (names are allocated
+    among all claims) and, for a workload, how it is written. Between changes to the sets of node
+    groups and workloads, the touched aggregates are redone within it (``desired_of``)."""
+
+    node_groups: dict[NodeGroupKey, tuple[str, str, str]]  # key -> (name, label key, summarizer UID)
+    workloads: dict[str, tuple[str, TypeInfo]]  # UID -> (name, type): the workloads written
+    summary_names: dict[NodeGroupKey, str]
+
+
+def layout(index: ClusterIndex, node_summarizer_uids: dict[str, str], type_infos: dict[GroupKind, TypeInfo],
+           naming: Naming) -> Layout:
+    """O(node groups + workloads)."""
+    keys = [k for k, agg in index.node_groups.items() if agg.summarizer in node_summarizer_uids]
+    claims = {key: node_claim(*key) for key in keys}
+    node_names = naming.nodes.assign(claims.values(), naming.held_nodes)
+    summary_names = {key: node_names[claim] for key, claim in claims.items()}
+    node_groups = {key: (summary_names[key], index.node_summarizers[key[0]], node_summarizer_uids[key[0]])
+                   for key in keys}
+    # Label workloads of a key no summarizer lists (the deprecated flag's) are in the metrics only.
+    label_infos = {key: label_type(info) for key, info in index.label_types.items() if info.summarizer}
+    infos = {w.uid: info for w in index.workloads.values()
+             if (info := _type_of(w, type_infos, label_infos)) is not None}
+    workload_claims = {uid: claim_of_workload(index.workloads[uid]) for uid in infos}
+    names = naming.workloads.assign(workload_claims.values(), naming.held_workloads)
+    workloads: dict[str, tuple[str, TypeInfo]] = {}
+    emitted: set[Claim] = set()
+    for uid, claim in workload_claims.items():
+        if claim in emitted:
+            continue  # deleted and recreated under the same name: both known for a moment
+        emitted.add(claim)
+        workloads[uid] = (names[claim], infos[uid])
+    return Layout(node_groups, workloads, summary_names)
+
+
+def desired_of(index: ClusterIndex, plan: Layout, cache: Cache, node_groups: Iterable[NodeGroupKey],
+               workloads: Iterable[str]) -> list[Desired]:
+    """The objects of these node groups and workloads, those of the layout (the rest are not
+    written). O(given): the pass after a few pod events."""
+    out = []
+    for key in node_groups:
+        if (where := plan.node_groups.get(key)) is not None and (agg := index.node_groups.get(key)) is not None:
+            name, label_key, uid = where
+            out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
+                               partial(node_summary, agg, name, label_key, uid)))
+    for uid in workloads:
+        if (how := plan.workloads.get(uid)) is not None and (w := index.workloads.get(uid)) is not None:
+            name, info = how
+            refs = tuple(plan.summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
+            out.append(_cached(cache, uid, (w.generation, name, info, refs),
+                               partial(workload_summary, w, name, info, plan.summary_names)))
+    return out
+
+
+def desired_all(index: ClusterIndex, plan: Layout, cache: Cache) -> list[Desired]:
+    """Every object that should exist; the cache keeps only theirs."""
+    out = desired_of(index, plan, cache, plan.node_groups, plan.workloads)
+    for stale in cache.keys() - plan.node_groups.keys() - plan.workloads.keys():
+        del cache[stale]
+    return out
+
+
 def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
                   type_infos: dict[GroupKind, TypeInfo], cache: Cache | None = None,
                   naming: Naming | None = None) -> list[Desired]:
     """Every object that should exist. O(node groups + workloads), with a cheap constant when ``cache``
     and ``naming`` are kept between calls."""
-    cache = {} if cache is None else cache
-    naming = naming or Naming.empty()
-    out = []
-    seen: set[object] = set()
-    node_groups = [agg for agg in index.node_groups.values() if agg.summarizer in node_summarizer_uids]
-    claims = {(agg.summarizer, agg.value): node_claim(agg.summarizer, agg.value) for agg in node_groups}
-    node_names = naming.nodes.assign(claims.values(), naming.held_nodes)
-    summary_names = {key: node_names[claim] for key, claim in claims.items()}
-    for agg in node_groups:
-        key = (agg.summarizer, agg.value)
-        uid = node_summarizer_uids[agg.summarizer]
-        label_key = index.node_summarizers[agg.summarizer]
-        name = summary_names[key]
-        seen.add(key)
-        out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
-                           partial(node_summary, agg, name, label_key, uid)))
-    # Label workloads of a key no summarizer lists (the deprecated flag's) are in the metrics only.
-    label_infos = {key: label_type(info) for key, info in index.label_types.items() if info.summarizer}
-    infos = {w.uid: info for w in index.workloads.values()
-             if (info := _type_of(w, type_infos, label_infos)) is not None}
-    workloads = [index.workloads[uid] for uid in infos]
-    workload_claims = {w.uid: claim_of_workload(w) for w in workloads}
-    names = naming.workloads.assign(workload_claims.values(), naming.held_workloads)
-    emitted: set[Claim] = set()
-    for w in workloads:
-        claim = workload_claims[w.uid]
-        if claim in emitted:
-            continue  # deleted and recreated under the same name: both known for a moment
-        emitted.add(claim)
-        info = infos[w.uid]
-        name = names[claim]
-        refs = tuple(summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
-        seen.add(w.uid)
-        out.append(_cached(cache, w.uid, (w.generation, name, info, refs),
-                           partial(workload_summary, w, name, info, summary_names)))
-    for stale in cache.keys() - seen:
-        del cache[stale]
-    return out
+    plan = layout(index, node_summarizer_uids, type_infos, naming or Naming.empty())
+    return desired_all(index, plan, {} if cache is None else cache)

@@ -13,6 +13,7 @@ import pytest
 
 from exporter.metrics import Renderer
 from kubeindex.index import TERMINATED, ClusterIndex, effective_requests
+from kubeindex.nodeset import generation
 from kubeindex.objects import (
     ClusterQueue,
     ClusterQueueSpec,
@@ -267,14 +268,14 @@ def test_every_change_moves_the_stamp_and_the_generation_of_each_aggregate_it_ch
         (lambda: index.kueue.delete_flavor("gpu"), {"flavor gpu"}),
     ]
     for n, (change, changed) in enumerate(changes):
-        stamp, before = index.stamp, generations(index)
+        stamp, before = generation.value, generations(index)
         change()
         after = generations(index)
         assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == changed, n
-        assert index.stamp != stamp, n
-    stamp, before = index.stamp, generations(index)
+        assert generation.value != stamp, n
+    stamp, before = generation.value, generations(index)
     index.kueue.upsert_flavor(flavor("cpu", pool="cpu"))  # as it is: nothing changes
-    assert (index.stamp, generations(index)) == (stamp, before)
+    assert (generation.value, generations(index)) == (stamp, before)
 
 
 # -- on /metrics ----------------------------------------------------------------------------------

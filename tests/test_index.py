@@ -71,11 +71,11 @@ def test_label_workloads_follow_live_summarizer_edits() -> None:
     assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 2}, (VOLCANO, "sim"): {"Running": 1}}
     assert index.unresolved == {}
 
-    stamp = index.stamp
+    index.take_changes()
     index.set_workload_summarizer("a-first", [], [PodLabelWorkload(VOLCANO, "vc")])  # sorts before gangs
     assert index.label_keys == (VOLCANO, KUBENEXUS) and index.label_types[VOLCANO].short_type == "vc"
     assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 1}, (VOLCANO, "sim"): {"Running": 2}}
-    assert index.stamp != stamp
+    assert index.take_changes().structure  # short types: every summary is redone
 
     index.delete_workload_summarizer("a-first")
     index.set_workload_summarizer("gangs", [], [])
@@ -111,12 +111,13 @@ def test_a_label_workload_goes_with_its_last_pod() -> None:
     index.upsert_pod(make_pod("b", "b", labels={VOLCANO: "sim"}, namespace="other"))
     assert {(w.namespace, w.name, w.label_key) for w in index.workloads.values()} == {
         ("ns", "sim", VOLCANO), ("other", "sim", VOLCANO)}  # one per namespace and value
-    stamp = index.stamp
+    index.take_changes()
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "renamed"}))  # its label changed: it moves
     assert {(w.namespace, w.name) for w in index.workloads.values()} == {("ns", "renamed"), ("other", "sim")}
+    assert index.take_changes().structure
     index.delete_pod("ns/a")
     index.delete_pod("other/b")
-    assert index.workloads == {} and index.stamp != stamp
+    assert index.workloads == {} and index.take_changes().structure
 
 
 def test_effective_requests_with_init_containers_sidecars_and_overhead() -> None:
@@ -303,19 +304,29 @@ def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
     assert index.workloads == {} and index.unresolved == {NONE: 1}
 
 
-def test_stamp_changes_with_every_change_the_summaries_are_made_of() -> None:
-    """The reconciler skips a pass when the stamp is unchanged: a workload that appears or goes
-    without a pod (a configured owner alone) must change it too."""
+def test_changes_name_what_the_summaries_are_made_of() -> None:
+    """The reconciler redoes what take_changes names: the touched workloads and node groups, or
+    everything when a workload or node group appears or goes (one without a pod too)."""
     index = ClusterIndex()
     index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
-    before = index.stamp
+    index.set_node_summarizer("pool", "pool")
+    assert index.take_changes().structure  # the first take: everything
     index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)
-    assert "d1" in index.workloads and index.stamp != before
-    quiet = index.stamp
+    assert "d1" in index.workloads and index.take_changes().structure
     index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)  # a status update: nothing new
-    assert index.stamp == quiet
+    index.upsert_node(make_node("n1", {"pool": "a"}))
+    assert index.take_changes().structure  # node group pool=a appeared
+    deployment = Owner("d1", "apps", "Deployment", "ns", "idle", None)
+    index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))
+    index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))
+    changes = index.take_changes()
+    assert not changes.structure and changes.workloads == {"d1"} and changes.node_groups == {("pool", "a")}
+    index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))  # nothing counted moved
+    changes = index.take_changes()
+    assert (changes.structure, changes.workloads, changes.node_groups) == (False, set(), set())
+    index.delete_pod("ns/p")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
-    assert "d1" not in index.workloads and index.stamp != quiet
+    assert "d1" not in index.workloads and index.take_changes().structure
 
 
 def test_node_sets_add_up_field_by_field() -> None:
