@@ -10,9 +10,12 @@ the process start to /readyz 200. The service runs with --no-reconciler (no summ
 only the first start would make). Modes alternate in order between repeats; the API server is left
 to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
 start_and_measure() takes any command line and the URL that answers 200 once it is ready (or a
-readiness check of its own). Mode `ksm` starts kube-state-metrics instead (built from its Go module
-on first use; bench/ksm.py's flags), ready at its first complete scrape: every node, pod,
-Deployment and ReplicaSet in it (its /readyz says only that its self-metrics registry is not empty).
+readiness check of its own). Modes `drain-json` and `drain-protobuf` start `bench.watch_drain`:
+WatchLists of nodes and pods in that encoding, read to their end and not decoded (the server's
+side of a protobuf WatchList, which the service does not speak). Mode `ksm` starts
+kube-state-metrics instead (built from its Go module on first use; bench/ksm.py's flags), ready at
+its first complete scrape: every node, pod, Deployment and ReplicaSet in it (its /readyz says only
+that its self-metrics registry is not empty).
 
     python -m bench.apiserver_bill --nodes 1000 --repeat 2
     python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm \\
@@ -40,6 +43,9 @@ from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
 KSM = "ksm"  # not an --initial-list mode: kube-state-metrics started instead of the service
+# Not the service either: bench.watch_drain's WatchLists of nodes and pods in one encoding, read
+# and thrown away (what the server pays per encoding, with no decoding on the client).
+DRAINS = {"drain-json": "json", "drain-protobuf": "protobuf"}
 READY_TIMEOUT = 600.0
 
 
@@ -163,10 +169,15 @@ def run(args: argparse.Namespace) -> dict:
             order = args.modes if r % 2 == 0 else list(reversed(args.modes))
             for mode in order:
                 settle(cluster, pids, args.settle)
+                port = free_port()
                 if mode == KSM:
                     run_ = {"mode": mode, "round": r} | measure_ksm(cluster, args)
+                elif mode in DRAINS:
+                    argv = [sys.executable, "-m", "bench.watch_drain", f"--kubeconfig={cluster.kubeconfig}",
+                            f"--encoding={DRAINS[mode]}", f"--port={port}"]
+                    run_ = {"mode": mode, "round": r} | start_and_measure(cluster, argv,
+                                                                          f"http://127.0.0.1:{port}/readyz")
                 else:
-                    port = free_port()
                     run_ = {"mode": mode, "round": r} | start_and_measure(
                         cluster, service_argv(cluster, mode, port), f"http://127.0.0.1:{port}/readyz")
                 say(json.dumps(run_))
@@ -237,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--workloads", type=int, default=300)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, KSM),
-                        help="--initial-list modes of the service; ksm: kube-state-metrics")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, KSM, *DRAINS),
+                        help="--initial-list modes of the service; ksm: kube-state-metrics; drain-json, "
+                             "drain-protobuf: WatchLists of nodes and pods read and thrown away (bench.watch_drain)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
     add_out(parser, "apiserver-bill.json", (".md",))
