@@ -10,7 +10,7 @@ the process start to /readyz 200. The service runs with --no-reconciler (no summ
 only the first start would make). Modes alternate in order between repeats; the API server is left
 to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
 start_and_measure() takes any command line and the URL that answers 200 once it is ready (or a
-readiness check of its own). Modes `drain-json` and `drain-protobuf` start `bench.watch_drain`:
+readiness check of its own). Modes `drain-json` and `drain-protobuf` run `bench.watch_drain`:
 WatchLists of nodes and pods in that encoding, read to their end and not decoded (the server's
 side of a protobuf WatchList, which the service does not speak). Mode `ksm` starts
 kube-state-metrics instead (built from its Go module on first use; bench/ksm.py's flags), ready at
@@ -25,6 +25,7 @@ that its self-metrics registry is not empty).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
+from . import watch_drain
 from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
 
@@ -173,8 +175,8 @@ def run(args: argparse.Namespace) -> dict:
                 if mode == KSM:
                     run_ = {"mode": mode, "round": r} | measure_ksm(cluster, args)
                 elif mode in DRAINS:
-                    argv = [sys.executable, "-m", "bench.watch_drain", f"--kubeconfig={cluster.kubeconfig}",
-                            f"--encoding={DRAINS[mode]}", f"--port={port}"]
+                    argv = [sys.executable, "-m", "bench.apiserver_bill", f"--drain={DRAINS[mode]}",
+                            f"--drain-kubeconfig={cluster.kubeconfig}", f"--drain-port={port}"]
                     run_ = {"mode": mode, "round": r} | start_and_measure(cluster, argv,
                                                                           f"http://127.0.0.1:{port}/readyz")
                 else:
@@ -253,8 +255,15 @@ def main(argv: list[str] | None = None) -> int:
                              "drain-protobuf: WatchLists of nodes and pods read and thrown away (bench.watch_drain)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
+    # The drain modes' process: bench.watch_drain with these (not for use by hand).
+    parser.add_argument("--drain", choices=sorted(set(DRAINS.values())), help=argparse.SUPPRESS)
+    parser.add_argument("--drain-kubeconfig", help=argparse.SUPPRESS)
+    parser.add_argument("--drain-port", type=int, help=argparse.SUPPRESS)
     add_out(parser, "apiserver-bill.json", (".md",))
     args = parser.parse_args(argv)
+    if args.drain:
+        asyncio.run(watch_drain.run(args.drain_kubeconfig, args.drain, args.drain_port))
+        return 0
     result = run(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -418,6 +418,8 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             elapsed = time.monotonic() - t0
             for side, k in ((ours, "ours"), (theirs, "ksm")):
                 side["churn_cpu_seconds"] = round(cpu_seconds(pids[k]) - cpu0[k], 2)
+                # Each update is one pod watch event to each side (and its scrapes meanwhile).
+                side["churn_cpu_ms_per_1000_events"] = round(side["churn_cpu_seconds"] / max(updates, 1) * 1e6, 1)
             result["churn"] = {"seconds": round(elapsed, 1), "api_updates": updates,
                                "api_updates_per_second": round(updates / elapsed)}
             say(f"churn: {result['churn']}; ours {ours['churn_cpu_seconds']} CPU s, "
@@ -485,15 +487,22 @@ def ratios(r: dict) -> dict:
            "scrape_gzip_bytes": round(k["scrape"]["gzip"]["bytes"] / o["scrape"]["gzip"]["bytes"]),
            "series": round(k["scrape"]["series"] / o["scrape"]["series"]),
            "peak_rss": round(k["peak_rss_mb"] / o["peak_rss_mb"], 1)}
+    if "churn_cpu_ms_per_1000_events" in o:  # runs before it was reported have the seconds only
+        out["churn_cpu"] = round(k["churn_cpu_ms_per_1000_events"] / o["churn_cpu_ms_per_1000_events"], 1)
     for q in r["questions"]:
         if "samples_ratio" in q:
             out[f"samples_{q['name']}"] = q["samples_ratio"]
     return out
 
 
+def _per_event(side: dict) -> str:
+    per = side.get("churn_cpu_ms_per_1000_events")
+    return "" if per is None else f" ({per:,.0f} ms)"
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["| nodes / pods | | /metrics plain | gzip | series | scrape time plain / gzip | ready | "
-             "peak RSS | CPU s in churn |", "|---|---|---|---|---|---|---|---|---|"]
+             "peak RSS | CPU s in churn (ms per 1,000 pod events) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         for name, side in (("ours", r["ours"]), ("KSM", r["ksm"])):
             s = side["scrape"]
@@ -503,10 +512,10 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {r['nodes']:,} / {r['pods']:,} | {name} | {_mb(s['plain']['bytes'])} | "
                          f"{_mb(s['gzip']['bytes'])} | {s['series']:,} | "
                          f"{s['plain']['seconds'] * 1000:,.0f} / {s['gzip']['seconds'] * 1000:,.0f} ms | {ready} | "
-                         f"{side['peak_rss_mb']} MB | {side['churn_cpu_seconds']} |")
+                         f"{side['peak_rss_mb']} MB | {side['churn_cpu_seconds']}{_per_event(side)} |")
         rt = ratios(r)
         lines.append(f"| | KSM / ours | {rt['scrape_bytes']}x | {rt['scrape_gzip_bytes']}x | {rt['series']}x | | | "
-                     f"{rt['peak_rss']}x | |")
+                     f"{rt['peak_rss']}x | {str(rt['churn_cpu']) + 'x' if 'churn_cpu' in rt else ''} |")
     lines += ["", "| nodes | question | samples touched ours / KSM (ratio) | peak samples ours / KSM | "
               "query time ours / KSM | rows ours / KSM | agree |", "|---|---|---|---|---|---|---|"]
     for r in results:

@@ -1,17 +1,13 @@
 """A WatchList of nodes and one of pods, read to their initial-events-end bookmark and thrown
 away: what the API server pays to stream the service's two large collections in one encoding,
-with no decoding on this side. `bench.apiserver_bill --modes drain-json drain-protobuf` starts
-it; /readyz answers 200 once both initial states have arrived, and the watches stay open (as the
-service's do) until the process is stopped.
-
-    python -m bench.watch_drain --kubeconfig KUBECONFIG --encoding protobuf --port 8081
+with no decoding on this side. `bench.apiserver_bill --modes drain-json drain-protobuf` runs it
+in a process of its own (its hidden --drain flag); /readyz answers 200 once both initial states
+have arrived, and the watches stay open (as the service's do) until the process is stopped.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 
 from aiohttp import web
 
@@ -38,7 +34,7 @@ async def drain(api: ApiClient, path: str, accept: str, done: asyncio.Event) -> 
                 tail = chunk[-len(END):]
 
 
-async def main_async(args: argparse.Namespace) -> None:
+async def run(kubeconfig: str, encoding: str, port: int) -> None:
     ends = [asyncio.Event() for _ in PATHS]
     app = web.Application()
 
@@ -48,21 +44,7 @@ async def main_async(args: argparse.Namespace) -> None:
     app.router.add_get("/readyz", readyz)
     runner = web.AppRunner(app)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", args.port).start()
-    async with ApiClient(load_connection(args.kubeconfig)) as api:
-        accept = ENCODINGS[args.encoding]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    async with ApiClient(load_connection(kubeconfig)) as api:
+        accept = ENCODINGS[encoding]
         await asyncio.gather(*(drain(api, path, accept, end) for path, end in zip(PATHS, ends, strict=True)))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.watch_drain", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kubeconfig", required=True)
-    parser.add_argument("--encoding", choices=sorted(ENCODINGS), default="json")
-    parser.add_argument("--port", type=int, required=True, help="where /readyz answers")
-    asyncio.run(main_async(parser.parse_args(argv)))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,11 @@ flavors, with the nominal quota of the ClusterQueues that name them, are an aggr
 (kueue.py, ``ClusterIndex.kueue``) that sees the same node and pod events.
 
 Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
-(the exporter's renderer, the reconciler) redo only what changed.
+(the exporter's renderer, the reconciler) redo only what changed. The reconciler, which would
+otherwise look at every aggregate to find those, is told which (``take_changes``).
+
+A pod update that changes nothing an aggregate counts (most of them: conditions, container
+states) stops at that comparison. Strings many pods repeat are held once (``sys.intern``).
 """
 
 from __future__ import annotations
