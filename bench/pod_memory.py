@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import random
@@ -172,8 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.traced_only:
         print(json.dumps(traced(args.traced_only, args.top)))
         return 0
-    if len(args.pods) < 2 or args.pods != sorted(args.pods):
-        parser.error("--pods: at least two sizes, ascending")
+    if len(args.pods) < 2 or any(a >= b for a, b in itertools.pairwise(args.pods)):
+        parser.error("--pods: at least two sizes, each larger than the one before")
     rows = rss_pass(args.pods)
     say(f"tracing {args.pods[0]:,} pods in a second process ...")
     proc = subprocess.run([sys.executable, "-m", "bench.pod_memory", "--traced-only", str(args.pods[0]),

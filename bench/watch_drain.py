@@ -26,12 +26,13 @@ async def drain(api: ApiClient, path: str, accept: str, done: asyncio.Event) -> 
     async with api.session.get(api.connection.host + path, params=params, headers=headers) as resp:
         if resp.status != 200:
             raise SystemExit(f"{path}: {resp.status} {(await resp.read())[:300]!r}")
-        tail = b""
+        tail = b""  # the last bytes seen: the marker may span chunks
         async for chunk in resp.content.iter_any():
             if not done.is_set():
-                if END in tail + chunk[:len(END)] or END in chunk:
+                seen = tail + chunk
+                if END in seen:
                     done.set()
-                tail = chunk[-len(END):]
+                tail = seen[-len(END):]
 
 
 async def run(kubeconfig: str, encoding: str, port: int) -> None:

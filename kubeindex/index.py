@@ -18,12 +18,11 @@ Aggregates carry a ``generation`` stamp that changes whenever their content does
 otherwise look at every aggregate to find those, is told which (``take_changes``).
 
 A pod update that changes nothing an aggregate counts (most of them: conditions, container
-states) stops at that comparison. Strings many pods repeat are held once (``sys.intern``).
+states) stops at that comparison. Strings many pods repeat are held once (``objects.share``).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from .objects import (
     key_of,
     label_workload_type,
     object_key,
+    share,
     split_key,
 )
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
@@ -498,11 +498,10 @@ class ClusterIndex:
         meta = pod.metadata
         key = object_key(meta)
         ref = meta.controller_ref()
-        # Strings that many pods repeat are kept once (sys.intern lets go of one no pod holds).
-        parent = sys.intern(ref.uid) if ref else None
+        parent = share(ref.uid) if ref else None  # strings many pods repeat: held once
         phase = _PHASE.get(pod.status.phase, "Unknown")
         requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
-        entry = PodEntry(key, meta.uid, sys.intern(pod.spec.nodeName), phase, requests,
+        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests,
                          self._label_matches(meta.labels))
         old = self.pods.get(key)
         if old is not None and self._counts_alike(old, entry, parent):
@@ -514,7 +513,7 @@ class ClusterIndex:
                 self.graph.delete(old.uid)
         if ref is not None:
             self._saw_owner_kind(ref.apiVersion, ref.kind)
-        res = self.graph.upsert(meta.uid, POD, sys.intern(meta.namespace), key, parent)
+        res = self.graph.upsert(meta.uid, POD, share(meta.namespace), key, parent)
         entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.labels)
         self.pods[key] = entry
         self._attach_pod(entry)

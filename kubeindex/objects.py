@@ -276,6 +276,17 @@ API_VERSION = f"{GROUP}/{VERSION}"
 API_PATH = f"/apis/{API_VERSION}"
 
 
+def _keep(value: str) -> str:
+    return value
+
+
+# One string object for equal strings held by many objects or structures (keys, namespaces, node
+# names, owner UIDs). sys.intern lets go of a string nothing holds any more, except on CPython
+# 3.12.0 to 3.12.5, where interned strings are immortal: there every key of every pod ever seen
+# would stay, so strings are not shared (more memory per pod, no leak).
+share = _keep if (3, 12, 0) <= sys.version_info[:3] < (3, 12, 6) else sys.intern
+
+
 def key_of(namespace: str, name: str) -> str:
     """The store key of an object: "namespace/name", or the name of a cluster-scoped one."""
     return f"{namespace}/{name}" if namespace else name
@@ -288,7 +299,7 @@ def split_key(key: str) -> tuple[str, str]:
 
 def object_key(meta: ObjectMeta) -> str:
     """Interned: the reflector's store and the index keep one string per object, not two."""
-    return sys.intern(key_of(meta.namespace, meta.name))
+    return share(key_of(meta.namespace, meta.name))
 
 
 def group_of(api_version: str) -> str:

@@ -317,21 +317,25 @@ class Reconciler:
         for key in self.claims.changed_keys(everything=self._resync):
             self.queue.add(key)
         changes = self.index.take_changes()
-        if changes.structure or self._resync or uids != self._uids or self._layout is None:
-            self._full_pass(uids, infos)
-        else:
-            for d in desired_of(self.index, self._layout, self._desired_cache, changes.node_groups,
-                                changes.workloads):
-                key = (d.plural, d.key)
-                if self.desired.get(key) is not d:
-                    self.desired[key] = d
-                    self.queue.add(key)
+        try:
+            if changes.structure or self._resync or uids != self._uids or self._layout is None:
+                self._full_pass(uids, infos)
+            else:
+                for d in desired_of(self.index, self._layout, self._desired_cache, changes.node_groups,
+                                    changes.workloads):
+                    key = (d.plural, d.key)
+                    if self.desired.get(key) is not d:
+                        self.desired[key] = d
+                        self.queue.add(key)
+        except Exception:
+            self._layout = None  # what was taken is lost with this pass: the next one redoes everything
+            raise
         self._summarizers_due()
 
     def _full_pass(self, uids: dict[str, str], infos: dict[tuple[str, str], TypeInfo]) -> None:
-        self._uids = uids
-        self._layout = layout(self.index, uids, infos, self.naming)
-        desired = {(d.plural, d.key): d for d in desired_all(self.index, self._layout, self._desired_cache)}
+        plan = layout(self.index, uids, infos, self.naming)
+        desired = {(d.plural, d.key): d for d in desired_all(self.index, plan, self._desired_cache)}
+        self._uids, self._layout = uids, plan
         previous, self.desired = self.desired, desired
         if self._resync:
             self._resync = False

@@ -14,6 +14,7 @@ import base64
 import copy
 import gzip
 import hashlib
+import importlib.util
 import json
 import shlex
 import shutil
@@ -1278,6 +1279,18 @@ def test_helm_upgrade_turns_monitoring_on(kube: LocalCluster, helm: list[str], m
     names = kube.kubectl("get", "servicemonitor,prometheusrule", "-n", NS, "-o", "name").stdout.split()
     assert sorted(names) == ["prometheusrule.monitoring.coreos.com/node-workload-summary",
                              "servicemonitor.monitoring.coreos.com/node-workload-summary"], names
+
+
+def test_helm_test_check_brackets_an_ipv6_service_address() -> None:
+    """SERVICE_HOST is a bare address: an IPv6 one goes in brackets before the port."""
+    spec = importlib.util.spec_from_file_location("helm_test", CHART / "files" / "helm-test.py")
+    assert spec is not None and spec.loader is not None
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.bracketed("http://fd00::10:8081/readyz") == "http://[fd00::10]:8081/readyz"
+    assert check.bracketed("https://10.0.0.7:8080/metrics") == "https://10.0.0.7:8080/metrics"
+    assert check.bracketed("https://[fd00::10]:8080/metrics") == "https://[fd00::10]:8080/metrics"
+    assert urlsplit(check.bracketed("http://fd00::10:8081/readyz")).port == 8081
 
 
 def test_helm_test_check_names_service_variables_it_was_not_given(helm: list[str], tmp_path: Path) -> None:

@@ -15,8 +15,18 @@ import urllib.request
 from pathlib import Path
 
 
+def bracketed(url: str) -> str:
+    """The URL with an IPv6 host in brackets: the kubelet's SERVICE_HOST is a bare address."""
+    scheme, _, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    host, _, port = netloc.rpartition(":")
+    if ":" in host and not host.startswith("["):
+        netloc = f"[{host}]:{port}"
+    return f"{scheme}://{netloc}{slash}{path}"
+
+
 def get(url: str, token: str | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    request = urllib.request.Request(bracketed(url), headers={"Authorization": f"Bearer {token}"} if token else {})
     # The certificate is self-signed at every start unless metrics.certSecret names one: the check
     # here is the token's, not the certificate's.
     context = ssl.create_default_context()
