@@ -419,8 +419,9 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
-        for g in entry.node_groups:
-            self._node_into_node_group(entry, g, -1)
+        old_groups = entry.node_groups
+        for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
+            self._node_into_node_group(entry, g, -1, prune=False)
         self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present = True
@@ -436,6 +437,8 @@ class ClusterIndex:
         entry.node_groups = self._node_groups_for(entry.labels)
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, +1)
+        for g in old_groups:
+            self._prune_node_group(g)
         self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
 
@@ -467,14 +470,19 @@ class ClusterIndex:
                 self._node_into_node_group(entry, g, +1)
             self._move_node_workloads(entry, before, _placement(entry))
 
-    def _node_into_node_group(self, entry: NodeEntry, key: NodeGroupKey, sign: int) -> None:
+    def _node_into_node_group(self, entry: NodeEntry, key: NodeGroupKey, sign: int, prune: bool = True) -> None:
         agg = self.node_groups.get(key)
         if agg is None:
             agg = self.node_groups[key] = NodeGroupAgg(*key)
             self._restructured()
         node_into(agg, entry, sign)
         self._touched_node_group(key)
-        if agg.nodes == 0:
+        if prune:
+            self._prune_node_group(key)
+
+    def _prune_node_group(self, key: NodeGroupKey) -> None:
+        agg = self.node_groups.get(key)
+        if agg is not None and agg.nodes == 0:
             del self.node_groups[key]
             self._restructured()
 

@@ -318,6 +318,10 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)  # a status update: nothing new
     index.upsert_node(make_node("n1", {"pool": "a"}))
     assert index.take_changes().structure  # node group pool=a appeared
+    index.upsert_node(make_node("n1", {"pool": "a"}, ready="False"))  # its only node changed
+    changes = index.take_changes()
+    assert not changes.structure and changes.node_groups == {("pool", "a")}
+    index.upsert_node(make_node("n1", {"pool": "a"}))
     deployment = Owner("d1", "apps", "Deployment", "ns", "idle", None)
     index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))
