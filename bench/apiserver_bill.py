@@ -40,7 +40,7 @@ from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
 from . import watch_drain
-from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb
+from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb, write_results
 from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
@@ -265,11 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(watch_drain.run(args.drain_kubeconfig, args.drain, args.drain_port))
         return 0
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.out, result, markdown(result))
     return 0
 
 

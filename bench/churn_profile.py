@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
-from .common import CRDS, add_out, cpu_seconds, sayer
+from .common import CRDS, add_out, cpu_seconds, sayer, write_results
 from .ksm import not_ready_nodes, service_sync, setup
 from .populate import churn
 
@@ -161,11 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     add_out(parser, "churn-profile.json", (".md",))
     args = parser.parse_args(argv)
     result = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    text = markdown(result)
-    args.out.with_suffix(".md").write_text(text)
-    print(text)
+    write_results(args.out, result, markdown(result))
     return 0
 
 

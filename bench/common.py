@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,14 @@ def add_out(parser: argparse.ArgumentParser, name: str, beside: tuple[str, ...] 
     what = f"{', '.join(parts[:-1])} and {parts[-1]}" if len(parts) > 1 else parts[0]
     parser.add_argument("--out", type=json_path, default=RESULTS / name, metavar="PATH.json",
                         help=f"write {what} (default: bench/results/{name})")
+
+
+def write_results(out: Path, result: object, table: str) -> None:
+    """The results as JSON to ``out`` and the Markdown table beside it (``.md``); the table printed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    out.with_suffix(".md").write_text(table)
+    print(table)
 
 
 def sayer(tag: str) -> Callable[[str], None]:

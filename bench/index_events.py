@@ -45,8 +45,9 @@ def pod_json(name: str, uid: str, node: str, rs: dict, phase: str, rv: int) -> d
     return pod
 
 
-def build(args: argparse.Namespace) -> tuple[ClusterIndex, Reflector, list[bytes]]:
-    """An index with nodes, Deployments and ReplicaSets, and the pod watch lines to replay."""
+def watch_path() -> tuple[ClusterIndex, Reflector, Reflector]:
+    """An index (node groups by pool and zone, Deployments summarized) and its pod and node
+    reflectors, fed lines by hand."""
     index = ClusterIndex()
     index.set_node_summarizer("pool", "cloud.google.com/gke-nodepool")
     index.set_node_summarizer("zone", "topology.kubernetes.io/zone")
@@ -56,6 +57,12 @@ def build(args: argparse.Namespace) -> tuple[ClusterIndex, Reflector, list[bytes
     api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
     pods = Reflector(api, "pods", "", Pod, Handler(index.upsert_pod, index.delete_pod))
     nodes = Reflector(api, "nodes", "", Node, Handler(index.upsert_node, index.delete_node))
+    return index, pods, nodes
+
+
+def build(args: argparse.Namespace) -> tuple[ClusterIndex, Reflector, list[bytes]]:
+    """An index with nodes, Deployments and ReplicaSets, and the pod watch lines to replay."""
+    index, pods, nodes = watch_path()
     for i in range(args.nodes):
         node = node_manifest(i, 10) | node_status(i)
         node["metadata"]["resourceVersion"] = "1"

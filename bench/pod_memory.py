@@ -27,15 +27,8 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from kubernetes import client
-
-from kubeindex.api import ApiClient, Connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import Node, Pod, WorkloadType
-from kubeindex.reflector import Handler, Reflector
-
-from .common import add_out, sayer, status_kb
-from .index_events import pod_json
+from .common import add_out, sayer, status_kb, write_results
+from .index_events import pod_json, watch_path
 from .populate import node_manifest, node_status
 
 say = sayer("pod-memory")
@@ -51,13 +44,7 @@ class Cluster:
 
     def __init__(self, seed: int = 1) -> None:
         self.rnd = random.Random(seed)
-        self.index = ClusterIndex()
-        self.index.set_node_summarizer("pool", "cloud.google.com/gke-nodepool")
-        self.index.set_workload_summarizer("apps", [WorkloadType(kind="Deployment", group="apps")])
-        # Only _handle(line) is exercised: the client is never asked anything.
-        api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
-        self.reflector = Reflector(api, "pods", "", Pod, Handler(self.index.upsert_pod, self.index.delete_pod))
-        self.node_reflector = Reflector(api, "nodes", "", Node, Handler(self.index.upsert_node, self.index.delete_node))
+        self.index, self.reflector, self.node_reflector = watch_path()
         self.nodes = 0
         self.node_name = ""
         self.replicasets: list[tuple[str, dict]] = []  # (namespace, ReplicaSet) per workload
@@ -180,11 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.run([sys.executable, "-m", "bench.pod_memory", "--traced-only", str(args.pods[0]),
                            "--top", str(args.top)], capture_output=True, text=True, check=True)
     result = {"rss": rows, "projection": project(rows, args.limit_mib), "traced": json.loads(proc.stdout)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    report = markdown(result)
-    args.out.with_suffix(".md").write_text(report)
-    print(report)
+    write_results(args.out, result, markdown(result))
     return 0
 
 
