@@ -1,5 +1,7 @@
 """What a start of the service costs the API server (kube-apiserver + etcd), for each way of the
-initial list (--initial-list), on one populated local control plane.
+initial list (--initial-list) and each encoding of pods and nodes (--encoding), on one populated
+local control plane. A mode is an --initial-list mode, with pods and nodes in protobuf (the
+default), or with ``-json`` after it in JSON: `watchlist`, `watchlist-json`, `list`, ...
 
 For each start: kube-apiserver and etcd CPU seconds (utime + stime from /proc/<pid>/stat) and
 peak RSS increase (VmRSS sampled every 100 ms, peak minus the baseline just before the start),
@@ -10,22 +12,19 @@ the process start to /readyz 200. The service runs with --no-reconciler (no summ
 only the first start would make). Modes alternate in order between repeats; the API server is left
 to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
 start_and_measure() takes any command line and the URL that answers 200 once it is ready (or a
-readiness check of its own). Modes `drain-json` and `drain-protobuf` run `bench.watch_drain`:
-WatchLists of nodes and pods in that encoding, read to their end and not decoded (the server's
-side of a protobuf WatchList, which the service does not speak). Mode `ksm` starts
+readiness check of its own). Mode `ksm` starts
 kube-state-metrics instead (built from its Go module on first use; bench/ksm.py's flags), ready at
 its first complete scrape: every node, pod, Deployment and ReplicaSet in it (its /readyz says only
 that its self-metrics registry is not empty).
 
     python -m bench.apiserver_bill --nodes 1000 --repeat 2
-    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist ksm \\
+    python -m bench.apiserver_bill --nodes 1000 --repeat 2 --modes watchlist watchlist-json ksm \\
         --out bench/results/apiserver-bill-ksm.json
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import statistics
 import subprocess
@@ -39,15 +38,12 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
-from . import watch_drain
 from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb, write_results
 from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
+JSON_MODES = tuple(f"{m}-json" for m in MODES)  # the same, with pods and nodes in JSON
 KSM = "ksm"  # not an --initial-list mode: kube-state-metrics started instead of the service
-# Not the service either: bench.watch_drain's WatchLists of nodes and pods in one encoding, read
-# and thrown away (what the server pays per encoding, with no decoding on the client).
-DRAINS = {"drain-json": "json", "drain-protobuf": "protobuf"}
 READY_TIMEOUT = 600.0
 
 
@@ -154,8 +150,10 @@ def _extra_metrics(ready_url: str) -> dict:
 
 
 def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
+    initial_list, _, encoding = mode.partition("-")
     return [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={cluster.kubeconfig}",
-            "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={mode}"]
+            "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={initial_list}",
+            f"--encoding={encoding or 'protobuf'}"]
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -174,11 +172,6 @@ def run(args: argparse.Namespace) -> dict:
                 port = free_port()
                 if mode == KSM:
                     run_ = {"mode": mode, "round": r} | measure_ksm(cluster, args)
-                elif mode in DRAINS:
-                    argv = [sys.executable, "-m", "bench.apiserver_bill", f"--drain={DRAINS[mode]}",
-                            f"--drain-kubeconfig={cluster.kubeconfig}", f"--drain-port={port}"]
-                    run_ = {"mode": mode, "round": r} | start_and_measure(cluster, argv,
-                                                                          f"http://127.0.0.1:{port}/readyz")
                 else:
                     run_ = {"mode": mode, "round": r} | start_and_measure(
                         cluster, service_argv(cluster, mode, port), f"http://127.0.0.1:{port}/readyz")
@@ -250,20 +243,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--workloads", type=int, default=300)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, KSM, *DRAINS),
-                        help="--initial-list modes of the service; ksm: kube-state-metrics; drain-json, "
-                             "drain-protobuf: WatchLists of nodes and pods read and thrown away (bench.watch_drain)")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, *JSON_MODES, KSM),
+                        help="--initial-list modes of the service (-json: pods and nodes in JSON); "
+                             "ksm: kube-state-metrics")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
-    # The drain modes' process: bench.watch_drain with these (not for use by hand).
-    parser.add_argument("--drain", choices=sorted(set(DRAINS.values())), help=argparse.SUPPRESS)
-    parser.add_argument("--drain-kubeconfig", help=argparse.SUPPRESS)
-    parser.add_argument("--drain-port", type=int, help=argparse.SUPPRESS)
     add_out(parser, "apiserver-bill.json", (".md",))
     args = parser.parse_args(argv)
-    if args.drain:
-        asyncio.run(watch_drain.run(args.drain_kubeconfig, args.drain, args.drain_port))
-        return 0
     result = run(args)
     write_results(args.out, result, markdown(result))
     return 0

@@ -29,6 +29,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from . import protobuf
 from .histogram import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,12 @@ def status_error(status: int, reason: str, message: str, details: dict[str, Any]
 def error_from_body(status: int, body: bytes, limit: int = 300) -> ApiError:
     """The typed error of a non-2xx answer: a Status's reason, message and details, or what a
     person can read of any other body (its first ``limit`` characters)."""
+    if body.startswith(protobuf.MAGIC):
+        try:
+            answer = protobuf.status(protobuf.unwrap(body))
+            return status_error(status, answer.reason, answer.message[:limit])
+        except protobuf.ProtobufError:
+            pass  # what a person can read of it, below
     try:
         parsed = json.loads(body)
     except ValueError:
@@ -113,6 +120,39 @@ def transport_error(err: BaseException) -> Transient:
     if isinstance(err, TimeoutError):
         return Transient(0, "timeout", "no data within the read timeout (connection presumed dead)")
     return Transient(0, type(err).__name__, " ".join(str(err).split()) or type(err).__name__)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """JSON watch events: one per line."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        if b"\n" not in chunk:
+            continue  # an event larger than one chunk: keep collecting
+        *lines, rest = bytes(buffer).split(b"\n")
+        buffer = bytearray(rest)
+        for line in lines:
+            if line:
+                yield line
+    if buffer.strip():
+        yield bytes(buffer)
+
+
+async def _length_prefixed(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Protobuf watch events: each after its length, 4 bytes big-endian."""
+    buffer = bytearray()
+    async for chunk in content.iter_any():
+        buffer += chunk
+        start = 0
+        while len(buffer) - start >= 4:
+            end = start + 4 + int.from_bytes(buffer[start:start + 4], "big")
+            if end > len(buffer):
+                break  # an event larger than what came so far: keep collecting
+            yield bytes(buffer[start + 4:end])
+            start = end
+        del buffer[:start]
+    if buffer:
+        raise Transient(0, "truncated", f"the watch stream ended inside an event ({len(buffer)} bytes of it)")
 
 
 # What an aiohttp request raises when no (complete) answer came: become Transient here.
@@ -436,12 +476,13 @@ class ApiClient:
             raise error_from_body(resp.status, answer)
         return answer
 
-    async def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                           connect_timeout: float = 15,
-                           on_open: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
-        """A watch: newline-delimited JSON. ``read_timeout`` bounds silence between reads, so a
-        connection that died without closing is noticed. ``on_open`` is called once the server
-        answered 200 (an idle watch may send nothing for a minute). Errors as ``request``."""
+    async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                     connect_timeout: float = 15,
+                     on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+        """A watch: its events' bytes, one by one, in the framing of the encoding the server
+        answered in (``on_open`` gets its Content-Type once it answered 200; an idle watch may send
+        nothing for a minute). ``read_timeout`` bounds silence between reads, so a connection that
+        died without closing is noticed. Errors as ``request``."""
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
         started, answered = time.monotonic(), False
         try:
@@ -451,20 +492,12 @@ class ApiClient:
                 self.metrics.observe("GET", path, params, str(resp.status), time.monotonic() - started)
                 if resp.status >= 300:
                     raise error_from_body(resp.status, await resp.read())
+                content_type = resp.headers.get("Content-Type", "")
                 if on_open is not None:
-                    on_open()
-                buffer = bytearray()
-                async for chunk in resp.content.iter_any():
-                    buffer += chunk
-                    if b"\n" not in chunk:
-                        continue  # an event larger than one chunk: keep collecting
-                    *lines, rest = bytes(buffer).split(b"\n")
-                    buffer = bytearray(rest)
-                    for line in lines:
-                        if line:
-                            yield line
-                if buffer.strip():
-                    yield bytes(buffer)
+                    on_open(content_type)
+                frames = _length_prefixed if content_type.startswith(protobuf.MEDIA_TYPE) else _lines
+                async for frame in frames(resp.content):
+                    yield frame
         except _TRANSPORT as err:
             if not answered:
                 self.metrics.observe("GET", path, params, NO_ANSWER, time.monotonic() - started)

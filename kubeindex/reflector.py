@@ -24,6 +24,10 @@ The initial list, and every relist, is made one of these ways (``WatchSettings.i
 - ``auto``: ``watchlist``; when the server refuses it (422 with its WatchList feature gate off),
   ``list``, remembered for that server (``ApiClient.watch_list_refused``) and logged once.
 
+Pods and nodes are asked for in protobuf (``WatchSettings.encoding``, kubeindex/protobuf.py), the
+other kinds in JSON; each answer is read in the encoding the server chose (its Content-Type; a LIST
+page by protobuf's envelope), so a server or proxy that answers JSON is still understood.
+
 The store keeps only key -> resourceVersion (resourceVersions are opaque strings, only compared
 for equality) of what the handler has accepted; the objects themselves live in the index. A
 resourceVersion is recorded only after the handler succeeded. A handler that raises is logged
@@ -68,6 +72,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
+from . import protobuf
 from .api import (
     BACKOFF_CAP,
     JSON,
@@ -118,12 +123,13 @@ class ListWatch(Protocol):
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = ...,
                   timeout: float = ...) -> bytes: ...
 
-    def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                     connect_timeout: float = ..., on_open: Callable[[], None] | None = None,
+    def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                     connect_timeout: float = ..., on_open: Callable[[str], None] | None = None,
                      ) -> AsyncIterator[bytes]: ...
 
 
 InitialList = Literal["auto", "watchlist", "list", "cache"]
+Encoding = Literal["protobuf", "json"]
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"  # the bookmark annotation that ends a WatchList's state
 
 
@@ -178,6 +184,7 @@ class WatchSettings:
     # get a bookmark from the API server about every minute, the first after about two)
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
     initial_list: InitialList = "auto"  # see the module docstring
+    encoding: Encoding = "protobuf"  # of pods and nodes (other kinds are JSON): kubeindex/protobuf.py
 
 
 class Reflector(Generic[T]):
@@ -219,6 +226,10 @@ class Reflector(Generic[T]):
         self._event = msgspec.json.Decoder(RawEvent)
         self._status = msgspec.json.Decoder(Status)
         self._bookmark = msgspec.json.Decoder(Bookmark)
+        # Protobuf where the kind has it (pods, nodes); the server may still answer JSON.
+        self._codec = None if metadata_only or self.settings.encoding != "protobuf" else protobuf.CODECS.get(item_type)
+        self._frames_protobuf = False  # the watch under way is answered in protobuf
+        self.answered_in = ""  # the encoding of the last LIST page or watch: "protobuf" or "json"
 
     # -- health -------------------------------------------------------------------------------
 
@@ -274,7 +285,7 @@ class Reflector(Generic[T]):
         reason = _reason(err)
         self.stats.restart(reason)
         verb = "LIST" if listing else "WATCH"
-        if isinstance(err, (ApiError, msgspec.DecodeError)):
+        if isinstance(err, (ApiError, msgspec.DecodeError, protobuf.ProtobufError)):
             self._say("failure", reason, logging.WARNING, "%s: %s %s: %s; retrying with backoff", self.name, verb,
                       self.path, _explain(err), extra=fields(self.name, error=_explain(err)))
         else:  # a bug: start again from a LIST
@@ -425,7 +436,7 @@ class Reflector(Generic[T]):
         self._pass_requests = self._redeliver_requests  # served only by a pass that completes
         seen: dict[str, str] = {}
         self.failed.clear()  # this pass retries them; what fails again is added back
-        accept = PARTIAL_LIST if self.metadata_only else JSON
+        accept = PARTIAL_LIST if self.metadata_only else protobuf.ACCEPT if self._codec else JSON
         first = {"limit": str(self.settings.page_size), **self._list_version(), **self.selector}
         params = first
         while True:
@@ -443,15 +454,23 @@ class Reflector(Generic[T]):
                     continue
                 raise
             self._contact()
-            page = self._list.decode(body)
-            await self._apply_page(page.items or [], seen)
-            if not page.metadata.continue_:
-                self.resource_version = page.metadata.resourceVersion
+            meta, items = self._page(body)
+            await self._apply_page(items, seen)
+            if not meta.continue_:
+                self.resource_version = meta.resourceVersion
                 break
-            params = {**first, "continue": page.metadata.continue_}
+            params = {**first, "continue": meta.continue_}
             if "resourceVersion" in first:  # the token holds it; the server refuses both
                 params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
         self._replace(seen)
+
+    def _page(self, body: bytes) -> tuple[ListMeta, list[Any]]:
+        if self._codec and body.startswith(protobuf.MAGIC):
+            self.answered_in = "protobuf"
+            return self._codec.page(body)
+        self.answered_in = "json"
+        page = self._list.decode(body)
+        return page.metadata, page.items or []
 
     def _replace(self, seen: dict[str, str]) -> None:
         """The store becomes what a complete LIST or WatchList saw: deletes for the rest."""
@@ -503,12 +522,15 @@ class Reflector(Generic[T]):
             self._listing = True
         else:
             params["resourceVersion"] = self.resource_version
-        accept = PARTIAL if self.metadata_only else JSON
+        accept = PARTIAL if self.metadata_only else protobuf.ACCEPT_WATCH if self._codec else JSON
         try:
             count = 0
-            async for line in self.api.stream_lines(self.path, params, accept, self.settings.read_timeout,
-                                                    on_open=self._contact):
-                self._handle(line)
+            async for event in self.api.watch_stream(self.path, params, accept, self.settings.read_timeout,
+                                                     on_open=self._opened):
+                if self._frames_protobuf:
+                    self._handle_protobuf(event)
+                else:
+                    self._handle(event)
                 count += 1
                 if self._initial is not None and count % self.settings.yield_every == 0:
                     await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
@@ -530,6 +552,23 @@ class Reflector(Generic[T]):
                         err.status, self.api.watch_list_refused, extra=fields(self.name, error=err))
         return True
 
+    def _opened(self, content_type: str) -> None:
+        """The watch was answered 200, in this encoding."""
+        self._frames_protobuf = self._codec is not None and content_type.startswith(protobuf.MEDIA_TYPE)
+        self.answered_in = "protobuf" if self._frames_protobuf else "json"
+        self._contact()
+
+    def _handle_protobuf(self, frame: bytes) -> None:
+        assert self._codec is not None
+        kind, raw = protobuf.event(frame)
+        if kind == "ERROR":
+            status = protobuf.status(raw)
+            raise status_error(status.code, status.reason, status.message)
+        if kind == "BOOKMARK":
+            self._bookmarked(protobuf.bookmark(raw))
+            return
+        self._handle_object(kind, self._codec.object(raw))
+
     def _handle(self, line: bytes) -> None:
         try:
             typed = self._typed.decode(line)
@@ -544,14 +583,17 @@ class Reflector(Generic[T]):
             status = self._status.decode(event.object)
             raise status_error(status.code, status.reason, status.message)
         if kind == "BOOKMARK":
-            self.stats.count(kind)
-            bookmark = self._bookmark.decode(event.object).metadata
-            if self._initial is None:
-                self.resource_version = bookmark.resourceVersion
-            elif bookmark.annotations.get(INITIAL_EVENTS_END) == "true":
-                self._end_initial(bookmark.resourceVersion)
+            self._bookmarked(self._bookmark.decode(event.object))
             return
         self._handle_object(kind, self._item.decode(event.object))
+
+    def _bookmarked(self, bookmark: Bookmark) -> None:
+        self.stats.count("BOOKMARK")
+        meta = bookmark.metadata
+        if self._initial is None:
+            self.resource_version = meta.resourceVersion
+        elif meta.annotations.get(INITIAL_EVENTS_END) == "true":
+            self._end_initial(meta.resourceVersion)
 
     def _handle_object(self, kind: str, obj: Any) -> None:
         if self._initial is not None and kind != "DELETED":  # a WatchList's state: like a LIST page

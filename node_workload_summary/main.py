@@ -144,7 +144,7 @@ def build(settings: Settings) -> Service:
                          accelerator_resources=settings.accelerator_resources)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
-                          initial_list=settings.initial_list)
+                          initial_list=settings.initial_list, encoding=settings.encoding)
     requests = RequestMetrics()  # both clients' requests, in one set of nws_rest_client_* series
     api = ApiClient(connection, metrics=requests)
     # The Lease has a pool of its own: past about 50 owner kinds the watches hold every connection

@@ -249,11 +249,11 @@ class RecordingApi(ApiClient):
         self.requests.append((method, path, 200))  # any 2xx
         return body
 
-    async def stream_lines(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
+    async def watch_stream(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
         self.gets.append((path, dict(params)))
         self.watches.append(dict(params))
         lines = 0
-        async for line in super().stream_lines(path, params, *args, **kw):
+        async for line in super().watch_stream(path, params, *args, **kw):
             yield line
             lines += 1
             if lines == self.break_after:

@@ -518,12 +518,12 @@ class ScriptedApi:
         self.clock = clock
         self.lists = lists
         self.watches = watches
-        self.stream = stream
+        self.streams_lists = stream
         self.watch_list_refused = ""
         self.requests: list[tuple[str, dict[str, str]]] = []
 
     async def may_stream_lists(self) -> bool:
-        return self.stream and not self.watch_list_refused
+        return self.streams_lists and not self.watch_list_refused
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = "",
                   timeout: float = 60) -> bytes:
@@ -533,15 +533,15 @@ class ScriptedApi:
             raise answer
         return answer
 
-    async def stream_lines(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+    async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                            connect_timeout: float = 15,
-                           on_open: Callable[[], None] | None = None) -> AsyncIterator[bytes]:
+                           on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
         self.requests.append(("WATCH", dict(params)))
         script = self.watches.pop(0) if self.watches else []
         if script and isinstance(script[0], ApiError):
             raise script[0]  # refused before any answer
         if on_open is not None:
-            on_open()
+            on_open("application/json")
         for line in script:
             if isinstance(line, ApiError):
                 raise line

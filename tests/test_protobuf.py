@@ -1,0 +1,158 @@
+"""Pods and nodes in protobuf (kubeindex/protobuf.py): the same projections as from JSON, from the
+real API server, in LIST pages, WatchLists and watch events; and errors in protobuf read as in JSON.
+A `compat` module: the encoding is the server's, so make compat checks it on every minor."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+import pytest
+
+from kubeindex import protobuf
+from kubeindex.api import JSON, ApiClient, NotFound, load_connection
+from kubeindex.objects import Node, Pod
+from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings, _Page
+from localkube.cluster import LocalCluster
+from tests.kube import create_node, delete, ok, set_pod_phase, until
+
+pytestmark = pytest.mark.compat
+
+NS = "protobuf"
+OWNER = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs", "uid": "6f0d5b8e-1111-4d1e-9a0e-000000000001",
+         "controller": True}
+
+
+def full_pod(name: str, node: str) -> dict[str, Any]:
+    """A pod with every field the projection reads, and many it does not."""
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": {"app": "x", "example.com/tier": "a-b.c_d"},
+                     "annotations": {"note": "not projected " * 20},
+                     "ownerReferences": [OWNER, {**OWNER, "kind": "ConfigMap", "name": "cm", "controller": False,
+                                                 "uid": "6f0d5b8e-1111-4d1e-9a0e-000000000002"}]},
+        "spec": {
+            "nodeName": node, "runtimeClassName": "with-overhead",  # admission sets spec.overhead from it
+            "resources": {"requests": {"cpu": "2", "memory": "1Gi"}},  # pod-level (where the server has it)
+            "initContainers": [
+                {"name": "sidecar", "image": "x", "restartPolicy": "Always",
+                 "resources": {"requests": {"cpu": "250m"}}},
+                {"name": "init", "image": "x", "resources": {"requests": {"memory": "10Mi"}}},
+            ],
+            "containers": [
+                {"name": "main", "image": "x", "env": [{"name": "A", "value": "1"}],
+                 "resources": {"requests": {"cpu": "1.5", "example.com/gpu": "8"}, "limits": {"example.com/gpu": "8"}}},
+                {"name": "bare", "image": "x"},
+            ],
+            "tolerations": [{"key": "k", "operator": "Exists"}],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    ok(cluster.request("/apis/node.k8s.io/v1/runtimeclasses", "POST", {
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "with-overhead"},
+        "handler": "runc", "overhead": {"podFixed": {"cpu": "100m", "memory": "20Mi"}}}))
+    ok(cluster.request("/api/v1/namespaces", "POST",
+                       {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
+    create_node(cluster, "pb-0", {"pool": "a", "example.com/zone": "z"}, unschedulable=True)
+    create_node(cluster, "pb-1", {"pool": "b"}, ready="False", allocatable={"cpu": "64", "example.com/gpu": "8"})
+    ok(cluster.request("/api/v1/nodes/pb-0", "PATCH", {"spec": {"taints": [
+        {"key": "gpu", "value": "x", "effect": "NoSchedule"}, {"key": "maintenance", "effect": "NoExecute"}]}},
+        content_type="application/merge-patch+json"))
+    for i in range(5):
+        ok(cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", full_pod(f"p-{i}", f"pb-{i % 2}")))
+    set_pod_phase(cluster, NS, "p-0", "Running")
+    ok(cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
+        "spec": {"containers": [{"name": "c", "image": "x"}]}}))  # no node, no requests, no labels
+    yield cluster
+    delete(cluster, "/apis/node.k8s.io/v1/runtimeclasses/with-overhead")
+
+
+@pytest.mark.parametrize("path, kind", [("/api/v1/pods", Pod), ("/api/v1/nodes", Node)], ids=["pods", "nodes"])
+def test_a_list_decodes_to_what_json_decodes_to(kube: LocalCluster, path: str, kind: type) -> None:
+    async def both() -> tuple[bytes, bytes]:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            return await api.get(path, accept=JSON), await api.get(path, accept=protobuf.ACCEPT)
+
+    as_json, as_protobuf = asyncio.run(both())
+    assert as_protobuf.startswith(protobuf.MAGIC) and len(as_protobuf) < len(as_json)
+    page = msgspec.json.decode(as_json, type=_Page[kind])  # type: ignore[valid-type]  # the reflector's JSON path
+    meta, items = protobuf.CODECS[kind].page(as_protobuf)
+    assert items == page.items and meta.resourceVersion == page.metadata.resourceVersion
+    ours = [i for i in items if i.metadata.name.startswith(("p-", "pb-"))]
+    assert len(ours) == (5 if kind is Pod else 2)
+    if kind is Pod:  # the projection really carries each field (not two empty decodes alike)
+        pod = next(p for p in ours if p.metadata.name == "p-0")
+        assert pod.status.phase == "Running" and pod.spec.nodeName == "pb-0"
+        assert pod.spec.overhead == {"cpu": "100m", "memory": "20Mi"}
+        assert [c.restartPolicy for c in pod.spec.initContainers] == ["Always", None]
+        assert pod.spec.containers[0].resources.requests == {"cpu": "1500m", "example.com/gpu": "8"}
+        assert pod.metadata.controller_ref() is not None and len(pod.metadata.ownerReferences) == 2
+    else:
+        node = next(n for n in ours if n.metadata.name == "pb-0")
+        assert node.spec.unschedulable and [(t.key, t.effect) for t in node.spec.taints] == [
+            ("gpu", "NoSchedule"), ("maintenance", "NoExecute")]
+        assert next(n for n in ours if n.metadata.name == "pb-1").ready() == "NotReady"
+
+
+class Recorder:
+    """What a reflector hands its handler, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def handler(self) -> Handler[Any]:
+        return Handler(lambda o: self.calls.append(("upsert", o)), lambda key: self.calls.append(("delete", key)))
+
+    def upserted(self, name: str) -> list[Any]:
+        return [o for verb, o in self.calls if verb == "upsert" and o.metadata.name == name]
+
+
+@pytest.mark.parametrize("initial_list", ["watchlist", "list"])
+def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, initial_list: InitialList) -> None:
+    """The initial state (a WatchList, or LIST pages of 2), then a change and a delete as watch
+    events: protobuf and JSON give the handler the same calls with the same objects."""
+    async def run() -> dict[Encoding, tuple[Recorder, Reflector]]:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            seen: dict[Encoding, tuple[Recorder, Reflector]] = {}
+            for encoding in ("protobuf", "json"):
+                recorder = Recorder()
+                settings = WatchSettings(page_size=2, initial_list=initial_list, encoding=encoding)
+                reflector = Reflector(api, "pods", f"/api/v1/namespaces/{NS}/pods", Pod, recorder.handler(),
+                                      settings=settings)
+                seen[encoding] = recorder, reflector
+            tasks = [asyncio.ensure_future(r.run()) for _, r in seen.values()]
+            try:
+                await until(lambda: all(r.synced.is_set() for _, r in seen.values()))
+                name = f"moved-{initial_list}"
+                ok(kube.request(f"/api/v1/namespaces/{NS}/pods", "POST", full_pod(name, "pb-1")))
+                set_pod_phase(kube, NS, name, "Succeeded")
+                delete(kube, f"/api/v1/namespaces/{NS}/pods/{name}")
+                await until(lambda: all(("delete", f"{NS}/{name}") in rec.calls for rec, _ in seen.values()))
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            return seen
+
+    seen = asyncio.run(run())
+    (pb, pb_reflector), (js, js_reflector) = seen["protobuf"], seen["json"]
+    assert pb.calls == js.calls
+    assert pb_reflector.answered_in == "protobuf" and js_reflector.answered_in == "json"
+    moved = pb.upserted(f"moved-{initial_list}")
+    assert [p.status.phase for p in moved][-1] == "Succeeded"  # a MODIFIED event, decoded
+    assert len(pb.upserted("p-1")) == 1 and pb.upserted("p-1")[0].spec.overhead  # from the initial state
+
+
+def test_errors_in_protobuf_read_as_in_json(kube: LocalCluster) -> None:
+    async def missing() -> None:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            await api.get(f"/api/v1/namespaces/{NS}/pods/none", accept=protobuf.ACCEPT)
+
+    with pytest.raises(NotFound, match=r'^404 NotFound: pods "none" not found$'):
+        asyncio.run(missing())
