@@ -34,7 +34,7 @@ from .populate import churn
 say = sayer("churn-profile")
 # A sample's stage: the innermost frame whose file is one of these (first match from the leaf).
 STAGES = (
-    ("decode", ("kubeindex/objects.py", "msgspec")),
+    ("decode", ("kubeindex/objects.py", "kubeindex/protobuf.py", "msgspec", "google/protobuf")),
     ("index", ("kubeindex/index.py", "kubeindex/owners.py", "kubeindex/nodeset.py", "kubeindex/kueue.py",
                "kubeindex/quantity.py")),
     ("watch (reflector)", ("kubeindex/reflector.py",)),

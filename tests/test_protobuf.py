@@ -5,7 +5,10 @@ A `compat` module: the encoding is the server's, so make compat checks it on eve
 from __future__ import annotations
 
 import asyncio
+import re
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -15,6 +18,7 @@ from kubeindex import protobuf
 from kubeindex.api import JSON, ApiClient, NotFound, load_connection
 from kubeindex.objects import Node, Pod
 from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings, _Page
+from localkube.build import core
 from localkube.cluster import LocalCluster
 from tests.kube import create_node, delete, ok, set_pod_phase, until
 
@@ -51,6 +55,42 @@ def full_pod(name: str, node: str) -> dict[str, Any]:
     }
 
 
+# Where each message of the schema is defined (the rest are the schema's own: a bookmark's views).
+PROTO_FILES = {"k8s.io/api": ("core/v1",), "k8s.io/apimachinery": ("pkg/apis/meta/v1", "pkg/runtime",
+                                                                  "pkg/api/resource")}
+OWN = {"BookmarkMeta": "ObjectMeta", "BookmarkObject": "Pod"}
+
+
+def upstream_fields(module_dirs: dict[str, Path]) -> dict[str, dict[str, int]]:
+    """message -> field -> number, from the generated.proto files of the modules Kubernetes is built from."""
+    fields: dict[str, dict[str, int]] = {}
+    for module, packages in PROTO_FILES.items():
+        for package in packages:
+            text = (module_dirs[module] / package / "generated.proto").read_text()
+            for name, body in re.findall(r"^message (\w+) \{(.*?)^\}", text, re.S | re.M):
+                fields.setdefault(name, {}).update(
+                    (f, int(n)) for f, n in re.findall(r"^\s+(?:optional|repeated|map<[^>]+>)\s*\S*\s+(\w+) = (\d+);",
+                                                      body, re.M))
+    return fields
+
+
+def test_every_field_number_is_the_one_in_kubernetes_generated_proto(pytestconfig: pytest.Config,
+                                                                      binaries: dict[str, Path]) -> None:
+    """The schema's numbers against k8s.io/api and k8s.io/apimachinery at the version the control
+    plane was built from (each minor's under make compat): a wrong number would read another field."""
+    gomod = core(pytestconfig.getoption("kubernetes"))[1].dir
+    dirs = {m: Path(subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", m], cwd=gomod, check=True,
+                                   capture_output=True, text=True).stdout.strip()) for m in PROTO_FILES}
+    upstream = upstream_fields(dirs)
+    checked = 0
+    for message, fields in protobuf.MESSAGES.items():
+        theirs = upstream[OWN.get(message, message)]
+        for name, number, _ in fields:
+            assert theirs.get(name) == number, (message, name, number, theirs.get(name))
+            checked += 1
+    assert checked >= 50
+
+
 @pytest.fixture(scope="module")
 def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
     ok(cluster.request("/apis/node.k8s.io/v1/runtimeclasses", "POST", {
@@ -60,6 +100,8 @@ def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
                        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}}))
     create_node(cluster, "pb-0", {"pool": "a", "example.com/zone": "z"}, unschedulable=True)
     create_node(cluster, "pb-1", {"pool": "b"}, ready="False", allocatable={"cpu": "64", "example.com/gpu": "8"})
+    capacity = {"status": {"capacity": {"cpu": "66", "example.com/gpu": "8"}}}  # unlike its allocatable
+    ok(cluster.request("/api/v1/nodes/pb-1/status", "PATCH", capacity, content_type="application/merge-patch+json"))
     ok(cluster.request("/api/v1/nodes/pb-0", "PATCH", {"spec": {"taints": [
         {"key": "gpu", "value": "x", "effect": "NoSchedule"}, {"key": "maintenance", "effect": "NoExecute"}]}},
         content_type="application/merge-patch+json"))
@@ -97,7 +139,9 @@ def test_a_list_decodes_to_what_json_decodes_to(kube: LocalCluster, path: str, k
         node = next(n for n in ours if n.metadata.name == "pb-0")
         assert node.spec.unschedulable and [(t.key, t.effect) for t in node.spec.taints] == [
             ("gpu", "NoSchedule"), ("maintenance", "NoExecute")]
-        assert next(n for n in ours if n.metadata.name == "pb-1").ready() == "NotReady"
+        other = next(n for n in ours if n.metadata.name == "pb-1")
+        assert other.ready() == "NotReady" and other.status.capacity["cpu"] == "66"
+        assert other.status.allocatable["cpu"] == "64"
 
 
 class Recorder:
