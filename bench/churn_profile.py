@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> dict:
         cluster.install_crds(CRDS)
         say(f"{args.nodes} nodes / {pods} pods: populating ...")
         setup(cluster, size)
-        svc = Service(cluster)
+        svc = Service(cluster, args=tuple(args.service_arg))
         try:
             sync = service_sync(svc)
             assert svc.proc is not None
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--settle", type=float, default=30, help="seconds between the sync and the churn")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
+    parser.add_argument("--service-arg", action="append", default=[], metavar="FLAG",
+                        help="a flag for the service, e.g. --service-arg=--encoding=json (repeatable)")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
     add_out(parser, "churn-profile.json", (".md",))
     args = parser.parse_args(argv)
