@@ -477,8 +477,8 @@ class ApiClient:
         return answer
 
     async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                     connect_timeout: float = 15,
-                     on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+                           connect_timeout: float = 15,
+                           on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
         """A watch: its events' bytes, one by one, in the framing of the encoding the server
         answered in (``on_open`` gets its Content-Type once it answered 200; an idle watch may send
         nothing for a minute). ``read_timeout`` bounds silence between reads, so a connection that
