@@ -122,7 +122,7 @@ def transport_error(err: BaseException) -> Transient:
     return Transient(0, type(err).__name__, " ".join(str(err).split()) or type(err).__name__)
 
 
-async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def json_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     """JSON watch events: one per line."""
     buffer = bytearray()
     async for chunk in content.iter_any():
@@ -138,7 +138,7 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
         yield bytes(buffer)
 
 
-async def _length_prefixed(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+async def length_prefixed(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
     """Protobuf watch events: each after its length, 4 bytes big-endian."""
     buffer = bytearray()
     async for chunk in content.iter_any():
@@ -495,7 +495,7 @@ class ApiClient:
                 content_type = resp.headers.get("Content-Type", "")
                 if on_open is not None:
                     on_open(content_type)
-                frames = _length_prefixed if content_type.startswith(protobuf.MEDIA_TYPE) else _lines
+                frames = length_prefixed if content_type.startswith(protobuf.MEDIA_TYPE) else json_lines
                 async for frame in frames(resp.content):
                     yield frame
         except _TRANSPORT as err:

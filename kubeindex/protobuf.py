@@ -119,7 +119,7 @@ def _classes() -> dict[str, Any]:
             for name in MESSAGES}
 
 
-_MSG = _classes()
+CLASSES = _classes()  # message name -> its class (tests build envelopes with them)
 
 
 class ProtobufError(ValueError):
@@ -127,7 +127,7 @@ class ProtobufError(ValueError):
 
 
 def _parse(name: str, data: bytes | memoryview) -> Any:
-    parsed = _MSG[name]()
+    parsed = CLASSES[name]()
     try:
         parsed.ParseFromString(data)
     except message.DecodeError as err:

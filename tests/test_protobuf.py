@@ -16,8 +16,8 @@ import pytest
 
 from kubeindex import protobuf
 from kubeindex.api import JSON, ApiClient, NotFound, load_connection
-from kubeindex.objects import Node, Pod
-from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings, _Page
+from kubeindex.objects import ListMeta, Node, Pod
+from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
 from localkube.build import core
 from localkube.cluster import LocalCluster
 from tests.kube import create_node, delete, ok, set_pod_phase, until
@@ -115,15 +115,26 @@ def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
     delete(cluster, "/apis/node.k8s.io/v1/runtimeclasses/with-overhead")
 
 
-@pytest.mark.parametrize("path, kind", [("/api/v1/pods", Pod), ("/api/v1/nodes", Node)], ids=["pods", "nodes"])
-def test_a_list_decodes_to_what_json_decodes_to(kube: LocalCluster, path: str, kind: type) -> None:
+class PodPage(msgspec.Struct):
+    metadata: ListMeta
+    items: list[Pod]
+
+
+class NodePage(msgspec.Struct):
+    metadata: ListMeta
+    items: list[Node]
+
+
+@pytest.mark.parametrize("path, kind, page_type", [("/api/v1/pods", Pod, PodPage), ("/api/v1/nodes", Node, NodePage)],
+                         ids=["pods", "nodes"])
+def test_a_list_decodes_to_what_json_decodes_to(kube: LocalCluster, path: str, kind: type, page_type: type) -> None:
     async def both() -> tuple[bytes, bytes]:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
             return await api.get(path, accept=JSON), await api.get(path, accept=protobuf.ACCEPT)
 
     as_json, as_protobuf = asyncio.run(both())
     assert as_protobuf.startswith(protobuf.MAGIC) and len(as_protobuf) < len(as_json)
-    page = msgspec.json.decode(as_json, type=_Page[kind])  # type: ignore[valid-type]  # the reflector's JSON path
+    page: PodPage | NodePage = msgspec.json.decode(as_json, type=page_type)  # as the JSON path decodes it
     meta, items = protobuf.CODECS[kind].page(as_protobuf)
     assert items == page.items and meta.resourceVersion == page.metadata.resourceVersion
     ours = [i for i in items if i.metadata.name.startswith(("p-", "pb-"))]

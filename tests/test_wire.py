@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeindex import protobuf
-from kubeindex.api import Gone, Transient, _length_prefixed, _lines, error_from_body
+from kubeindex.api import Gone, Transient, error_from_body, json_lines, length_prefixed
 
 
 class Chunks:
@@ -37,29 +37,29 @@ def read(frames: object, content: Chunks) -> list[bytes]:
 @given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(min_value=0), max_size=12))
 def test_length_prefixed_frames_come_out_whole_however_the_stream_is_cut(frames: list[bytes], cuts: list[int]) -> None:
     body = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
-    assert read(_length_prefixed, Chunks(body, cuts)) == frames
+    assert read(length_prefixed, Chunks(body, cuts)) == frames
 
 
 @given(st.lists(st.binary(min_size=1, max_size=200).filter(lambda b: b"\n" not in b and b.strip()), max_size=8),
        st.lists(st.integers(min_value=0), max_size=12))
 def test_json_lines_come_out_whole_however_the_stream_is_cut(lines: list[bytes], cuts: list[int]) -> None:
     body = b"".join(line + b"\n" for line in lines)
-    assert read(_lines, Chunks(body, cuts)) == lines
+    assert read(json_lines, Chunks(body, cuts)) == lines
 
 
 def test_a_stream_cut_inside_a_protobuf_event_is_a_transport_error() -> None:
     body = (10).to_bytes(4, "big") + b"0123456789" + (10).to_bytes(4, "big") + b"01234"
     with pytest.raises(Transient, match="ended inside an event"):
-        read(_length_prefixed, Chunks(body, [7]))
+        read(length_prefixed, Chunks(body, [7]))
 
 
 def envelope(raw: bytes) -> bytes:
-    unknown = protobuf._MSG["Unknown"](raw=raw)
+    unknown = protobuf.CLASSES["Unknown"](raw=raw)
     return protobuf.MAGIC + unknown.SerializeToString()
 
 
 def test_an_error_answer_in_protobuf_is_typed_like_one_in_json() -> None:
-    status = protobuf._MSG["Status"](code=410, reason="Expired", message="too old resource version: 1 (5)")
+    status = protobuf.CLASSES["Status"](code=410, reason="Expired", message="too old resource version: 1 (5)")
     err = error_from_body(410, envelope(status.SerializeToString()))
     assert isinstance(err, Gone) and err.reason == "Expired" and err.message == "too old resource version: 1 (5)"
     garbled = error_from_body(500, protobuf.MAGIC + b"\xff\xff\xff")  # not a Status: its bytes, readable
