@@ -190,7 +190,7 @@ def _node(n: Any) -> Node:
 
 
 class Codec:
-    """Decodes one kind (Pod or Node) from protobuf: objects, LIST answers and watch frames."""
+    """Decodes one kind (Pod or Node) from protobuf: an object, or a LIST answer."""
 
     def __init__(self, kind: str, convert: Callable[[Any], Any]) -> None:
         self._kind, self._convert = kind, convert
