@@ -94,7 +94,8 @@ def status_error(status: int, reason: str, message: str, details: dict[str, Any]
 
 
 def error_from_body(status: int, body: bytes, limit: int = 300) -> ApiError:
-    """The typed error of a non-2xx answer: a Status's reason, message and details, or what a
+    """The typed error of a non-2xx answer: a Status's reason, message and details (details from
+    JSON only: a protobuf Status, to a protobuf GET, gives its reason and message), or what a
     person can read of any other body (its first ``limit`` characters)."""
     if body.startswith(protobuf.MAGIC):
         try:

@@ -168,13 +168,27 @@ class Recorder:
         return [o for verb, o in self.calls if verb == "upsert" and o.metadata.name == name]
 
 
+class Answers(ApiClient):
+    """Records the first bytes of every GET's answer, by the Accept it asked with."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.answers: list[tuple[str, bytes]] = []
+
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
+                  timeout: float = 60) -> bytes:
+        body = await super().get(path, params, accept, timeout)
+        self.answers.append((accept, body[:4]))
+        return body
+
+
 @pytest.mark.parametrize("initial_list", ["auto", "list"])
 def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, initial_list: InitialList) -> None:
     """The initial state (a WatchList where the server has it, or LIST pages of 2), then a change
     and a delete as watch events: protobuf and JSON give the handler the same calls with the same
     objects."""
-    async def run() -> dict[Encoding, tuple[Recorder, Reflector]]:
-        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+    async def run() -> tuple[dict[Encoding, tuple[Recorder, Reflector]], list[tuple[str, bytes]]]:
+        async with Answers(load_connection(str(kube.kubeconfig))) as api:
             seen: dict[Encoding, tuple[Recorder, Reflector]] = {}
             for encoding in ("protobuf", "json"):
                 recorder = Recorder()
@@ -194,12 +208,16 @@ def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, initial
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
-            return seen
+            return seen, api.answers
 
-    seen = asyncio.run(run())
+    seen, answers = asyncio.run(run())
     (pb, pb_reflector), (js, js_reflector) = seen["protobuf"], seen["json"]
     assert pb.calls == js.calls
-    assert pb_reflector.answered_in == "protobuf" and js_reflector.answered_in == "json"
+    assert pb_reflector.answered_in == "protobuf" and js_reflector.answered_in == "json"  # the watches
+    pages = {(accept == protobuf.ACCEPT, start == protobuf.MAGIC) for accept, start in answers}
+    assert pages <= {(True, True), (False, False)}  # a LIST in protobuf is answered in protobuf
+    if initial_list == "list":
+        assert pages == {(True, True), (False, False)}
     moved = pb.upserted(f"moved-{initial_list}")
     assert [p.status.phase for p in moved][-1] == "Succeeded"  # a MODIFIED event, decoded
     assert len(pb.upserted("p-1")) == 1 and pb.upserted("p-1")[0].spec.overhead  # from the initial state

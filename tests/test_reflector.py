@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from kubeindex import protobuf
 from kubeindex.api import JSON, ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import PartialObject, Pod, object_key
@@ -514,8 +515,9 @@ class ScriptedApi:
     server closes the stream); an exhausted script blocks (a quiet, healthy watch)."""
 
     def __init__(self, clock: FakeClock, lists: list[ListAnswer], watches: list[list[WatchLine]],
-                 stream: bool = False) -> None:
+                 stream: bool = False, content_type: str = "application/json") -> None:
         self.clock = clock
+        self.content_type = content_type  # of every watch answer
         self.lists = lists
         self.watches = watches
         self.streams_lists = stream
@@ -541,7 +543,7 @@ class ScriptedApi:
         if script and isinstance(script[0], ApiError):
             raise script[0]  # refused before any answer
         if on_open is not None:
-            on_open("application/json")
+            on_open(self.content_type)
         for line in script:
             if isinstance(line, ApiError):
                 raise line
@@ -728,3 +730,53 @@ def test_forbidden_is_the_problem_readiness_reports() -> None:
         return problem
 
     assert asyncio.run(main()) == "forbidden (cannot list)"
+
+
+# -- pods in protobuf, scripted: frames built with the schema's own classes ------------------------
+
+def enveloped(message: Any) -> bytes:
+    return protobuf.MAGIC + protobuf.CLASSES["Unknown"](raw=message.SerializeToString()).SerializeToString()
+
+
+def pb_pod(name: str, rv: str) -> Any:
+    meta = protobuf.CLASSES["ObjectMeta"](name=name, namespace="ns", uid=f"u-{name}", resourceVersion=rv)
+    return protobuf.CLASSES["Pod"](metadata=meta)
+
+
+def pb_page(rv: str, *pods: Any) -> bytes:
+    return enveloped(protobuf.CLASSES["PodList"](metadata=protobuf.CLASSES["ListMeta"](resourceVersion=rv),
+                                                 items=list(pods)))
+
+
+def pb_frame(kind: str, message: Any) -> bytes:
+    raw = protobuf.CLASSES["RawExtension"](raw=enveloped(message))
+    return protobuf.CLASSES["WatchEvent"](type=kind, object=raw).SerializeToString()
+
+
+def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
+    """A pod watch answered in protobuf: a bookmark moves the resourceVersion, an ERROR event's
+    410 relists and diffs, as in JSON."""
+    gone = protobuf.CLASSES["Status"](code=410, reason="Expired", message="too old resource version")
+    marker = protobuf.CLASSES["BookmarkObject"](metadata=protobuf.CLASSES["BookmarkMeta"](resourceVersion="15"))
+
+    async def main() -> tuple[Reflector, list[str], ScriptedApi]:
+        clock = FakeClock()
+        api = ScriptedApi(clock, lists=[pb_page("10", pb_pod("a", "1"), pb_pod("b", "2")),
+                                        pb_page("20", pb_pod("a", "12"), pb_pod("c", "13"))],
+                          watches=[[pb_frame("MODIFIED", pb_pod("a", "11")), pb_frame("BOOKMARK", marker),
+                                    pb_frame("ERROR", gone)], []],
+                          content_type=f"{protobuf.MEDIA_TYPE};stream=watch")
+        calls: list[str] = []
+        handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
+                                        lambda key: calls.append(f"-{key}"))
+        reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
+                              settings=WatchSettings(initial_list="list", read_timeout=180))
+        task = asyncio.ensure_future(reflector.run())
+        await settle()
+        await stop(task)
+        return reflector, calls, api
+
+    reflector, calls, api = asyncio.run(main())
+    assert calls == ["a@1", "b@2", "a@11", "a@12", "c@13", "-ns/b"]
+    assert watch_versions(api) == ["10", "20"] and reflector.stats.events["BOOKMARK"] == 1
+    assert reflector.stats.restarts == {"gone": 1} and reflector.answered_in == "protobuf"

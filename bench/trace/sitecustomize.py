@@ -21,6 +21,8 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable
+from typing import Any
 
 PATH = os.environ.get("NWS_TRACE")
 LAG = 0.010
@@ -63,19 +65,37 @@ def _install(path: str) -> None:
 
     import kubeindex.reflector as reflector
 
-    handle = reflector.Reflector._handle
+    def node_in_json(line: bytes) -> tuple[str, str]:
+        name, ready = _NAME.search(line), _READY.search(line)
+        return name.group(1).decode() if name else "", ready.group(1).decode() if ready else ""
 
-    def traced_handle(self: reflector.Reflector, line: bytes) -> None:
-        t, c = now(), cpu()
-        handle(self, line)
-        if self.name == "nodes":
-            name, ready = _NAME.search(line), _READY.search(line)
-            rec("node", t=t, d=now() - t, cpu=cpu() - c, name=name.group(1).decode() if name else "",
-                ready=ready.group(1).decode() if ready else "", bytes=len(line))
-        if not running:
-            running.append(asyncio.get_running_loop().create_task(monitor()))
+    def node_in_protobuf(frame: bytes) -> tuple[str, str]:
+        from kubeindex import protobuf
+        from kubeindex.objects import Node
 
-    reflector.Reflector._handle = traced_handle  # type: ignore[method-assign]  # wrapped; types still checked
+        kind, raw = protobuf.event(frame)
+        if kind in ("BOOKMARK", "ERROR"):
+            return "", ""
+        node = protobuf.CODECS[Node].object(raw)
+        return node.metadata.name, next((c.status for c in node.status.conditions if c.type == "Ready"), "")
+
+    def traced(handle: Any, node_of: Callable[[bytes], tuple[str, str]]) -> Any:
+        def traced_handle(self: reflector.Reflector, event: bytes) -> None:
+            t, c = now(), cpu()
+            handle(self, event)
+            if self.name == "nodes":
+                d, used = now() - t, cpu() - c  # before reading the name back out (not the service's work)
+                name, ready = node_of(event)
+                rec("node", t=t, d=d, cpu=used, name=name, ready=ready, bytes=len(event))
+            if not running:
+                running.append(asyncio.get_running_loop().create_task(monitor()))
+        return traced_handle
+
+    # Each encoding's event handler, wrapped; types still checked.
+    reflector.Reflector._handle = traced(reflector.Reflector._handle, node_in_json)  # type: ignore[method-assign]
+    if hasattr(reflector.Reflector, "_handle_protobuf"):  # a checkout from before protobuf has none
+        reflector.Reflector._handle_protobuf = traced(  # type: ignore[method-assign]
+            reflector.Reflector._handle_protobuf, node_in_protobuf)
 
     import exporter.metrics as metrics
 
