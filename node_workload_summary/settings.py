@@ -121,7 +121,7 @@ class Settings(BaseSettings):
         "streaming WatchList, consistent), list (paged LISTs, consistent), cache (resourceVersion=0: any age, "
         "unpaginated; for comparison only), auto (watchlist, or list with a server that refuses it).")
     encoding: Encoding = Field(
-        WATCH.encoding, description="How pods and nodes are read: protobuf (about a quarter of the API server's CPU "
+        WATCH.encoding, description="How pods and nodes are read: protobuf (under a third of the API server's CPU "
         "for JSON, and fewer bytes) or json. Other kinds are always JSON.")
     watch_timeout_min: WholeSeconds = Field(WATCH.timeout_min, ge=1, description="Lower bound of the randomized watch "
                                             "timeoutSeconds.")
