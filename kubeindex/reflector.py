@@ -229,9 +229,13 @@ class Reflector(Generic[T]):
         # Protobuf where the kind has it (pods, nodes); the server may still answer JSON.
         self._codec = None if metadata_only or self.settings.encoding != "protobuf" else protobuf.CODECS.get(item_type)
         self._frames_protobuf = False  # the watch under way is answered in protobuf
-        self.answered_in = ""  # the encoding of the last LIST page or watch: "protobuf" or "json"
 
     # -- health -------------------------------------------------------------------------------
+
+    @property
+    def watch_encoding(self) -> Encoding:
+        """The encoding the last watch was answered in."""
+        return "protobuf" if self._frames_protobuf else "json"
 
     @property
     def forbidden(self) -> bool:
@@ -466,9 +470,7 @@ class Reflector(Generic[T]):
 
     def _page(self, body: bytes) -> tuple[ListMeta, list[Any]]:
         if self._codec and body.startswith(protobuf.MAGIC):
-            self.answered_in = "protobuf"
             return self._codec.page(body)
-        self.answered_in = "json"
         page = self._list.decode(body)
         return page.metadata, page.items or []
 
@@ -555,7 +557,6 @@ class Reflector(Generic[T]):
     def _opened(self, content_type: str) -> None:
         """The watch was answered 200, in this encoding."""
         self._frames_protobuf = self._codec is not None and content_type.startswith(protobuf.MEDIA_TYPE)
-        self.answered_in = "protobuf" if self._frames_protobuf else "json"
         self._contact()
 
     def _handle_protobuf(self, frame: bytes) -> None:

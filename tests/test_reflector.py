@@ -779,4 +779,4 @@ def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
     reflector, calls, api = asyncio.run(main())
     assert calls == ["a@1", "b@2", "a@11", "a@12", "c@13", "-ns/b"]
     assert watch_versions(api) == ["10", "20"] and reflector.stats.events["BOOKMARK"] == 1
-    assert reflector.stats.restarts == {"gone": 1} and reflector.answered_in == "protobuf"
+    assert reflector.stats.restarts == {"gone": 1} and reflector.watch_encoding == "protobuf"
