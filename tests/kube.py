@@ -221,7 +221,8 @@ def serves_watch_list(kube: LocalCluster) -> bool:
 class RecordingApi(ApiClient):
     """Records what it is asked: ``gets`` every GET and watch (path, parameters), ``lists`` the
     parameters of every GET but /version (asked once, before the first WatchList), ``watches``
-    those of every watch, ``requests`` every other request (method, path, HTTP status).
+    those of every watch, ``answers`` each such GET's Accept and the first 4 bytes of its answer
+    (protobuf's envelope, or JSON), ``requests`` every other request (method, path, HTTP status).
     ``break_after``: the first watch breaks after that many lines (a connection lost in the
     middle of a WatchList's initial state)."""
 
@@ -230,6 +231,7 @@ class RecordingApi(ApiClient):
         self.gets: list[tuple[str, dict[str, str]]] = []
         self.lists: list[dict[str, str]] = []
         self.watches: list[dict[str, str]] = []
+        self.answers: list[tuple[str, bytes]] = []
         self.requests: list[tuple[str, str, int]] = []
         self.break_after = break_after
 
@@ -238,7 +240,10 @@ class RecordingApi(ApiClient):
         self.gets.append((path, dict(params or {})))
         if path != "/version":
             self.lists.append(dict(params or {}))
-        return await super().get(path, params, accept, timeout)
+        body = await super().get(path, params, accept, timeout)
+        if path != "/version":
+            self.answers.append((accept, body[:4]))
+        return body
 
     async def request(self, method: str, path: str, *args: Any, **kw: Any) -> bytes:
         try:

@@ -20,7 +20,7 @@ from kubeindex.objects import ListMeta, Node, Pod
 from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
 from localkube.build import core
 from localkube.cluster import LocalCluster
-from tests.kube import create_node, delete, ok, set_pod_phase, until
+from tests.kube import RecordingApi, create_node, delete, ok, set_pod_phase, until
 
 pytestmark = pytest.mark.compat
 
@@ -168,27 +168,13 @@ class Recorder:
         return [o for verb, o in self.calls if verb == "upsert" and o.metadata.name == name]
 
 
-class Answers(ApiClient):
-    """Records the first bytes of every GET's answer, by the Accept it asked with."""
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.answers: list[tuple[str, bytes]] = []
-
-    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
-                  timeout: float = 60) -> bytes:
-        body = await super().get(path, params, accept, timeout)
-        self.answers.append((accept, body[:4]))
-        return body
-
-
 @pytest.mark.parametrize("initial_list", ["auto", "list"])
 def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, initial_list: InitialList) -> None:
     """The initial state (a WatchList where the server has it, or LIST pages of 2), then a change
     and a delete as watch events: protobuf and JSON give the handler the same calls with the same
     objects."""
     async def run() -> tuple[dict[Encoding, tuple[Recorder, Reflector]], list[tuple[str, bytes]]]:
-        async with Answers(load_connection(str(kube.kubeconfig))) as api:
+        async with RecordingApi(load_connection(str(kube.kubeconfig))) as api:
             seen: dict[Encoding, tuple[Recorder, Reflector]] = {}
             for encoding in ("protobuf", "json"):
                 recorder = Recorder()
@@ -213,7 +199,7 @@ def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, initial
     seen, answers = asyncio.run(run())
     (pb, pb_reflector), (js, js_reflector) = seen["protobuf"], seen["json"]
     assert pb.calls == js.calls
-    assert pb_reflector.answered_in == "protobuf" and js_reflector.answered_in == "json"  # the watches
+    assert pb_reflector.watch_encoding == "protobuf" and js_reflector.watch_encoding == "json"
     pages = {(accept == protobuf.ACCEPT, start == protobuf.MAGIC) for accept, start in answers}
     assert pages <= {(True, True), (False, False)}  # a LIST in protobuf is answered in protobuf
     if initial_list == "list":
