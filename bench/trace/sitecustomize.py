@@ -70,7 +70,7 @@ def _install(path: str) -> None:
         return name.group(1).decode() if name else "", ready.group(1).decode() if ready else ""
 
     def node_in_protobuf(frame: bytes) -> tuple[str, str]:
-        from kubeindex import protobuf
+        from kubeindex import protobuf  # here: a checkout from before protobuf has no such module
         from kubeindex.objects import Node
 
         kind, raw = protobuf.event(frame)
