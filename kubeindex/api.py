@@ -29,7 +29,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from . import protobuf
+from . import protobuf, watchstream
 from .histogram import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,7 @@ PARTIAL_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1
 PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json;q=0.9"
 
 
+USER_AGENT = "node-workload-summary"  # in the API server's audit log and its per-client metrics
 BACKOFF_CAP = 10.0  # seconds: the longest wait after an error that should pass on its own
 SLOW_BACKOFF_CAP = 60.0  # seconds: after answers that repeat until someone acts (RBAC, a CRD), and writes
 LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
@@ -118,46 +119,15 @@ def error_from_body(status: int, body: bytes, limit: int = 300) -> ApiError:
 
 def transport_error(err: BaseException) -> Transient:
     """No answer: a connection refused, reset or broken mid-stream, or silent past its timeout."""
+    if isinstance(err, watchstream.StreamError):
+        return Transient(0, err.reason, err.message)
     if isinstance(err, TimeoutError):
         return Transient(0, "timeout", "no data within the read timeout (connection presumed dead)")
     return Transient(0, type(err).__name__, " ".join(str(err).split()) or type(err).__name__)
 
 
-async def json_lines(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """JSON watch events: one per line."""
-    buffer = bytearray()
-    async for chunk in content.iter_any():
-        buffer += chunk
-        if b"\n" not in chunk:
-            continue  # an event larger than one chunk: keep collecting
-        *lines, rest = bytes(buffer).split(b"\n")
-        buffer = bytearray(rest)
-        for line in lines:
-            if line:
-                yield line
-    if buffer.strip():
-        yield bytes(buffer)
-
-
-async def length_prefixed(content: aiohttp.StreamReader) -> AsyncIterator[bytes]:
-    """Protobuf watch events: each after its length, 4 bytes big-endian."""
-    buffer = bytearray()
-    async for chunk in content.iter_any():
-        buffer += chunk
-        start = 0
-        while len(buffer) - start >= 4:
-            end = start + 4 + int.from_bytes(buffer[start:start + 4], "big")
-            if end > len(buffer):
-                break  # an event larger than what came so far: keep collecting
-            yield bytes(buffer[start + 4:end])
-            start = end
-        del buffer[:start]
-    if buffer:
-        raise Transient(0, "truncated", f"the watch stream ended inside an event ({len(buffer)} bytes of it)")
-
-
-# What an aiohttp request raises when no (complete) answer came: become Transient here.
-_TRANSPORT = (aiohttp.ClientError, TimeoutError, OSError)
+# What a request raises when no (complete) answer came: become Transient here.
+_TRANSPORT = (aiohttp.ClientError, watchstream.StreamError, TimeoutError, OSError)
 
 
 @dataclass
@@ -397,6 +367,7 @@ class ApiClient:
         self.metrics = metrics if metrics is not None else RequestMetrics()
         self._session: aiohttp.ClientSession | None = None
         self._limit = max_connections
+        self._endpoint = watchstream.Endpoint(connection.host, connection.ssl_context)
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
@@ -444,7 +415,7 @@ class ApiClient:
         return old
 
     def _headers(self, accept: str) -> dict[str, str]:
-        return {"Accept": accept, **self.connection.headers()}
+        return {"Accept": accept, "User-Agent": USER_AGENT, **self.connection.headers()}
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
                   timeout: float = 60) -> bytes:
@@ -483,26 +454,30 @@ class ApiClient:
         """A watch: its events' bytes, one by one, in the framing of the encoding the server
         answered in (``on_open`` gets its Content-Type once it answered 200; an idle watch may send
         nothing for a minute). ``read_timeout`` bounds silence between reads, so a connection that
-        died without closing is noticed. Errors as ``request``."""
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
-        started, answered = time.monotonic(), False
+        died without closing is noticed. Errors as ``request``. Read on a connection of its own,
+        off aiohttp: kubeindex/watchstream.py says why."""
+        started, stream = time.monotonic(), None
         try:
-            async with self.session.get(self.connection.host + path, params=params,
-                                        headers=self._headers(accept), timeout=timeout) as resp:
-                answered = True
-                self.metrics.observe("GET", path, params, str(resp.status), time.monotonic() - started)
-                if resp.status >= 300:
-                    raise error_from_body(resp.status, await resp.read())
-                content_type = resp.headers.get("Content-Type", "")
-                if on_open is not None:
-                    on_open(content_type)
-                frames = length_prefixed if content_type.startswith(protobuf.MEDIA_TYPE) else json_lines
-                async for frame in frames(resp.content):
-                    yield frame
+            stream = await watchstream.open_stream(self._endpoint, path, params, self._headers(accept),
+                                                   connect_timeout, read_timeout)
+            status = stream.head.status
+            self.metrics.observe("GET", path, params, str(status), time.monotonic() - started)
+            if status >= 300:
+                raise error_from_body(status, await stream.read_all())
+            content_type = stream.head.headers.get("content-type", "")
+            if on_open is not None:
+                on_open(content_type)
+            framing = watchstream.LengthPrefixed() if content_type.startswith(protobuf.MEDIA_TYPE) \
+                else watchstream.JsonLines()
+            async for frame in stream.frames(framing):
+                yield frame
         except _TRANSPORT as err:
-            if not answered:
+            if stream is None:
                 self.metrics.observe("GET", path, params, NO_ANSWER, time.monotonic() - started)
             raise transport_error(err) from err
+        finally:
+            if stream is not None:
+                stream.close()
 
     # -- discovery ---------------------------------------------------------------------------
 

@@ -527,15 +527,17 @@ class Reflector(Generic[T]):
         accept = PARTIAL if self.metadata_only else protobuf.ACCEPT_WATCH if self._codec else JSON
         try:
             count = 0
-            async for event in self.api.watch_stream(self.path, params, accept, self.settings.read_timeout,
-                                                     on_open=self._opened):
-                if self._frames_protobuf:
-                    self._handle_protobuf(event)
-                else:
-                    self._handle(event)
-                count += 1
-                if self._initial is not None and count % self.settings.yield_every == 0:
-                    await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
+            # aclosing: an ERROR event or a failed handler closes the connection now, not at GC.
+            async with contextlib.aclosing(self.api.watch_stream(
+                    self.path, params, accept, self.settings.read_timeout, on_open=self._opened)) as events:
+                async for event in events:
+                    if self._frames_protobuf:
+                        self._handle_protobuf(event)
+                    else:
+                        self._handle(event)
+                    count += 1
+                    if self._initial is not None and count % self.settings.yield_every == 0:
+                        await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
         except ApiError as err:
             if not (stream and err.status in (400, 422) and self._refused(err)):
                 raise

@@ -11,11 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-import aiohttp
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.api import JSON, ApiClient, ApiError
+from kubeindex.api import JSON, ApiClient, ApiError, Transient
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS
@@ -263,7 +262,7 @@ class RecordingApi(ApiClient):
             lines += 1
             if lines == self.break_after:
                 self.break_after = 0
-                raise aiohttp.ClientPayloadError("connection lost (injected)")
+                raise Transient(0, "truncated", "the connection closed inside the watch's answer (injected)")
 
     @property
     def streamed(self) -> int:

@@ -159,7 +159,7 @@ def test_watchlist_broken_before_its_bookmark_starts_again(kube: LocalCluster) -
                 assert recorder.synced_at_upsert.count(True) == 0
                 assert api.streamed == 2 and all("resourceVersion" not in w for w in api.watches[:2])
                 assert set(recorder.objects) == set(r.store) == truth(kube, ns) and not recorder.deleted
-                assert r.stats.restarts.get("ClientPayloadError") == 1
+                assert r.stats.restarts.get("truncated") == 1
             finally:
                 await stopped(task)
 

@@ -1,56 +1,136 @@
-"""Watch framing and protobuf envelopes without a cluster (the real server's bytes are compared
-with JSON in test_protobuf.py): frames split anywhere come out whole, a stream cut inside an event
+"""A watch's wire without a cluster (the real server's bytes are compared with JSON in
+test_protobuf.py; a real server's watches in test_reflector.py and test_faults.py): chunked
+transfer coding and frames cut anywhere come out whole, an answer cut inside an event or a chunk
 is a transport error, and an error answer in protobuf is as typed as one in JSON."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kubeindex import protobuf
-from kubeindex.api import Gone, Transient, error_from_body, json_lines, length_prefixed
+from kubeindex.api import Gone, error_from_body
+from kubeindex.watchstream import (
+    ChunkedBody,
+    Endpoint,
+    Framing,
+    JsonLines,
+    LengthPrefixed,
+    PlainBody,
+    StreamError,
+    parse_head,
+)
 
 
-class Chunks:
-    """What aiohttp's StreamReader.iter_any gives: the body in pieces of any size."""
-
-    def __init__(self, body: bytes, cuts: list[int]) -> None:
-        points = sorted({c % (len(body) + 1) for c in cuts} | {0, len(body)})
-        self.pieces = [body[a:b] for a, b in itertools.pairwise(points)]
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        for piece in self.pieces:
-            yield piece
+def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` in pieces of any size, as reads give it."""
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
-def read(frames: object, content: Chunks) -> list[bytes]:
-    async def collect() -> list[bytes]:
-        return [f async for f in frames(content)]  # type: ignore[operator]
-    return asyncio.run(collect())
+def read(framing: Framing, data: bytes, cuts: list[int]) -> list[bytes]:
+    frames = [f for piece in pieces(data, cuts) for f in framing.feed(piece)]
+    return frames + framing.end()
 
 
 @given(st.lists(st.binary(max_size=300), max_size=8), st.lists(st.integers(min_value=0), max_size=12))
 def test_length_prefixed_frames_come_out_whole_however_the_stream_is_cut(frames: list[bytes], cuts: list[int]) -> None:
     body = b"".join(len(f).to_bytes(4, "big") + f for f in frames)
-    assert read(length_prefixed, Chunks(body, cuts)) == frames
+    assert read(LengthPrefixed(), body, cuts) == frames
 
 
 @given(st.lists(st.binary(min_size=1, max_size=200).filter(lambda b: b"\n" not in b and b.strip()), max_size=8),
-       st.lists(st.integers(min_value=0), max_size=12))
-def test_json_lines_come_out_whole_however_the_stream_is_cut(lines: list[bytes], cuts: list[int]) -> None:
-    body = b"".join(line + b"\n" for line in lines)
-    assert read(json_lines, Chunks(body, cuts)) == lines
+       st.lists(st.integers(min_value=0), max_size=12), st.booleans())
+def test_json_lines_come_out_whole_however_the_stream_is_cut(lines: list[bytes], cuts: list[int],
+                                                            last_ended: bool) -> None:
+    body = b"\n".join(lines) + (b"\n" if last_ended else b"")
+    assert read(JsonLines(), body, cuts) == lines
 
 
 def test_a_stream_cut_inside_a_protobuf_event_is_a_transport_error() -> None:
     body = (10).to_bytes(4, "big") + b"0123456789" + (10).to_bytes(4, "big") + b"01234"
-    with pytest.raises(Transient, match="ended inside an event"):
-        read(length_prefixed, Chunks(body, [7]))
+    with pytest.raises(StreamError, match="ended inside an event") as err:
+        read(LengthPrefixed(), body, [7])
+    assert err.value.reason == "truncated"
+
+
+def test_a_length_no_object_has_is_a_broken_stream_not_a_gigabyte_buffer() -> None:
+    with pytest.raises(StreamError, match="not a protobuf watch stream"):
+        LengthPrefixed().feed(b"{\"ty")  # JSON where protobuf was announced: 2 GB "long"
+
+
+def chunked(payload: bytes, sizes: list[int], extension: bool) -> bytes:
+    """``payload`` in chunks of these sizes (the last one takes the rest), then the last chunk and
+    a trailer."""
+    out, rest = [], payload
+    for size in sizes + [len(payload)]:
+        part, rest = rest[:size], rest[size:]
+        if part:
+            out.append(b"%x%s\r\n%s\r\n" % (len(part), b";ext=1" if extension else b"", part))
+    return b"".join(out) + b"0\r\nX-Trailer: 1\r\n\r\n"
+
+
+@given(st.binary(max_size=2000), st.lists(st.integers(min_value=1, max_value=700), max_size=6),
+       st.lists(st.integers(min_value=0), max_size=12), st.booleans())
+def test_chunked_bodies_come_out_whole_however_they_are_chunked_and_cut(
+        payload: bytes, sizes: list[int], cuts: list[int], extension: bool) -> None:
+    body = ChunkedBody()
+    out = b"".join(bytes(body.feed(piece)) for piece in pieces(chunked(payload, sizes, extension), cuts))
+    assert out == payload and body.done
+
+
+def test_chunked_body_ends_at_its_last_chunk_and_not_before() -> None:
+    body = ChunkedBody()
+    assert body.feed(b"5\r\nhello\r\n") == b"hello" and not body.done
+    assert body.feed(b"0\r\n") == b"" and body.done
+    assert body.feed(b"5\r\nafter\r\n") == b""  # nothing after the last chunk is payload
+
+
+@pytest.mark.parametrize("wire, problem", [
+    (b"zz\r\n", "not a chunk size"),
+    (b"-5\r\nhello\r\n", "not a chunk size"),
+    (b"0x5\r\nhello\r\n", "not a chunk size"),
+    (b"5\r\nhelloXX", "not followed by CRLF"),
+    (b"5" * 5000, "longer than 4 KiB"),
+])
+def test_bytes_that_are_not_chunks_are_a_broken_stream(wire: bytes, problem: str) -> None:
+    with pytest.raises(StreamError, match=problem):
+        ChunkedBody().feed(wire)
+
+
+def test_a_plain_body_ends_at_its_length_or_with_the_connection() -> None:
+    sized = PlainBody(5)
+    assert sized.feed(b"hel") == b"hel" and not sized.done
+    assert sized.feed(b"lo, more") == b"lo" and sized.done and not sized.until_close
+    endless = PlainBody(None)
+    assert endless.feed(b"abc") == b"abc" and not endless.done and endless.until_close
+
+
+def test_an_answers_head_is_read_as_http_says() -> None:
+    head = parse_head(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\n"
+                      b"Warning: 299 - \"a\"\r\nwarning: 299 - \"b\"\r\nTransfer-Encoding:  chunked ")
+    assert (head.status, head.reason) == (403, "Forbidden")
+    assert head.headers == {"content-type": "application/json", "warning": '299 - "a", 299 - "b"',
+                            "transfer-encoding": "chunked"}
+    with pytest.raises(StreamError, match="not an HTTP/1.1 status line"):
+        parse_head(b"SSH-2.0-OpenSSH_9.2")
+
+
+@pytest.mark.parametrize("url, target", [
+    ("https://10.0.0.1", ("10.0.0.1", 443, "10.0.0.1", "GET /api/v1/pods?watch=1&labelSelector=a+in+%28b%2Cc%29")),
+    ("https://[::1]:6443/", ("::1", 6443, "[::1]:6443", "GET /api/v1/pods?watch=1&labelSelector=a+in+%28b%2Cc%29")),
+    ("http://proxy:8001/k8s/clusters/c-1/",
+     ("proxy", 8001, "proxy:8001", "GET /k8s/clusters/c-1/api/v1/pods?watch=1&labelSelector=a+in+%28b%2Cc%29")),
+])
+def test_a_watch_goes_where_the_server_url_says(url: str, target: tuple[str, int, str, str]) -> None:
+    endpoint = Endpoint(url, False)
+    request = endpoint.request("/api/v1/pods", {"watch": "1", "labelSelector": "a in (b,c)"}, {"Accept": "x"})
+    line, host, *_ = request.decode().split("\r\n")
+    assert (endpoint.host, endpoint.port, host.removeprefix("Host: "), line.removesuffix(" HTTP/1.1")) == target
+    assert (endpoint.tls is None) == url.startswith("http:") and request.endswith(b"Accept: x\r\n\r\n")
 
 
 def envelope(raw: bytes) -> bytes:
