@@ -113,8 +113,13 @@ def status_kb(pid: int, field: str) -> int:
 
 def cpu_seconds(pid: int) -> float:
     """User plus system CPU seconds a process has used so far."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds a process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime, stime
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS  # utime, stime
 
 
 class Sampler(threading.Thread):

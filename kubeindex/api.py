@@ -20,7 +20,7 @@ import random
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -450,7 +450,7 @@ class ApiClient:
 
     async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                            connect_timeout: float = 15,
-                           on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+                           on_open: Callable[[str], None] | None = None) -> AsyncGenerator[bytes, None]:
         """A watch: its events' bytes, one by one, in the framing of the encoding the server
         answered in (``on_open`` gets its Content-Type once it answered 200; an idle watch may send
         nothing for a minute). ``read_timeout`` bounds silence between reads, so a connection that

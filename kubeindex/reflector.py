@@ -66,7 +66,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -125,7 +125,7 @@ class ListWatch(Protocol):
 
     def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                      connect_timeout: float = ..., on_open: Callable[[str], None] | None = None,
-                     ) -> AsyncIterator[bytes]: ...
+                     ) -> AsyncGenerator[bytes, None]: ...
 
 
 InitialList = Literal["auto", "watchlist", "list", "cache"]

@@ -248,9 +248,14 @@ _WOULD_BLOCK = (BlockingIOError, InterruptedError, ssl.SSLWantReadError)
 
 async def _ready(loop: asyncio.AbstractEventLoop, sock: socket.socket, write: bool) -> None:
     """Until ``sock`` can be read (or written)."""
-    ready = loop.create_future()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
     add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
-    add(sock.fileno(), lambda: ready.done() or ready.set_result(None))
+    add(sock.fileno(), wake)
     try:
         await ready
     finally:
@@ -358,7 +363,10 @@ class Stream:
         self._last_read = self._loop.time()
         self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
         if self._rest:
-            self._take(self._rest)
+            try:
+                self._take(self._rest)
+            except Exception as err:  # after the events before it
+                self._finish(err)
         if not self._ended:
             self._resume()
         frames = self._frames
@@ -373,6 +381,11 @@ class Stream:
                 self._resume()
             self._waiter = self._loop.create_future()
             await self._waiter
+
+    @property
+    def pending(self) -> int:
+        """Events read and not yet taken."""
+        return len(self._frames)
 
     def close(self) -> None:
         if self._idle is not None:
@@ -446,6 +459,8 @@ class Stream:
             waiter.set_result(None)
 
     def _check_idle(self) -> None:
+        if not self._reading:  # paused for a lagging consumer: the silence is ours
+            self._last_read = self._loop.time()
         silent = self._loop.time() - self._last_read
         if silent >= self._read_timeout:
             self._finish(TimeoutError(f"no data for {silent:.0f}s"))

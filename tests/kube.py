@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -253,7 +253,8 @@ class RecordingApi(ApiClient):
         self.requests.append((method, path, 200))  # any 2xx
         return body
 
-    async def watch_stream(self, path: str, params: dict[str, str], *args: Any, **kw: Any) -> AsyncIterator[bytes]:
+    async def watch_stream(self, path: str, params: dict[str, str], *args: Any,
+                           **kw: Any) -> AsyncGenerator[bytes, None]:
         self.gets.append((path, dict(params)))
         self.watches.append(dict(params))
         lines = 0

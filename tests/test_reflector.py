@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import signal
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -537,7 +537,7 @@ class ScriptedApi:
 
     async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                            connect_timeout: float = 15,
-                           on_open: Callable[[str], None] | None = None) -> AsyncIterator[bytes]:
+                           on_open: Callable[[str], None] | None = None) -> AsyncGenerator[bytes, None]:
         self.requests.append(("WATCH", dict(params)))
         script = self.watches.pop(0) if self.watches else []
         if script and isinstance(script[0], ApiError):

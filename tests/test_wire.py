@@ -66,7 +66,7 @@ def chunked(payload: bytes, sizes: list[int], extension: bool) -> bytes:
     """``payload`` in chunks of these sizes (the last one takes the rest), then the last chunk and
     a trailer."""
     out, rest = [], payload
-    for size in sizes + [len(payload)]:
+    for size in [*sizes, len(payload)]:
         part, rest = rest[:size], rest[size:]
         if part:
             out.append(b"%x%s\r\n%s\r\n" % (len(part), b";ext=1" if extension else b"", part))
@@ -115,7 +115,7 @@ def test_an_answers_head_is_read_as_http_says() -> None:
     assert (head.status, head.reason) == (403, "Forbidden")
     assert head.headers == {"content-type": "application/json", "warning": '299 - "a", 299 - "b"',
                             "transfer-encoding": "chunked"}
-    with pytest.raises(StreamError, match="not an HTTP/1.1 status line"):
+    with pytest.raises(StreamError, match=r"not an HTTP/1\.1 status line"):
         parse_head(b"SSH-2.0-OpenSSH_9.2")
 
 

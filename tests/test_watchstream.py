@@ -1,0 +1,179 @@
+"""A watch's connection against loopback servers that misbehave on purpose (a real API server's
+watches: test_reflector.py, test_faults.py): events over TLS come out whole and in order, a
+silent connection is noticed by the read timeout, an answer cut short is a transport error, an
+error answer is typed, and a consumer that lags holds the reading back instead of the memory
+growing."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s_client
+
+from kubeindex import protobuf, watchstream
+from kubeindex.api import NO_ANSWER, ApiClient, Connection, Forbidden, Transient
+from localkube.pki import generate
+
+Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+WATCH_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + protobuf.MEDIA_TYPE.encode() + b";stream=watch\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n")
+
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def answer_head(reader: asyncio.StreamReader) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+
+
+def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | bool = False,
+          read_timeout: float = 5, consume: Callable[[bytes], Awaitable[None]] | None = None,
+          ) -> tuple[list[bytes], BaseException | None, ApiClient]:
+    """Runs one watch through ApiClient against ``serve``: the frames it gave, how it ended."""
+    async def main() -> tuple[list[bytes], BaseException | None, ApiClient]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+        port = server.sockets[0].getsockname()[1]
+        url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        got: list[bytes] = []
+        failure: BaseException | None = None
+        async with server, ApiClient(Connection(url, client_tls, k8s_client.Configuration())) as api:
+            try:
+                async for event in api.watch_stream("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH,
+                                                    read_timeout):
+                    got.append(event)
+                    if consume is not None:
+                        await consume(event)
+            except Exception as err:
+                failure = err
+        return got, failure, api
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) contexts of a fresh CA."""
+    pki = generate(Path(tmp_path_factory.mktemp("pki")))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki.serving_cert, pki.serving_key)
+    return server, ssl.create_default_context(cafile=str(pki.ca_cert))
+
+
+def test_events_over_tls_come_out_whole_in_order_however_they_are_written(
+        tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    events = [b"e%d-" % i * (1 + i * 37 % 900) for i in range(300)]  # up to 5 KB
+    body = b"".join(frame(e) for e in events)
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD)
+        cut = 0
+        for i, size in enumerate([1, 3, 700, 5000, 20000, 65536, 1 << 20] * 40):
+            piece, cut = body[cut:cut + size], cut + size
+            if piece:
+                writer.write(chunk(piece))
+                if i % 3 == 0:
+                    await writer.drain()
+                    await asyncio.sleep(0.001)  # apart: one read each
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # until the client closes
+
+    got, failure, api = watch(serve, *tls)
+    assert failure is None and got == events
+    assert api.metrics.requests == {("200", "GET"): 1}
+
+
+def test_a_silent_connection_is_noticed_by_the_read_timeout() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD + chunk(frame(b"one")))
+        await writer.drain()
+        await reader.read()  # then nothing, the connection open
+
+    got, failure, _ = watch(serve, read_timeout=0.3)
+    assert got == [b"one"]
+    assert isinstance(failure, Transient) and failure.reason == "timeout"
+
+
+@pytest.mark.parametrize("wire", [
+    WATCH_HEAD + chunk(frame(b"one")) + b"40\r\n" + frame(b"two")[:5],  # closed inside a chunk
+    WATCH_HEAD + chunk(frame(b"one")),  # closed between chunks, without the last one
+    WATCH_HEAD + chunk(frame(b"one") + frame(b"two")[:5]) + b"0\r\n\r\n",  # last chunk inside an event
+])
+def test_an_answer_cut_short_is_a_transport_error_after_what_came_whole(wire: bytes) -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(wire)
+        await writer.drain()
+        writer.close()
+
+    got, failure, _ = watch(serve)
+    assert got == [b"one"]
+    assert isinstance(failure, Transient) and failure.reason == "truncated"
+
+
+def test_an_error_answer_is_typed_and_counted() -> None:
+    status = b'{"kind":"Status","status":"Failure","message":"pods is forbidden","reason":"Forbidden","code":403}'
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(status), status))
+        await writer.drain()
+        await reader.read()  # kept open: the length ends the body
+
+    got, failure, api = watch(serve)
+    assert not got and isinstance(failure, Forbidden) and failure.message == "pods is forbidden"
+    assert api.metrics.requests == {("403", "GET"): 1}
+
+
+def test_no_answer_is_a_transport_error_counted_as_such() -> None:
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.close()  # closed before answering
+
+    got, failure, api = watch(serve)
+    assert not got and isinstance(failure, Transient) and failure.reason == "ConnectionResetError"
+    assert api.metrics.requests == {(NO_ANSWER, "GET"): 1}
+
+
+def test_a_lagging_consumer_holds_the_reading_back() -> None:
+    """3,000 events sent at once, taken four a millisecond: the frames read and not yet taken
+    stay near PENDING_FRAMES (one read more at most), however much the server sent."""
+    events = [b"%04d" % i * 50 for i in range(3000)]
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD + chunk(b"".join(frame(e) for e in events)) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> tuple[list[bytes], list[int]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        endpoint = watchstream.Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", False)
+        async with server:
+            stream = await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
+            got, pending = [], []
+            try:
+                async for event in stream.frames(watchstream.LengthPrefixed()):
+                    got.append(event)
+                    pending.append(stream.pending)
+                    if len(got) % 4 == 0:
+                        await asyncio.sleep(0.001)
+            finally:
+                stream.close()
+        return got, pending
+
+    got, pending = asyncio.run(main())
+    assert got == events
+    assert max(pending) >= watchstream.PENDING_FRAMES - 1  # it did lag
+    assert max(pending) <= watchstream.PENDING_FRAMES + watchstream.READ_SIZE // (4 + 200) + 1
