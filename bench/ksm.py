@@ -15,7 +15,10 @@ StatefulSets and Jobs whose pods have them as direct owners):
 3. each /metrics scraped 3 times plain and 3 times with `Accept-Encoding: gzip`: bytes, series,
    median time;
 4. Prometheus scraping both every --scrape-interval; pod churn for --churn-seconds (phase flips,
-   as bench/scale.py does): each process's CPU seconds (utime + stime from /proc);
+   as bench/scale.py does): each process's CPU seconds (utime + stime from /proc), and the
+   summary writes ours made meanwhile. A second instance of ours, `--no-reconciler` (metrics
+   only: KSM's job), scraped by the same Prometheus, runs beside through the churn: what the
+   exporter alone costs per event;
 5. the three questions, ours and KSM's PromQL, each run --query-runs times at one instant with
    `stats=all`: result, agreement (row by row), median time, samples touched;
 6. peak RSS (VmHWM) of both.
@@ -338,17 +341,30 @@ def query(prom: Prometheus, expr: str, at: float, runs: int) -> dict:
             "peak_samples": samples.get("peakSamples")}
 
 
-def prometheus_for(cluster: LocalCluster, svc: Service, ksm: KubeStateMetrics, interval: str) -> Prometheus:
-    """One Prometheus scraping both, at one interval; each scrape may take the whole interval."""
+def prometheus_for(cluster: LocalCluster, svc: Service, ksm: KubeStateMetrics, interval: str,
+                   exporter: Service) -> Prometheus:
+    """One Prometheus scraping both (and the metrics-only instance of ours, kept apart: a job of
+    its own, none of its series stored), at one interval; each scrape may take the whole interval."""
     ksm_job = {"job_name": "kube-state-metrics", "honor_labels": True, "scrape_timeout": interval,
                "static_configs": [{"targets": [f"127.0.0.1:{ksm.port}"]}],
                # Stored: only the families the questions read (Prometheus still receives and
                # parses every line), so that 150,000 pods' worth fits in this machine's memory.
                "metric_relabel_configs": [{"source_labels": ["__name__"], "action": "keep",
                                            "regex": "|".join(KSM_FAMILIES_READ)}]}
+    exporter_job = {"job_name": EXPORTER_JOB, "scrape_timeout": interval,
+                    "static_configs": [{"targets": [f"127.0.0.1:{exporter.port}"]}],
+                    "metric_relabel_configs": [{"source_labels": ["__name__"], "action": "drop", "regex": ".+"}]}
     prom = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{svc.port}"], [], interval=interval,
-                      honor_labels=True, extra_jobs=[ksm_job])
+                      honor_labels=True, extra_jobs=[ksm_job, exporter_job])
     return prom.start()
+
+
+EXPORTER_JOB = "node-workload-summary-metrics-only"
+
+
+def writes(svc: Service) -> float:
+    """The summary writes the service made so far (every verb)."""
+    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
 
 
 def scraped(prom: Prometheus, job: str, at: float, window: str) -> dict:
@@ -387,6 +403,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
         say(f"populated in {size['populate_seconds']} s; {len(size['not_ready'])} nodes not Ready; "
             "starting the service ...")
         svc = Service(cluster)
+        exporter = Service(cluster, args=("--no-reconciler",))
         ksm = KubeStateMetrics(cluster, node_labels=(POOL_LABEL,))
         prom = None
         try:
@@ -402,13 +419,17 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             ours["scrape"] = scrape_cost(svc.metrics_url, args.scrape_runs)
             theirs["scrape"] = scrape_cost(ksm.metrics_url, args.scrape_runs)
             say(f"ours {ours['scrape']}; kube-state-metrics {theirs['scrape']}")
-            prom = prometheus_for(cluster, svc, ksm, args.scrape_interval)
+            exporter_sync = service_sync(exporter)
+            assert exporter.proc is not None
+            pids["exporter"] = exporter.proc.pid
+            say(f"the metrics-only instance of ours ready: {exporter_sync}")
+            prom = prometheus_for(cluster, svc, ksm, args.scrape_interval, exporter)
             say(f"Prometheus scraping both every {args.scrape_interval}; churn for {args.churn_seconds:.0f} s ...")
             _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
             assert isinstance(listed, dict)
             pod_names = [item["metadata"]["name"] for item in listed["items"]]
             cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
-            t0 = time.monotonic()
+            writes0, t0 = writes(svc), time.monotonic()
 
             async def churn_pods() -> int:
                 async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
@@ -416,13 +437,17 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
 
             updates = asyncio.run(churn_pods())
             elapsed = time.monotonic() - t0
-            for side, k in ((ours, "ours"), (theirs, "ksm")):
+            ours["churn_writes"] = round(writes(svc) - writes0)
+            metrics_only: dict = {}
+            for side, k in ((ours, "ours"), (theirs, "ksm"), (metrics_only, "exporter")):
                 side["churn_cpu_seconds"] = round(cpu_seconds(pids[k]) - cpu0[k], 2)
                 # Each update is one pod watch event to each side (and its scrapes meanwhile).
                 side["churn_cpu_ms_per_1000_events"] = round(side["churn_cpu_seconds"] / max(updates, 1) * 1e6, 1)
+            ours["metrics_only"] = metrics_only
             result["churn"] = {"seconds": round(elapsed, 1), "api_updates": updates,
                                "api_updates_per_second": round(updates / elapsed)}
-            say(f"churn: {result['churn']}; ours {ours['churn_cpu_seconds']} CPU s, "
+            say(f"churn: {result['churn']}; ours {ours['churn_cpu_seconds']} CPU s ({ours['churn_writes']} "
+                f"writes; metrics only: {metrics_only['churn_cpu_seconds']}), "
                 f"kube-state-metrics {theirs['churn_cpu_seconds']} CPU s")
             interval = _seconds(args.scrape_interval)
             time.sleep(3 * interval)  # a few scrapes of the settled state
@@ -439,6 +464,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             if prom is not None:
                 prom.stop()
             ksm.stop()
+            exporter.stop()
             svc.stop()
     return result
 
@@ -500,6 +526,24 @@ def _per_event(side: dict) -> str:
     return "" if per is None else f" ({per:,.0f} ms)"
 
 
+def churn_table(results: list[dict]) -> list[str]:
+    """CPU per 1,000 pod events under churn: ours as shipped (its summary writes made meanwhile),
+    ours metrics only, KSM (runs before the metrics-only instance have no table)."""
+    runs = [r for r in results if "metrics_only" in r["ours"]]
+    if not runs:
+        return []
+    lines = ["", "| nodes / pods | pod updates | ours: CPU s (ms per 1,000 pod events), summary writes | "
+             "ours, metrics only | KSM | KSM / ours | KSM / ours metrics only |", "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        o, m, k = r["ours"], r["ours"]["metrics_only"], r["ksm"]
+        per = [side["churn_cpu_ms_per_1000_events"] for side in (o, m, k)]
+        lines.append(f"| {r['nodes']:,} / {r['pods']:,} | {r['churn']['api_updates']:,} | "
+                     f"{o['churn_cpu_seconds']} ({per[0]:,.0f} ms), {o['churn_writes']:,} | "
+                     f"{m['churn_cpu_seconds']} ({per[1]:,.0f} ms) | {k['churn_cpu_seconds']} ({per[2]:,.0f} ms) | "
+                     f"{per[2] / per[0]:.1f}x | {per[2] / per[1]:.1f}x |")
+    return lines
+
+
 def markdown(results: list[dict]) -> str:
     lines = ["| nodes / pods | | /metrics plain | gzip | series | scrape time plain / gzip | ready | "
              "peak RSS | CPU s in churn (ms per 1,000 pod events) |", "|---|---|---|---|---|---|---|---|---|"]
@@ -516,6 +560,7 @@ def markdown(results: list[dict]) -> str:
         rt = ratios(r)
         lines.append(f"| | KSM / ours | {rt['scrape_bytes']}x | {rt['scrape_gzip_bytes']}x | {rt['series']}x | | | "
                      f"{rt['peak_rss']}x | {str(rt['churn_cpu']) + 'x' if 'churn_cpu' in rt else ''} |")
+    lines += churn_table(results)
     lines += ["", "| nodes | question | samples touched ours / KSM (ratio) | peak samples ours / KSM | "
               "query time ours / KSM | rows ours / KSM | agree |", "|---|---|---|---|---|---|---|"]
     for r in results:
@@ -568,6 +613,9 @@ def plot(results: list[dict], path: Path) -> None:
     ax.plot(nodes, [r["ksm"]["churn_cpu_seconds"] for r in results], **ksm_style, color="#c0392b", label="KSM")
     ax.plot(nodes, [r["ours"]["churn_cpu_seconds"] for r in results], **our_style, color="#1f6fb2",
             label="ours (exporter and reconciler)")
+    if all("metrics_only" in r["ours"] for r in results):
+        ax.plot(nodes, [r["ours"]["metrics_only"]["churn_cpu_seconds"] for r in results], **our_style,
+                color="#9cc3e6", label="ours, metrics only (--no-reconciler)")
     ax.set_title(f"CPU seconds in {results[0]['churn']['seconds']:.0f} s of pod churn")
     for a in axes[0]:
         a.set_yscale("log")

@@ -25,6 +25,10 @@ from typing import Protocol
 from urllib.parse import urlencode, urlsplit
 
 READ_SIZE = 65536  # one recv: a TLS record holds at most 16 KiB
+# A read this large (a full TLS record) is a bulk transfer, a WatchList's initial state: read on,
+# up to READS_PER_TURN reads, before the event loop's other work gets its turn.
+BULK_READ = 16384
+READS_PER_TURN = 16
 MAX_HEAD = 65536  # the status line and headers
 MAX_LINE = 4096  # a chunk's size line
 MAX_FRAME = 64 << 20  # no object the API server stores comes near (etcd's limit is 1.5 MiB)
@@ -408,15 +412,18 @@ class Stream:
     def _readable(self) -> None:
         sock = self._sock
         try:
-            data = sock.recv(READ_SIZE)
-            self._last_read = self._loop.time()
-            if not data:
-                self._finish(self._eof())
-                return
-            self._take(data)
-            # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
-            while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._ended:
-                self._take(sock.recv(READ_SIZE))
+            for _ in range(READS_PER_TURN):
+                data = sock.recv(READ_SIZE)
+                self._last_read = self._loop.time()
+                if not data:
+                    self._finish(self._eof())
+                    return
+                self._take(data)
+                # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
+                while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._ended:
+                    self._take(sock.recv(READ_SIZE))
+                if self._ended or len(data) < BULK_READ:
+                    break  # an event or a few: no read more that would only find nothing
         except _WOULD_BLOCK:
             pass
         except ssl.SSLWantWriteError:
