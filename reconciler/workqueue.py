@@ -14,6 +14,9 @@ or a backoff not yet), ``adds`` (keys queued, each time one becomes due), ``retr
 ``queue_duration`` (from queued to taken) and ``work_duration`` (from taken to done: deciding
 and writing, the token bucket's wait included).
 
+Waiting costs O(1) per change, as client-go's: a key made ready wakes one idle worker (not all
+of them), and one timer, for the earliest key that waits for its time, stands for every worker.
+
 Time comes from an injectable ``Clock`` (kubeindex/clock.py): tests step a fake one.
 """
 
@@ -46,7 +49,9 @@ class WorkQueue(Generic[K]):
         self._serial = 0
         self._failures: dict[K, int] = {}
         self._done_at: dict[K, float] = {}  # last write, for the debounce (pruned as it ages)
-        self._wake = asyncio.Event()
+        self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting in get(), each woken alone
+        self._timer: asyncio.Task[None] | None = None  # sleeps until the earliest waiting key is due
+        self._timer_due = 0.0
         self._queued_at: dict[K, float] = {}  # when each dirty key was queued (pruned when taken or cleared)
         self._taken_at: dict[K, float] = {}  # when each key in flight was taken
         self.adds = 0
@@ -73,8 +78,7 @@ class WorkQueue(Generic[K]):
             return
         self._mark_dirty(key)
         if key not in self._processing:
-            self._queue.append(key)
-            self._wake.set()
+            self._ready(key)
 
     def _mark_dirty(self, key: K) -> None:
         self._dirty.add(key)
@@ -106,8 +110,7 @@ class WorkQueue(Generic[K]):
             self.work_duration.observe(self.clock.monotonic() - taken)
         self._processing.discard(key)
         if key in self._dirty:
-            self._queue.append(key)
-            self._wake.set()
+            self._ready(key)
 
     def clear(self) -> None:
         self._queue.clear()
@@ -129,8 +132,26 @@ class WorkQueue(Generic[K]):
                 self.queue_duration.observe(now - self._queued_at.pop(key, now))
                 self._taken_at[key] = now
                 return key
-            self._wake.clear()
-            await self._wait(self._waiting[0][0] - self.clock.monotonic() if self._waiting else None)
+            idle: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._idle.append(idle)
+            self._arm_timer()
+            try:
+                await idle
+            except asyncio.CancelledError:
+                if idle.done() and not idle.cancelled():
+                    self._wake_one()  # woken and cancelled at once: the wake goes to another
+                raise
+
+    def _ready(self, key: K) -> None:
+        self._queue.append(key)
+        self._wake_one()
+
+    def _wake_one(self) -> None:
+        while self._idle:
+            idle = self._idle.popleft()
+            if not idle.done():
+                idle.set_result(None)
+                return
 
     def _add_at(self, key: K, when: float) -> None:
         if self._waiting_at.get(key, float("inf")) <= when:
@@ -138,7 +159,7 @@ class WorkQueue(Generic[K]):
         self._waiting_at[key] = when
         self._serial += 1
         heapq.heappush(self._waiting, (when, self._serial, key))
-        self._wake.set()
+        self._arm_timer()
 
     def _promote_waiting(self) -> None:
         now = self.clock.monotonic()
@@ -150,17 +171,31 @@ class WorkQueue(Generic[K]):
             if key not in self._dirty:
                 self._mark_dirty(key)
                 if key not in self._processing:
-                    self._queue.append(key)
+                    self._ready(key)
         if len(self._done_at) > 1024:  # drop debounce marks that no longer delay anything
             horizon = now - self.debounce
             self._done_at = {k: t for k, t in self._done_at.items() if t > horizon}
 
-    async def _wait(self, timeout: float | None) -> None:
-        """Until something is added, or ``timeout`` seconds pass on the clock (None: no bound)."""
-        wake = asyncio.ensure_future(self._wake.wait())
-        tasks = {wake} if timeout is None else {wake, asyncio.ensure_future(self.clock.sleep(max(timeout, 0)))}
+    def _arm_timer(self) -> None:
+        """One sleep, for the earliest waiting key; a key due earlier than it replaces it. Needs a
+        running event loop: without one (keys added before the workers start) the first get()
+        arms it."""
+        if not self._waiting:
+            return
+        due = self._waiting[0][0]
+        if self._timer is not None and not self._timer.done():
+            if self._timer_due <= due:
+                return
+            self._timer.cancel()
         try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._timer_due = due
+        self._timer = asyncio.ensure_future(self._fire(due))
+
+    async def _fire(self, due: float) -> None:
+        await self.clock.sleep(due - self.clock.monotonic())
+        self._timer = None
+        self._promote_waiting()  # wakes a worker for each key it makes ready
+        self._arm_timer()

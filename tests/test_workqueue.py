@@ -192,3 +192,35 @@ def test_clear_keeps_no_wait_times_for_keys_it_dropped() -> None:
         assert q.queue_duration.sum == 0 and q.work_duration.sum == 5
 
     asyncio.run(main())
+
+
+def test_idle_workers_share_one_timer_and_a_ready_key_wakes_one_of_them() -> None:
+    """Eight workers wait while keys wait for their debounce: one sleep on the clock stands for all
+    of them (not one per worker, re-made on every change), and each key made ready is taken by
+    exactly one worker."""
+    async def main() -> tuple[int, int, list[str]]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=2.0, clock=clock)
+        for key in ("a", "b", "c"):
+            q.wrote(key)
+            q.add(key)  # each waits 2 s
+        taken: list[str] = []
+
+        async def worker() -> None:
+            while True:
+                taken.append(await q.get())
+
+        workers = [asyncio.ensure_future(worker()) for _ in range(8)]
+        await settle()
+        sleepers = clock.sleepers
+        q.add("d")  # ready now: one worker takes it, the other seven stay parked
+        await settle()
+        after_add = clock.sleepers
+        await clock.advance(2.0)
+        for w in workers:
+            w.cancel()
+        return sleepers, after_add, taken
+
+    sleepers, after_add, taken = asyncio.run(main())
+    assert (sleepers, after_add) == (1, 1)
+    assert taken == ["d", "a", "b", "c"]
