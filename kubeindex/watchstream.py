@@ -236,8 +236,14 @@ class Endpoint:
 
     def request(self, path: str, params: dict[str, str], headers: dict[str, str]) -> bytes:
         target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
+        for name, value in headers.items():  # a token from a file or Secret, say: never a header of its own
+            if _UNSAFE.search(name) or _UNSAFE.search(value) or not value.isascii():
+                raise StreamError("bad request", f"header {name[:40]!r}: a line break, NUL or non-ASCII in it")
         lines = [f"GET {target} HTTP/1.1", f"Host: {self.authority}", *(f"{k}: {v}" for k, v in headers.items())]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+
+
+_UNSAFE = re.compile(r"[\r\n\0]")
 
 
 def _unverified() -> ssl.SSLContext:
@@ -287,10 +293,14 @@ async def _connect(endpoint: Endpoint) -> socket.socket:
         if endpoint.tls is None:
             return sock
         try:
-            return await _handshake(loop, endpoint.tls.wrap_socket(
-                sock, server_hostname=endpoint.host, do_handshake_on_connect=False))
+            tls_sock = endpoint.tls.wrap_socket(sock, server_hostname=endpoint.host, do_handshake_on_connect=False)
         except BaseException:
             sock.close()
+            raise
+        try:  # the descriptor is the TLS socket's now: closing ``sock`` would leave it open
+            return await _handshake(loop, tls_sock)
+        except BaseException:
+            tls_sock.close()
             raise
     raise failure
 
@@ -366,11 +376,10 @@ class Stream:
         self._body, self._framing = body_of(self.head), framing
         self._last_read = self._loop.time()
         self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
-        if self._rest:
-            try:
-                self._take(self._rest)
-            except Exception as err:  # after the events before it
-                self._finish(err)
+        try:  # the body bytes that came with the head; a body already whole ends here
+            self._take(self._rest)
+        except Exception as err:
+            self._finish(err)
         if not self._ended:
             self._resume()
         frames = self._frames
@@ -403,6 +412,7 @@ class Stream:
         if not self._reading and self._sock.fileno() != -1:
             self._loop.add_reader(self._sock.fileno(), self._readable)
             self._reading = True
+            self._last_read = self._loop.time()  # a pause for the consumer is no silence of the server's
 
     def _pause(self) -> None:
         if self._reading:
@@ -422,8 +432,8 @@ class Stream:
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
                 while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._ended:
                     self._take(sock.recv(READ_SIZE))
-                if self._ended or len(data) < BULK_READ:
-                    break  # an event or a few: no read more that would only find nothing
+                if self._ended or len(data) < BULK_READ or len(self._frames) >= PENDING_FRAMES:
+                    break  # an event or a few (a read more would find nothing), or enough for now
         except _WOULD_BLOCK:
             pass
         except ssl.SSLWantWriteError:

@@ -177,3 +177,57 @@ def test_a_lagging_consumer_holds_the_reading_back() -> None:
     assert got == events
     assert max(pending) >= watchstream.PENDING_FRAMES - 1  # it did lag
     assert max(pending) <= watchstream.PENDING_FRAMES + watchstream.READ_SIZE // (4 + 200) + 1
+
+
+def test_a_body_whole_with_the_head_ends_the_watch_at_once() -> None:
+    """Content-Length: 0 (or a short body that came with the head): done, not a wait for the read
+    timeout."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        await reader.read()  # kept open: the length ends the body
+
+    got, failure, _ = watch(serve, read_timeout=30)
+    assert got == [] and failure is None
+
+
+def open_descriptors() -> int:
+    return len(list(Path("/proc/self/fd").iterdir()))
+
+
+def test_a_failed_handshake_leaves_no_connection_open(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+    """A server whose certificate the client does not trust: a transport error each time, and
+    the sockets closed although the errors (and their tracebacks) are kept."""
+    untrusted = ssl.create_default_context()  # the system's CAs: not the test CA
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+
+    async def main() -> tuple[list[BaseException], int, int]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls[0])
+        endpoint = watchstream.Endpoint(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}", untrusted)
+        kept: list[BaseException] = []
+        async with server:
+            counts = []
+            for _ in range(6):
+                try:
+                    await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
+                except ssl.SSLError as err:
+                    kept.append(err)
+                await asyncio.sleep(0.05)  # the server's side of it closed too
+                counts.append(open_descriptors())
+            return kept, counts[0], counts[-1]
+
+    kept, before, after = asyncio.run(main())
+    assert len(kept) == 6 and all("CERTIFICATE_VERIFY_FAILED" in str(err) for err in kept)
+    assert after <= before  # one descriptor more per failure before the fix
+
+
+@pytest.mark.parametrize("token", ["abc\r\nX-Injected: 1", "abc\ndef", "abc\0", "tök"])
+def test_a_header_value_that_would_break_the_request_is_refused(token: str) -> None:
+    endpoint = watchstream.Endpoint("https://127.0.0.1:6443", False)
+    with pytest.raises(watchstream.StreamError, match="header 'Authorization'"):
+        endpoint.request("/api/v1/pods", {}, {"Authorization": f"Bearer {token}"})
+    assert endpoint.request("/api/v1/pods", {"watch": "1"}, {"Authorization": "Bearer abc"}) == (
+        b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: 127.0.0.1:6443\r\nAuthorization: Bearer abc\r\n\r\n")
