@@ -1,7 +1,8 @@
 """What a start of the service costs the API server (kube-apiserver + etcd), for each way of the
 initial list (--initial-list) and each encoding of pods and nodes (--encoding), on one populated
 local control plane. A mode is an --initial-list mode, with pods and nodes in protobuf (the
-default), or with ``-json`` after it in JSON: `watchlist`, `watchlist-json`, `list`, ...
+default), or with ``-json`` after it in JSON, and ``:N`` for a --page-size of N: `watchlist`,
+`watchlist-json`, `list`, `list:5000`, `list-json:5000`, ...
 
 For each start: kube-apiserver and etcd CPU seconds (utime + stime from /proc/<pid>/stat) and
 peak RSS increase (VmRSS sampled every 100 ms, peak minus the baseline just before the start),
@@ -150,10 +151,20 @@ def _extra_metrics(ready_url: str) -> dict:
 
 
 def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
+    mode, _, page_size = mode.partition(":")
     initial_list, _, encoding = mode.partition("-")
     return [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={cluster.kubeconfig}",
             "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={initial_list}",
-            f"--encoding={encoding or 'protobuf'}"]
+            f"--encoding={encoding or 'protobuf'}", *([f"--page-size={page_size}"] if page_size else [])]
+
+
+def mode_name(text: str) -> str:
+    """A --modes word, checked: an --initial-list mode (``-json``: in JSON; ``:N``: pages of N), or ksm."""
+    mode, colon, page_size = text.partition(":")
+    if mode not in (*MODES, *JSON_MODES, KSM) or (colon and (mode == KSM or not page_size.isdigit())):
+        raise argparse.ArgumentTypeError(f"not a mode: {text!r} (one of {', '.join((*MODES, *JSON_MODES, KSM))}, "
+                                         "an --initial-list mode may take :PAGE_SIZE)")
+    return text
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -243,9 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--workloads", type=int, default=300)
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=(*MODES, *JSON_MODES, KSM),
-                        help="--initial-list modes of the service (-json: pods and nodes in JSON); "
-                             "ksm: kube-state-metrics")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), type=mode_name,
+                        help="--initial-list modes of the service (-json: pods and nodes in JSON; :N: "
+                             "--page-size N, e.g. list:5000); ksm: kube-state-metrics")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
     add_out(parser, "apiserver-bill.json", (".md",))
