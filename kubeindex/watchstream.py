@@ -52,7 +52,7 @@ def truncated(message: str) -> StreamError:
 class Framing(Protocol):
     """Cuts a body's bytes into events."""
 
-    def feed(self, data: bytes | bytearray) -> list[bytes]: ...
+    def feed(self, data: bytes) -> list[bytes]: ...
 
     def end(self) -> list[bytes]: ...
 
@@ -61,27 +61,29 @@ class LengthPrefixed:
     """Protobuf watch events: each after its length, 4 bytes big-endian."""
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._rest = b""  # the start of an event whose end has not come yet
 
-    def feed(self, data: bytes | bytearray) -> list[bytes]:
-        buffer = self._buffer
-        buffer += data
-        frames, start = [], 0
-        while len(buffer) - start >= 4:
-            size = int.from_bytes(buffer[start:start + 4], "big")
+    def feed(self, data: bytes) -> list[bytes]:
+        # Most reads hold whole events: sliced straight out of them, each copied once.
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        frames, start, size_of = [], 0, int.from_bytes
+        while len(data) - start >= 4:
+            size = size_of(data[start:start + 4], "big")
             if size > MAX_FRAME:
                 raise StreamError("bad frame", f"a watch event of {size} bytes: not a protobuf watch stream")
             end = start + 4 + size
-            if end > len(buffer):
+            if end > len(data):
                 break  # an event larger than what came so far: keep collecting
-            frames.append(bytes(buffer[start + 4:end]))
+            frames.append(bytes(data[start + 4:end]))
             start = end
-        del buffer[:start]
+        if start < len(data):
+            self._rest = bytes(data[start:])
         return frames
 
     def end(self) -> list[bytes]:
-        if self._buffer:
-            raise truncated(f"the watch stream ended inside an event ({len(self._buffer)} bytes of it)")
+        if self._rest:
+            raise truncated(f"the watch stream ended inside an event ({len(self._rest)} bytes of it)")
         return []
 
 
@@ -91,7 +93,7 @@ class JsonLines:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes | bytearray) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:
         if b"\n" not in data:
             self._buffer += data  # an event larger than one read: keep collecting
             if len(self._buffer) > MAX_FRAME:
@@ -112,7 +114,7 @@ class Body(Protocol):
     done: bool
     until_close: bool  # the body ends with the connection (no length, not chunked)
 
-    def feed(self, data: bytes) -> bytes | bytearray: ...
+    def feed(self, data: bytes) -> bytes: ...
 
 
 _CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,15}")
@@ -124,47 +126,46 @@ class ChunkedBody:
     closed then)."""
 
     def __init__(self) -> None:
-        self._buffer = bytearray()
+        self._rest = b""  # a chunk size line, or a CRLF, cut by the end of a read
         self._left = 0  # of the chunk under way
         self._crlf = False  # the CRLF after a chunk's data is next
         self.done = False
         self.until_close = False
 
-    def feed(self, data: bytes) -> bytes | bytearray:
-        buffer = self._buffer
-        buffer += data
-        payload = bytearray()
-        pos = 0
-        while not self.done:
+    def feed(self, data: bytes) -> bytes:
+        # A watch event is mostly one chunk in one read: its data is then sliced out, one copy.
+        if self._rest:
+            data, self._rest = self._rest + data, b""
+        parts, pos, end = [], 0, len(data)
+        while pos < end and not self.done:
             if self._left:
-                take = min(self._left, len(buffer) - pos)
-                if not take:
-                    break
-                payload += buffer[pos:pos + take]
+                take = min(self._left, end - pos)
+                parts.append(data[pos:pos + take])
                 pos += take
                 self._left -= take
             elif self._crlf:
-                if len(buffer) - pos < 2:
+                if end - pos < 2:
                     break
-                if buffer[pos:pos + 2] != b"\r\n":
+                if data[pos:pos + 2] != b"\r\n":
                     raise StreamError("bad chunk", "a chunk's data not followed by CRLF")
                 pos += 2
                 self._crlf = False
             else:
-                end = buffer.find(b"\r\n", pos)
-                if end < 0:
-                    if len(buffer) - pos > MAX_LINE:
+                eol = data.find(b"\r\n", pos)
+                if eol < 0:
+                    if end - pos > MAX_LINE:
                         raise StreamError("bad chunk", "a chunk size line longer than 4 KiB")
                     break
-                size = bytes(buffer[pos:end]).split(b";", 1)[0].strip()
+                size = data[pos:eol].split(b";", 1)[0].strip()
                 if not _CHUNK_SIZE.fullmatch(size):
                     raise StreamError("bad chunk", f"not a chunk size: {size[:40]!r}")
-                pos = end + 2
+                pos = eol + 2
                 self._left = int(size, 16)
                 self._crlf = True
                 self.done = self._left == 0
-        del buffer[:pos]
-        return payload
+        if pos < end and not self.done:
+            self._rest = data[pos:]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 class PlainBody:
@@ -175,7 +176,7 @@ class PlainBody:
         self.done = length == 0
         self.until_close = length is None
 
-    def feed(self, data: bytes) -> bytes | bytearray:
+    def feed(self, data: bytes) -> bytes:
         if self._left is None:
             return data
         data = data[:self._left]
