@@ -20,7 +20,7 @@ import random
 import ssl
 import tempfile
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -448,14 +448,15 @@ class ApiClient:
             raise error_from_body(resp.status, answer)
         return answer
 
-    async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                           connect_timeout: float = 15,
-                           on_open: Callable[[str], None] | None = None) -> AsyncGenerator[bytes, None]:
-        """A watch: its events' bytes, one by one, in the framing of the encoding the server
-        answered in (``on_open`` gets its Content-Type once it answered 200; an idle watch may send
-        nothing for a minute). ``read_timeout`` bounds silence between reads, so a connection that
-        died without closing is noticed. Errors as ``request``. Read on a connection of its own,
-        off aiohttp: kubeindex/watchstream.py says why."""
+    async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                    on_frame: Callable[[bytes], None], connect_timeout: float = 15,
+                    on_open: Callable[[str], None] | None = None) -> None:
+        """A watch: ``on_frame`` gets its events' bytes one by one, in the framing of the
+        encoding the server answered in (``on_open`` gets its Content-Type once it answered
+        200), until the server ends it; what ``on_frame`` raises ends it too, raised here. An idle
+        watch may send nothing for a minute: ``read_timeout`` bounds the silence between reads,
+        so a connection that died without closing is noticed. Errors as ``request``. Read on a
+        connection of its own, off aiohttp: kubeindex/watchstream.py says why."""
         started, stream = time.monotonic(), None
         try:
             stream = await watchstream.open_stream(self._endpoint, path, params, self._headers(accept),
@@ -469,8 +470,7 @@ class ApiClient:
                 on_open(content_type)
             framing = watchstream.LengthPrefixed() if content_type.startswith(protobuf.MEDIA_TYPE) \
                 else watchstream.JsonLines()
-            async for frame in stream.frames(framing):
-                yield frame
+            await stream.deliver(framing, on_frame)
         except _TRANSPORT as err:
             if stream is None:
                 self.metrics.observe("GET", path, params, NO_ANSWER, time.monotonic() - started)

@@ -66,7 +66,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
@@ -123,9 +123,9 @@ class ListWatch(Protocol):
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = ...,
                   timeout: float = ...) -> bytes: ...
 
-    def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                     connect_timeout: float = ..., on_open: Callable[[str], None] | None = None,
-                     ) -> AsyncGenerator[bytes, None]: ...
+    async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                    on_frame: Callable[[bytes], None], connect_timeout: float = ...,
+                    on_open: Callable[[str], None] | None = None) -> None: ...
 
 
 InitialList = Literal["auto", "watchlist", "list", "cache"]
@@ -526,18 +526,10 @@ class Reflector(Generic[T]):
             params["resourceVersion"] = self.resource_version
         accept = PARTIAL if self.metadata_only else protobuf.ACCEPT_WATCH if self._codec else JSON
         try:
-            count = 0
-            # aclosing: an ERROR event or a failed handler closes the connection now, not at GC.
-            async with contextlib.aclosing(self.api.watch_stream(
-                    self.path, params, accept, self.settings.read_timeout, on_open=self._opened)) as events:
-                async for event in events:
-                    if self._frames_protobuf:
-                        self._handle_protobuf(event)
-                    else:
-                        self._handle(event)
-                    count += 1
-                    if self._initial is not None and count % self.settings.yield_every == 0:
-                        await asyncio.sleep(0)  # a stream of initial state is decoded like LIST pages
+            # Each event is handled as it is read; a WatchList's state too, the event loop getting
+            # its turn between reads (kubeindex/watchstream.py).
+            await self.api.watch(self.path, params, accept, self.settings.read_timeout, self._on_frame,
+                                 on_open=self._opened)
         except ApiError as err:
             if not (stream and err.status in (400, 422) and self._refused(err)):
                 raise
@@ -560,6 +552,12 @@ class Reflector(Generic[T]):
         """The watch was answered 200, in this encoding."""
         self._frames_protobuf = self._codec is not None and content_type.startswith(protobuf.MEDIA_TYPE)
         self._contact()
+
+    def _on_frame(self, frame: bytes) -> None:
+        if self._frames_protobuf:
+            self._handle_protobuf(frame)
+        else:
+            self._handle(frame)
 
     def _handle_protobuf(self, frame: bytes) -> None:
         assert self._codec is not None

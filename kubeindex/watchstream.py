@@ -5,8 +5,8 @@ server. Through aiohttp each of them took asyncio's TLS protocol (Python, a new 
 aiohttp's stream reader, a task wake-up and a read timer re-armed per read: about 80 µs of CPU an
 event, against 13 µs on this path (docs/benchmarks.md, "CPU per pod event"). So a watch gets a
 connection of its own, non-blocking, read by the event loop's selector callback, which decrypts
-what came, undoes the chunked transfer coding and cuts the events out in one pass. Every other
-request stays on aiohttp.
+what came, undoes the chunked transfer coding, cuts the events out and hands each to the watch's
+handler, in one pass: no task wakes up per event. Every other request stays on aiohttp.
 
 One connection per watch, closed when the watch ends: a watch lasts minutes, and the server
 would keep an idle pooled connection for nothing in between.
@@ -18,8 +18,7 @@ import asyncio
 import re
 import socket
 import ssl
-from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlencode, urlsplit
@@ -33,7 +32,6 @@ MAX_HEAD = 65536  # the status line and headers
 MAX_LINE = 4096  # a chunk's size line
 MAX_FRAME = 64 << 20  # no object the API server stores comes near (etcd's limit is 1.5 MiB)
 MAX_ERROR_BODY = 1 << 20  # of a non-2xx answer: the Status in it is a few hundred bytes
-PENDING_FRAMES = 1000  # read no more until the watch's consumer took these
 
 
 class StreamError(Exception):
@@ -339,8 +337,9 @@ async def _recv(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
 
 
 class Stream:
-    """An answered GET on its own connection: its head, then its body as frames, read by the
-    event loop's selector callback. ``close`` whenever done with it."""
+    """An answered GET on its own connection: its head, then its body's events, each handed to
+    ``on_frame`` by the event loop's selector callback as it is read. ``close`` whenever done
+    with it."""
 
     def __init__(self, sock: socket.socket, head: Head, rest: bytes, read_timeout: float) -> None:
         self.head = head
@@ -348,15 +347,13 @@ class Stream:
         self._loop = asyncio.get_running_loop()
         self._rest = rest  # body bytes that came with the head
         self._read_timeout = read_timeout
-        self._frames: deque[bytes] = deque()
-        self._failure: BaseException | None = None
-        self._ended = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._done: asyncio.Future[None] = self._loop.create_future()
         self._reading = False
         self._idle: asyncio.TimerHandle | None = None
         self._last_read = 0.0
         self._body: Body = PlainBody(0)
         self._framing: Framing = JsonLines()
+        self._on_frame: Callable[[bytes], None] = _nothing
 
     async def read_all(self, limit: int = MAX_ERROR_BODY) -> bytes:
         """The whole body (an error answer's), at most ``limit`` bytes of it."""
@@ -371,51 +368,34 @@ class Stream:
                 if not data:
                     return bytes(payload)
 
-    async def frames(self, framing: Framing) -> AsyncIterator[bytes]:
-        """The body's events, as they come. A connection silent for ``read_timeout`` is dead
-        (TimeoutError); one closed inside the answer is ``truncated``."""
-        self._body, self._framing = body_of(self.head), framing
+    async def deliver(self, framing: Framing, on_frame: Callable[[bytes], None]) -> None:
+        """Hands the body's events to ``on_frame`` as they come, until the body ends. What
+        ``on_frame`` raises ends the stream with it. A connection silent for ``read_timeout`` is
+        dead (TimeoutError); one closed inside the answer is ``truncated``.
+
+        Called in the selector's callback, ``on_frame`` costs no task wake-up and no turn of the
+        event loop of its own; the loop gets its turn between reads (READS_PER_TURN at most)."""
+        self._body, self._framing, self._on_frame = body_of(self.head), framing, on_frame
         self._last_read = self._loop.time()
         self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
         try:  # the body bytes that came with the head; a body already whole ends here
             self._take(self._rest)
         except Exception as err:
             self._finish(err)
-        if not self._ended:
-            self._resume()
-        frames = self._frames
-        while True:
-            while frames:
-                yield frames.popleft()
-            if self._failure is not None:
-                raise self._failure
-            if self._ended:
-                return
-            if not self._reading:
-                self._resume()
-            self._waiter = self._loop.create_future()
-            await self._waiter
-
-    @property
-    def pending(self) -> int:
-        """Events read and not yet taken."""
-        return len(self._frames)
+        if not self._done.done():
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+            self._reading = True
+        await self._done
 
     def close(self) -> None:
         if self._idle is not None:
             self._idle.cancel()
-        self._pause()
+        self._stop_reading()
         self._sock.close()
 
     # -- the selector's side -------------------------------------------------------------------
 
-    def _resume(self) -> None:
-        if not self._reading and self._sock.fileno() != -1:
-            self._loop.add_reader(self._sock.fileno(), self._readable)
-            self._reading = True
-            self._last_read = self._loop.time()  # a pause for the consumer is no silence of the server's
-
-    def _pause(self) -> None:
+    def _stop_reading(self) -> None:
         if self._reading:
             self._loop.remove_reader(self._sock.fileno())
             self._reading = False
@@ -431,59 +411,60 @@ class Stream:
                     return
                 self._take(data)
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
-                while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._ended:
+                while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._done.done():
                     self._take(sock.recv(READ_SIZE))
-                if self._ended or len(data) < BULK_READ or len(self._frames) >= PENDING_FRAMES:
-                    break  # an event or a few (a read more would find nothing), or enough for now
+                if self._done.done() or len(data) < BULK_READ:
+                    break  # an event or a few: a read more would find nothing
         except _WOULD_BLOCK:
             pass
         except ssl.SSLWantWriteError:
             pass  # a renegotiation's write: the next readable turn retries
-        except Exception as err:  # a reset, a TLS alert, a bad chunk: the watch fails with it
+        except Exception as err:  # a reset, a TLS alert, a bad chunk, what on_frame raised
             self._finish(err)
-            return
-        if len(self._frames) >= PENDING_FRAMES:
-            self._pause()  # the consumer resumes reading once it took them
-        self._wake()
 
     def _take(self, data: bytes) -> None:
         payload = self._body.feed(data)
         if payload:
-            self._frames.extend(self._framing.feed(payload))
+            on_frame = self._on_frame
+            for frame in self._framing.feed(payload):
+                on_frame(frame)
         if self._body.done:
-            self._frames.extend(self._framing.end())
+            for frame in self._framing.end():
+                self._on_frame(frame)
             self._finish(None)
 
     def _eof(self) -> Exception | None:
         """The connection's end: the body's too, or a truncated answer."""
-        if self._body.until_close:
-            try:
-                self._frames.extend(self._framing.end())
-            except StreamError as err:
-                return err
-            return None
-        return truncated("the connection closed inside the watch's answer")
+        if not self._body.until_close:
+            return truncated("the connection closed inside the watch's answer")
+        try:
+            for frame in self._framing.end():
+                self._on_frame(frame)
+        except Exception as err:
+            return err
+        return None
 
     def _finish(self, failure: BaseException | None) -> None:
-        self._pause()
+        self._stop_reading()
         if self._idle is not None:
             self._idle.cancel()
-        self._failure, self._ended = failure, True
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done() and (self._frames or self._ended):
-            waiter.set_result(None)
+        if self._done.done():
+            return
+        if failure is None:
+            self._done.set_result(None)
+        else:
+            self._done.set_exception(failure)
 
     def _check_idle(self) -> None:
-        if not self._reading:  # paused for a lagging consumer: the silence is ours
-            self._last_read = self._loop.time()
         silent = self._loop.time() - self._last_read
         if silent >= self._read_timeout:
             self._finish(TimeoutError(f"no data for {silent:.0f}s"))
         else:
             self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
+
+
+def _nothing(frame: bytes) -> None:
+    """No consumer yet."""
 
 
 async def open_stream(endpoint: Endpoint, path: str, params: dict[str, str], headers: dict[str, str],

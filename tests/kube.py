@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -253,17 +253,21 @@ class RecordingApi(ApiClient):
         self.requests.append((method, path, 200))  # any 2xx
         return body
 
-    async def watch_stream(self, path: str, params: dict[str, str], *args: Any,
-                           **kw: Any) -> AsyncGenerator[bytes, None]:
+    async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                    on_frame: Callable[[bytes], None], *args: Any, **kw: Any) -> None:
         self.gets.append((path, dict(params)))
         self.watches.append(dict(params))
         lines = 0
-        async for line in super().watch_stream(path, params, *args, **kw):
-            yield line
+
+        def counted(frame: bytes) -> None:
+            nonlocal lines
+            on_frame(frame)
             lines += 1
             if lines == self.break_after:
                 self.break_after = 0
                 raise Transient(0, "truncated", "the connection closed inside the watch's answer (injected)")
+
+        await super().watch(path, params, accept, read_timeout, counted, *args, **kw)
 
     @property
     def streamed(self) -> int:

@@ -17,7 +17,7 @@ import json
 import logging
 import random
 import signal
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -535,9 +535,9 @@ class ScriptedApi:
             raise answer
         return answer
 
-    async def watch_stream(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
-                           connect_timeout: float = 15,
-                           on_open: Callable[[str], None] | None = None) -> AsyncGenerator[bytes, None]:
+    async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
+                    on_frame: Callable[[bytes], None], connect_timeout: float = 15,
+                    on_open: Callable[[str], None] | None = None) -> None:
         self.requests.append(("WATCH", dict(params)))
         script = self.watches.pop(0) if self.watches else []
         if script and isinstance(script[0], ApiError):
@@ -550,7 +550,7 @@ class ScriptedApi:
             if isinstance(line, Silent):
                 await self.clock.sleep(read_timeout)
                 raise transport_error(TimeoutError())
-            yield line
+            on_frame(line)
         if not script:
             await asyncio.Event().wait()  # a quiet watch: until cancelled
 

@@ -1,8 +1,7 @@
 """A watch's connection against loopback servers that misbehave on purpose (a real API server's
 watches: test_reflector.py, test_faults.py): events over TLS come out whole and in order, a
 silent connection is noticed by the read timeout, an answer cut short is a transport error, an
-error answer is typed, and a consumer that lags holds the reading back instead of the memory
-growing."""
+error answer is typed, and what the handler raises ends the watch with it."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ import pytest
 from kubernetes import client as k8s_client
 
 from kubeindex import protobuf, watchstream
-from kubeindex.api import NO_ANSWER, ApiClient, Connection, Forbidden, Transient
+from kubeindex.api import NO_ANSWER, ApiClient, Connection, Forbidden, Gone, Transient
 from localkube.pki import generate
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -36,9 +35,10 @@ async def answer_head(reader: asyncio.StreamReader) -> None:
 
 
 def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | bool = False,
-          read_timeout: float = 5, consume: Callable[[bytes], Awaitable[None]] | None = None,
+          read_timeout: float = 5, on_frame: Callable[[list[bytes], bytes], None] = list.append,
           ) -> tuple[list[bytes], BaseException | None, ApiClient]:
-    """Runs one watch through ApiClient against ``serve``: the frames it gave, how it ended."""
+    """Runs one watch through ApiClient against ``serve``: the frames it gave (``on_frame`` adds
+    each), how it ended."""
     async def main() -> tuple[list[bytes], BaseException | None, ApiClient]:
         server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
         port = server.sockets[0].getsockname()[1]
@@ -47,11 +47,8 @@ def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLCo
         failure: BaseException | None = None
         async with server, ApiClient(Connection(url, client_tls, k8s_client.Configuration())) as api:
             try:
-                async for event in api.watch_stream("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH,
-                                                    read_timeout):
-                    got.append(event)
-                    if consume is not None:
-                        await consume(event)
+                await api.watch("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH, read_timeout,
+                                lambda frame: on_frame(got, frame))
             except Exception as err:
                 failure = err
         return got, failure, api
@@ -146,37 +143,24 @@ def test_no_answer_is_a_transport_error_counted_as_such() -> None:
     assert api.metrics.requests == {(NO_ANSWER, "GET"): 1}
 
 
-def test_a_lagging_consumer_holds_the_reading_back() -> None:
-    """3,000 events sent at once, taken four a millisecond: the frames read and not yet taken
-    stay near PENDING_FRAMES (one read more at most), however much the server sent."""
-    events = [b"%04d" % i * 50 for i in range(3000)]
+def test_what_the_handler_raises_ends_the_watch_and_its_connection() -> None:
+    """An ERROR event's Status, say: raised from the watch after the events before it, the
+    events after it never handed over."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await answer_head(reader)
-        writer.write(WATCH_HEAD + chunk(b"".join(frame(e) for e in events)) + b"0\r\n\r\n")
+        writer.write(WATCH_HEAD + chunk(frame(b"one") + frame(b"gone") + frame(b"three")))
         await writer.drain()
-        await reader.read()
+        await reader.read()  # until the client closes
 
-    async def main() -> tuple[list[bytes], list[int]]:
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        endpoint = watchstream.Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", False)
-        async with server:
-            stream = await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
-            got, pending = [], []
-            try:
-                async for event in stream.frames(watchstream.LengthPrefixed()):
-                    got.append(event)
-                    pending.append(stream.pending)
-                    if len(got) % 4 == 0:
-                        await asyncio.sleep(0.001)
-            finally:
-                stream.close()
-        return got, pending
+    def on_frame(got: list[bytes], event: bytes) -> None:
+        if event == b"gone":
+            raise Gone(410, "Expired", "too old")
+        got.append(event)
 
-    got, pending = asyncio.run(main())
-    assert got == events
-    assert max(pending) >= watchstream.PENDING_FRAMES - 1  # it did lag
-    assert max(pending) <= watchstream.PENDING_FRAMES + watchstream.READ_SIZE // (4 + 200) + 1
+    got, failure, _ = watch(serve, on_frame=on_frame)
+    assert got == [b"one"]
+    assert isinstance(failure, Gone) and failure.message == "too old"
 
 
 def test_a_body_whole_with_the_head_ends_the_watch_at_once() -> None:
