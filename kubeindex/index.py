@@ -141,6 +141,8 @@ def effective_requests(spec: PodSpec) -> dict[str, int]:
     requests replace that for the resources they name (cpu, memory, hugepages-*); then overhead.
     The API server drops spec.resources while the PodLevelResources gate is off, so a value there
     means the scheduler uses it."""
+    if not (spec.initContainers or spec.overhead or spec.resources.requests) and len(spec.containers) == 1:
+        return _parse(spec.containers[0].resources.requests)  # most pods: the sum of one
     sidecars: dict[str, int] = {}
     init_peak: dict[str, int] = {}
     for c in spec.initContainers:
