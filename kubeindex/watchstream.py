@@ -115,7 +115,8 @@ class Body(Protocol):
     def feed(self, data: bytes) -> bytes: ...
 
 
-_CHUNK_SIZE = re.compile(rb"[0-9a-fA-F]{1,15}")
+# A chunk's size line: its size in hex, extensions (ignored), CRLF.
+_SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
 
 
 class ChunkedBody:
@@ -132,35 +133,36 @@ class ChunkedBody:
 
     def feed(self, data: bytes) -> bytes:
         # A watch event is mostly one chunk in one read: its data is then sliced out, one copy.
+        if self.done:
+            return b""
         if self._rest:
             data, self._rest = self._rest + data, b""
-        parts, pos, end = [], 0, len(data)
-        while pos < end and not self.done:
-            if self._left:
-                take = min(self._left, end - pos)
+        parts, pos, end, left, crlf = [], 0, len(data), self._left, self._crlf
+        while pos < end:
+            if left:
+                take = min(left, end - pos)
                 parts.append(data[pos:pos + take])
                 pos += take
-                self._left -= take
-            elif self._crlf:
+                left -= take
+            elif crlf:
                 if end - pos < 2:
                     break
                 if data[pos:pos + 2] != b"\r\n":
                     raise StreamError("bad chunk", "a chunk's data not followed by CRLF")
                 pos += 2
-                self._crlf = False
-            else:
-                eol = data.find(b"\r\n", pos)
-                if eol < 0:
-                    if end - pos > MAX_LINE:
-                        raise StreamError("bad chunk", "a chunk size line longer than 4 KiB")
+                crlf = False
+            elif line := _SIZE_LINE.match(data, pos):
+                left, crlf, pos = int(line[1], 16), True, line.end()
+                if not left:
+                    self.done = True  # the last chunk: the trailer after it is never read
                     break
-                size = data[pos:eol].split(b";", 1)[0].strip()
-                if not _CHUNK_SIZE.fullmatch(size):
-                    raise StreamError("bad chunk", f"not a chunk size: {size[:40]!r}")
-                pos = eol + 2
-                self._left = int(size, 16)
-                self._crlf = True
-                self.done = self._left == 0
+            elif data.find(b"\r\n", pos) >= 0:
+                raise StreamError("bad chunk", f"not a chunk size line: {data[pos:pos + 40]!r}")
+            elif end - pos > MAX_LINE:
+                raise StreamError("bad chunk", "a chunk size line longer than 4 KiB")
+            else:
+                break  # the size line's end has not come yet
+        self._left, self._crlf = left, crlf
         if pos < end and not self.done:
             self._rest = data[pos:]
         return parts[0] if len(parts) == 1 else b"".join(parts)
