@@ -11,7 +11,9 @@ where the server compressed; plus the API server's own uncompressed count of LIS
 watch events), its LIST/WATCH requests, the watch cache's and etcd's answers, and the time from
 the process start to /readyz 200. The service runs with --no-reconciler (no summary writes, which
 only the first start would make). Modes alternate in order between repeats; the API server is left
-to settle (CPU idle, a Go GC cycle) between starts. Another program can be measured the same way:
+to settle between starts (CPU idle, then a garbage collection it is asked for: `settle`), and
+what a start allocates on its Go heap is counted (the collections it will cost, which would
+otherwise land on whichever start happens to be running). Another program can be measured the same way:
 start_and_measure() takes any command line and the URL that answers 200 once it is ready (or a
 readiness check of its own). Mode `ksm` starts
 kube-state-metrics instead (built from its Go module on first use; bench/ksm.py's flags), ready at
@@ -66,6 +68,7 @@ COUNTERS = {
     "consistent_reads_from_cache": ("apiserver_watch_cache_consistent_read_total", {}),
     "etcd_requests": ("etcd_requests_total", {}),
     "etcd_list_objects": ("apiserver_storage_list_fetched_objects_total", {}),
+    "allocated_bytes": ("go_memstats_alloc_bytes_total", {}),  # the Go heap's allocations: the GC's work
 }
 
 
@@ -89,15 +92,21 @@ def _get(url: str, cluster: LocalCluster | None = None) -> tuple[int, str]:
 
 
 def settle(cluster: LocalCluster, pids: dict[str, int], least: float, idle: float = 0.05) -> None:
-    """Wait at least ``least`` seconds (the Go runtime collects at least every 2 minutes; a
-    shorter wait still lets the last run's garbage go), then until the control plane is idle:
-    under ``idle`` CPU seconds per second over 2 s."""
+    """Wait at least ``least`` seconds, then until the control plane is idle (under ``idle`` CPU
+    seconds per second over 2 s), then have kube-apiserver collect its garbage: every start
+    begins from the same heap, so a collection that the previous start's garbage (or the Go
+    runtime's two-minute timer) would have brought is not billed to this one. What a start makes
+    the collector do later is its ``allocated_bytes``."""
     time.sleep(least)
     for _ in range(60):
         before = sum(cpu_seconds(p) for p in pids.values())
         time.sleep(2)
         if (sum(cpu_seconds(p) for p in pids.values()) - before) / 2 < idle:
-            return
+            break
+    code, text = _get(f"{cluster.server}/debug/pprof/heap?gc=1&debug=1", cluster)  # runtime.GC(), then a profile
+    if code != 200:
+        raise RuntimeError(f"kube-apiserver's /debug/pprof/heap answered {code}: {text[:200]}")
+    time.sleep(2)  # the collection's background work done
 
 
 def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, after: float = 2.0,
@@ -138,6 +147,7 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
         "etcd_peak_rss_increase_mb": round((peak["etcd"] - base_rss["etcd"]) / 1024, 1),
         "apiserver_baseline_rss_mb": round(base_rss["apiserver"] / 1024, 1),
         "apiserver_wrote_mb": round(written / 1e6, 1),
+        "apiserver_allocated_mb": round((counters["allocated_bytes"] - base_counters["allocated_bytes"]) / 1e6, 1),
         **{k: round(counters[k] - base_counters[k]) for k in COUNTERS},
         **extra,
     }
@@ -170,7 +180,8 @@ def mode_name(text: str) -> str:
 def run(args: argparse.Namespace) -> dict:
     pods = args.nodes * args.pods_per_node
     result: dict = {"nodes": args.nodes, "pods": pods, "modes": args.modes, "repeat": args.repeat, "runs": []}
-    with LocalCluster(Options(extra_apiserver_args=["--max-requests-inflight=4000"])) as cluster:
+    # --profiling: /debug/pprof/heap?gc=1 collects the garbage before each start (settle)
+    with LocalCluster(Options(extra_apiserver_args=["--max-requests-inflight=4000", "--profiling=true"])) as cluster:
         cluster.install_crds(CRDS)
         say(f"populating {args.nodes} nodes / {pods} pods")
         seconds = populate_cluster(cluster.kubeconfig, args.nodes, args.groups, pods, args.workloads)
@@ -216,6 +227,7 @@ ROWS: list[tuple[str, str | tuple[str, str]]] = [  # (label, a run's key, or two
     ("kube-apiserver peak RSS increase MB", "apiserver_peak_rss_increase_mb"),
     ("etcd peak RSS increase MB", "etcd_peak_rss_increase_mb"),
     ("kube-apiserver wrote MB (wchar: TLS, gzip)", "apiserver_wrote_mb"),
+    ("kube-apiserver allocated MB (Go heap: the collector's work to come)", "apiserver_allocated_mb"),
     ("LIST response bytes (server's count)", "list_response_bytes"),
     ("watch event bytes (server's count)", "watch_event_bytes"),
     ("LIST / WATCH requests", ("list_requests", "watch_requests")),
