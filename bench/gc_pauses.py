@@ -40,7 +40,7 @@ async def _run(args: argparse.Namespace) -> dict:
     build_args = argparse.Namespace(pods=args.pods, nodes=args.pods // 30, workloads=args.pods // 50,
                                     events=args.pods + int(args.rate * args.seconds))
     index, reflector, lines = build(build_args)
-    for i, line in enumerate(lines[:args.pods]):  # the initial sync, yielding as a WatchList does
+    for i, line in enumerate(lines[:args.pods]):  # the initial sync, the loop a turn per 200 events (FRAMES_PER_TURN)
         reflector._handle(line)
         if i % 200 == 0:
             await asyncio.sleep(0)

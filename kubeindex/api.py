@@ -471,6 +471,8 @@ class ApiClient:
             framing = watchstream.LengthPrefixed() if content_type.startswith(protobuf.MEDIA_TYPE) \
                 else watchstream.JsonLines()
             await stream.deliver(framing, on_frame)
+        except watchstream.Raised as raised:  # the consumer's own error, whatever its type: as it was
+            raise raised.error from None
         except _TRANSPORT as err:
             if stream is None:
                 self.metrics.observe("GET", path, params, NO_ANSWER, time.monotonic() - started)

@@ -28,6 +28,7 @@ READ_SIZE = 65536  # one recv: a TLS record holds at most 16 KiB
 # up to READS_PER_TURN reads, before the event loop's other work gets its turn.
 BULK_READ = 16384
 READS_PER_TURN = 16
+FRAMES_PER_TURN = 200  # events handed over before the event loop's other work gets its turn
 MAX_HEAD = 65536  # the status line and headers
 MAX_LINE = 4096  # a chunk's size line
 MAX_FRAME = 64 << 20  # no object the API server stores comes near (etcd's limit is 1.5 MiB)
@@ -59,12 +60,17 @@ class LengthPrefixed:
     """Protobuf watch events: each after its length, 4 bytes big-endian."""
 
     def __init__(self) -> None:
-        self._rest = b""  # the start of an event whose end has not come yet
+        self._rest = bytearray()  # the start of an event whose end has not come yet
+        self._need = 0  # bytes ``_rest`` must reach before a read can complete it
 
     def feed(self, data: bytes) -> list[bytes]:
-        # Most reads hold whole events: sliced straight out of them, each copied once.
+        # Most reads hold whole events: sliced straight out of them, each copied once. An event
+        # larger than a read grows in a bytearray, so its bytes are copied a bounded number of times.
         if self._rest:
-            data, self._rest = self._rest + data, b""
+            self._rest += data
+            if len(self._rest) < self._need:
+                return []
+            data, self._rest = bytes(self._rest), bytearray()
         frames, start, size_of = [], 0, int.from_bytes
         while len(data) - start >= 4:
             size = size_of(data[start:start + 4], "big")
@@ -72,11 +78,14 @@ class LengthPrefixed:
                 raise StreamError("bad frame", f"a watch event of {size} bytes: not a protobuf watch stream")
             end = start + 4 + size
             if end > len(data):
+                self._need = 4 + size
                 break  # an event larger than what came so far: keep collecting
-            frames.append(bytes(data[start + 4:end]))
+            frames.append(data[start + 4:end])
             start = end
+        else:
+            self._need = 4
         if start < len(data):
-            self._rest = bytes(data[start:])
+            self._rest = bytearray(data[start:])
         return frames
 
     def end(self) -> list[bytes]:
@@ -376,7 +385,8 @@ class Stream:
         dead (TimeoutError); one closed inside the answer is ``truncated``.
 
         Called in the selector's callback, ``on_frame`` costs no task wake-up and no turn of the
-        event loop of its own; the loop gets its turn between reads (READS_PER_TURN at most)."""
+        event loop of its own; the loop gets its turn between reads (READS_PER_TURN reads or about
+        FRAMES_PER_TURN events at most). What on_frame raised comes out as ``Raised``."""
         self._body, self._framing, self._on_frame = body_of(self.head), framing, on_frame
         self._last_read = self._loop.time()
         self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
@@ -403,46 +413,54 @@ class Stream:
             self._reading = False
 
     def _readable(self) -> None:
-        sock = self._sock
+        if self._done.done():
+            return  # ended (or cancelled) by another callback of this loop turn
+        sock, handed = self._sock, 0
         try:
             for _ in range(READS_PER_TURN):
-                data = sock.recv(READ_SIZE)
+                data = _recv_now(sock)
+                if data is None:
+                    break
                 self._last_read = self._loop.time()
                 if not data:
                     self._finish(self._eof())
                     return
-                self._take(data)
+                handed += self._take(data)
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
                 while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._done.done():
-                    self._take(sock.recv(READ_SIZE))
-                if self._done.done() or len(data) < BULK_READ:
-                    break  # an event or a few: a read more would find nothing
-        except _WOULD_BLOCK:
-            pass
-        except ssl.SSLWantWriteError:
-            pass  # a renegotiation's write: the next readable turn retries
+                    handed += self._take(_recv_now(sock) or b"")
+                if self._done.done() or len(data) < BULK_READ or handed >= FRAMES_PER_TURN:
+                    break  # an event or a few (a read more would find nothing), or enough for one turn
         except Exception as err:  # a reset, a TLS alert, a bad chunk, what on_frame raised
             self._finish(err)
 
-    def _take(self, data: bytes) -> None:
+    def _take(self, data: bytes) -> int:
+        """Hands the events ``data`` completes to on_frame; how many."""
         payload = self._body.feed(data)
-        if payload:
-            on_frame = self._on_frame
-            for frame in self._framing.feed(payload):
-                on_frame(frame)
-        if self._body.done:
-            for frame in self._framing.end():
-                self._on_frame(frame)
+        handed = self._hand(self._framing.feed(payload)) if payload else 0
+        if self._body.done and not self._done.done():
+            handed += self._hand(self._framing.end())  # after those: a truncated event raises here
             self._finish(None)
+        return handed
+
+    def _hand(self, frames: list[bytes]) -> int:
+        on_frame = self._on_frame
+        for frame in frames:
+            if self._done.done():
+                return 0  # on_frame ended the watch (or had it cancelled): nothing more for it
+            try:
+                on_frame(frame)
+            except Exception as err:
+                raise Raised(err) from err
+        return len(frames)
 
     def _eof(self) -> Exception | None:
         """The connection's end: the body's too, or a truncated answer."""
         if not self._body.until_close:
             return truncated("the connection closed inside the watch's answer")
         try:
-            for frame in self._framing.end():
-                self._on_frame(frame)
-        except Exception as err:
+            self._hand(self._framing.end())
+        except Exception as err:  # a truncated event, or what on_frame raised
             return err
         return None
 
@@ -467,6 +485,25 @@ class Stream:
 
 def _nothing(frame: bytes) -> None:
     """No consumer yet."""
+
+
+def _recv_now(sock: socket.socket) -> bytes | None:
+    """What the socket has now; None when that is nothing yet."""
+    try:
+        return sock.recv(READ_SIZE)
+    except _WOULD_BLOCK:
+        return None
+    except ssl.SSLWantWriteError:
+        return None  # a renegotiation's write: the next readable turn retries
+
+
+class Raised(Exception):
+    """What the watch's consumer (on_frame) raised, carried out of the stream apart from the
+    connection's own errors: ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 async def open_stream(endpoint: Endpoint, path: str, params: dict[str, str], headers: dict[str, str],

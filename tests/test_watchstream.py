@@ -215,3 +215,92 @@ def test_a_header_value_that_would_break_the_request_is_refused(token: str) -> N
         endpoint.request("/api/v1/pods", {}, {"Authorization": f"Bearer {token}"})
     assert endpoint.request("/api/v1/pods", {"watch": "1"}, {"Authorization": "Bearer abc"}) == (
         b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: 127.0.0.1:6443\r\nAuthorization: Bearer abc\r\n\r\n")
+
+
+def test_an_os_error_of_the_handler_is_its_own_not_the_connections() -> None:
+    """What on_frame raises comes out as it was, never as a transport error (Transient), whatever
+    its type: an OSError of the handler's is a bug to see, not a connection to retry."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD + chunk(frame(b"one")))
+        await writer.drain()
+        await reader.read()
+
+    def on_frame(got: list[bytes], event: bytes) -> None:
+        raise FileNotFoundError("the handler's own")
+
+    _, failure, api = watch(serve, on_frame=on_frame)
+    assert type(failure) is FileNotFoundError and str(failure) == "the handler's own"
+    assert api.metrics.requests == {("200", "GET"): 1}
+
+
+def test_a_turn_of_the_event_loop_hands_over_a_bounded_number_of_events() -> None:
+    """3,000 events sent at once: handed over in turns of the event loop of about FRAMES_PER_TURN
+    (and one read more at most), so a WatchList's state leaves the loop to its other work."""
+    events = [b"%04d" % i * 150 for i in range(3000)]  # 600 bytes each
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD + chunk(b"".join(frame(e) for e in events)) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def main() -> tuple[list[bytes], list[int]]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        loop, turn, got, turns = asyncio.get_running_loop(), [0], [], []
+
+        def tick() -> None:  # runs once per turn of the loop
+            turn[0] += 1
+            loop.call_soon(tick)
+
+        def on_frame(event: bytes) -> None:
+            got.append(event)
+            turns.append(turn[0])
+
+        async with server:
+            endpoint = watchstream.Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", False)
+            stream = await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
+            tick()
+            try:
+                await stream.deliver(watchstream.LengthPrefixed(), on_frame)
+            finally:
+                stream.close()
+        return got, turns
+
+    got, turns = asyncio.run(main())
+    assert got == events
+    per_turn = max(turns.count(t) for t in set(turns))
+    assert per_turn <= watchstream.FRAMES_PER_TURN + watchstream.READ_SIZE // 604 + 1
+    assert len(set(turns)) >= len(events) // (watchstream.FRAMES_PER_TURN + watchstream.READ_SIZE // 604 + 1)
+
+
+def test_a_watch_cancelled_while_it_waits_closes_its_connection() -> None:
+    """The reflector's task cancelled mid-watch (a shutdown, a lost lease): the socket is closed
+    and the event loop reads it no more."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD + chunk(frame(b"one")))
+        await writer.drain()
+        await reader.read()  # then quiet, until the client closes
+        writer.close()
+
+    async def main() -> tuple[list[bytes], int, int]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        got: list[bytes] = []
+        async with server, ApiClient(Connection(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}",
+                                                False, k8s_client.Configuration())) as api:
+            before = open_descriptors()
+            task = asyncio.ensure_future(api.watch("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH, 30,
+                                                   got.append))
+            while not got:
+                await asyncio.sleep(0.01)
+            during = open_descriptors()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.sleep(0.05)
+            return got, during - before, open_descriptors() - before
+
+    got, during, after = asyncio.run(main())
+    assert got == [b"one"]
+    assert during == 2 and after == 0  # the two ends of the connection, then neither
