@@ -2,7 +2,8 @@
 initial list (--initial-list) and each encoding of pods and nodes (--encoding), on one populated
 local control plane. A mode is an --initial-list mode, with pods and nodes in protobuf (the
 default), or with ``-json`` after it in JSON, and ``:N`` for a --page-size of N: `watchlist`,
-`watchlist-json`, `list`, `list:5000`, `list-json:5000`, ...
+`watchlist-json`, `list`, `list:5000`, `list-json:5000`, ... The started program's own peak RSS
+is recorded too (what a larger page costs the service's side).
 
 For each start: kube-apiserver and etcd CPU seconds (utime + stime from /proc/<pid>/stat) and
 peak RSS increase (VmRSS sampled every 100 ms, peak minus the baseline just before the start),
@@ -136,6 +137,7 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
         peak = sampler.stop()
         cpu = {name: cpu_seconds(pid) - base_cpu[name] for name, pid in pids.items()}
         written = written_bytes(pids["apiserver"]) - base_written
+        started_peak_mb = status_kb(proc.pid, "VmHWM") / 1024 if proc.poll() is None else None
         proc.terminate()
         proc.wait(30)
     counters = apiserver_counters(cluster)
@@ -149,6 +151,7 @@ def start_and_measure(cluster: LocalCluster, argv: list[str], ready_url: str, af
         "apiserver_wrote_mb": round(written / 1e6, 1),
         "apiserver_allocated_mb": round((counters["allocated_bytes"] - base_counters["allocated_bytes"]) / 1e6, 1),
         **{k: round(counters[k] - base_counters[k]) for k in COUNTERS},
+        **({"started_peak_rss_mb": round(started_peak_mb, 1)} if started_peak_mb is not None else {}),
         **extra,
     }
 
@@ -236,6 +239,7 @@ ROWS: list[tuple[str, str | tuple[str, str]]] = [  # (label, a run's key, or two
     ("etcd requests / objects listed from etcd", ("etcd_requests", "etcd_list_objects")),
     ("start -> ready s (/readyz; `ksm`: first complete scrape)", "ready_seconds"),
     ("service's initial sync s", "service_sync_seconds"),
+    ("the started program's peak RSS MB (the service's, or KSM's)", "started_peak_rss_mb"),
 ]
 
 
