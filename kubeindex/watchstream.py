@@ -428,7 +428,10 @@ class Stream:
                 handed += self._take(data)
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
                 while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._done.done():
-                    handed += self._take(_recv_now(sock) or b"")
+                    more = _recv_now(sock)
+                    if not more:
+                        break
+                    handed += self._take(more)
                 if self._done.done() or len(data) < BULK_READ or handed >= FRAMES_PER_TURN:
                     break  # an event or a few (a read more would find nothing), or enough for one turn
         except Exception as err:  # a reset, a TLS alert, a bad chunk, what on_frame raised
