@@ -2,8 +2,9 @@
 
 A watch is one GET whose answer is a stream of small events, each flushed on its own by the API
 server. Through aiohttp each of them took asyncio's TLS protocol (Python, a new buffer per read),
-aiohttp's stream reader, a task wake-up and a read timer re-armed per read: about 80 µs of CPU an
-event, against 13 µs on this path (docs/benchmarks.md, "CPU per pod event"). So a watch gets a
+aiohttp's stream reader, a task wake-up and a read timer re-armed per read: under churn the
+service spent 168.5 ms of CPU per 1,000 pod events that way and 117.4 ms on this path
+(docs/benchmarks.md, "A watch read off its own socket"). So a watch gets a
 connection of its own, non-blocking, read by the event loop's selector callback, which decrypts
 what came, undoes the chunked transfer coding, cuts the events out and hands each to the watch's
 handler, in one pass: no task wakes up per event. Every other request stays on aiohttp.
