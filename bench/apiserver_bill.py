@@ -163,21 +163,27 @@ def _extra_metrics(ready_url: str) -> dict:
     return {"service_sync_seconds": round(sync, 2)} if sync is not None else {}
 
 
-def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
-    mode, _, page_size = mode.partition(":")
-    initial_list, _, encoding = mode.partition("-")
-    return [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={cluster.kubeconfig}",
-            "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={initial_list}",
-            f"--encoding={encoding or 'protobuf'}", *([f"--page-size={page_size}"] if page_size else [])]
-
-
-def mode_name(text: str) -> str:
-    """A --modes word, checked: an --initial-list mode (``-json``: in JSON; ``:N``: pages of N), or ksm."""
+def parse_mode(text: str) -> tuple[str, str, str]:
+    """A --modes word -> (--initial-list mode, encoding, page size or ""); ksm -> ("ksm", "", "")."""
     mode, colon, page_size = text.partition(":")
     if mode not in (*MODES, *JSON_MODES, KSM) or (colon and (mode == KSM or not page_size.isdigit())):
         raise argparse.ArgumentTypeError(f"not a mode: {text!r} (one of {', '.join((*MODES, *JSON_MODES, KSM))}, "
                                          "an --initial-list mode may take :PAGE_SIZE)")
+    initial_list, _, encoding = mode.partition("-")
+    return initial_list, encoding or ("" if mode == KSM else "protobuf"), page_size
+
+
+def mode_name(text: str) -> str:
+    """A --modes word, checked (parse_mode)."""
+    parse_mode(text)
     return text
+
+
+def service_argv(cluster: LocalCluster, mode: str, port: int) -> list[str]:
+    initial_list, encoding, page_size = parse_mode(mode)
+    return [sys.executable, "-m", "node_workload_summary.main", f"--kubeconfig={cluster.kubeconfig}",
+            "--listen-address=127.0.0.1", f"--port={port}", "--no-reconciler", f"--initial-list={initial_list}",
+            f"--encoding={encoding}", *([f"--page-size={page_size}"] if page_size else [])]
 
 
 def run(args: argparse.Namespace) -> dict:
