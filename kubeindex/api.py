@@ -1,7 +1,9 @@
 """A small asyncio client for the Kubernetes API: raw bytes in and out, nothing decoded here.
 
 Authentication comes from the official client's kubeconfig / in-cluster loaders (exec plugins,
-token files and their refresh included); requests go through one aiohttp session.
+token files and their refresh included). Reads (``get``: LISTs, discovery) go through one aiohttp
+session, which asks for gzip; other requests (``request``: writes, leases) on kept-alive
+connections of our own (exchange.py), and watches on a connection each (watchstream.py).
 
 Every request is measured (``RequestMetrics``, client-go's ``rest_client_*``): its duration per
 verb and resource, and its answer per status code and HTTP method. The resource is read from the
@@ -29,7 +31,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from . import protobuf, watchstream
+from . import exchange, protobuf, watchstream
 from .histogram import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,8 @@ def transport_error(err: BaseException) -> Transient:
     """No answer: a connection refused, reset or broken mid-stream, or silent past its timeout."""
     if isinstance(err, watchstream.StreamError):
         return Transient(0, err.reason, err.message)
+    if isinstance(err, watchstream.Unanswered):
+        return Transient(0, "unanswered", str(err))
     if isinstance(err, TimeoutError):
         return Transient(0, "timeout", "no data within the read timeout (connection presumed dead)")
     return Transient(0, type(err).__name__, " ".join(str(err).split()) or type(err).__name__)
@@ -368,6 +372,7 @@ class ApiClient:
         self._session: aiohttp.ClientSession | None = None
         self._limit = max_connections
         self._endpoint = watchstream.Endpoint(connection.host, connection.ssl_context)
+        self._pool = exchange.ConnectionPool(self._endpoint, max_connections)
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
@@ -403,6 +408,7 @@ class ApiClient:
         return self._session
 
     async def close(self) -> None:
+        self._pool.close()
         if self._session is not None:
             await self._session.close()
 
@@ -411,6 +417,7 @@ class ApiClient:
         must be fresh: an idle pooled connection may be as dead as a silent watch (a load balancer
         that dropped every flow without a reset) and would hold the next request until its
         timeout. Returns the old session, for the caller to close once done with it."""
+        self._pool.renew()
         old, self._session = self._session, None
         return old
 
@@ -419,34 +426,40 @@ class ApiClient:
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
                   timeout: float = 60) -> bytes:
-        return await self._send("GET", path, None, params, JSON, timeout, accept)
+        """A read, which may be large (a LIST): the body of a 2xx answer, else as ``request``."""
+        headers = self._headers(accept)
+        return await self._measured("GET", path, params, self._aiohttp("GET", path, params, headers, timeout))
 
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                       content_type: str = JSON, timeout: float = 30) -> bytes:
-        """Any request: the body of a 2xx answer, else the typed ApiError (Transient when no
-        answer came: aiohttp's exceptions never leave this client)."""
-        return await self._send(method, path, body, params, content_type, timeout, JSON)
-
-    async def _send(self, method: str, path: str, body: Any, params: dict[str, str] | None, content_type: str,
-                    timeout: float, accept: str) -> bytes:
+        """Any request with a small answer: the body of a 2xx answer, else the typed ApiError
+        (Transient when no answer came: no transport's exceptions leave this client)."""
         data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
-        headers = self._headers(accept)
+        headers = self._headers(JSON)
         if data is not None:
             headers["Content-Type"] = content_type
+        return await self._measured(method, path, params,
+                                    self._pool.request(method, path, params, headers, data, timeout))
+
+    async def _aiohttp(self, method: str, path: str, params: dict[str, str] | None, headers: dict[str, str],
+                       timeout: float) -> exchange.Answer:
+        async with self.session.request(method, self.connection.host + path, params=params, headers=headers,
+                                        timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return exchange.Answer(resp.status, await resp.read())
+
+    async def _measured(self, method: str, path: str, params: dict[str, str] | None,
+                        answering: Awaitable[exchange.Answer]) -> bytes:
+        """The answer's body, the request counted and timed."""
         started = time.monotonic()
         try:
-            async with self.session.request(
-                method, self.connection.host + path, data=data, params=params, headers=headers,
-                timeout=aiohttp.ClientTimeout(total=timeout),
-            ) as resp:
-                answer = await resp.read()
+            answer = await answering
         except _TRANSPORT as err:
             self.metrics.observe(method, path, params, NO_ANSWER, time.monotonic() - started)
             raise transport_error(err) from err
-        self.metrics.observe(method, path, params, str(resp.status), time.monotonic() - started)
-        if resp.status >= 300:
-            raise error_from_body(resp.status, answer)
-        return answer
+        self.metrics.observe(method, path, params, str(answer.status), time.monotonic() - started)
+        if answer.status >= 300:
+            raise error_from_body(answer.status, answer.body)
+        return answer.body
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = 15,

@@ -7,7 +7,8 @@ service spent 168.5 ms of CPU per 1,000 pod events that way and 117.4 ms on this
 (docs/benchmarks.md, "A watch read off its own socket"). So a watch gets a
 connection of its own, non-blocking, read by the event loop's selector callback, which decrypts
 what came, undoes the chunked transfer coding, cuts the events out and hands each to the watch's
-handler, in one pass: no task wakes up per event. Every other request stays on aiohttp.
+handler, in one pass: no task wakes up per event. Writes go on kept-alive connections of their
+own (exchange.py, built on this module's connection and answer parsing); reads on aiohttp.
 
 One connection per watch, closed when the watch ends: a watch lasts minutes, and the server
 would keep an idle pooled connection for nothing in between.
@@ -131,8 +132,9 @@ _SIZE_LINE = re.compile(rb"([0-9a-fA-F]{1,15})[ \t]*(?:;[^\r\n]*)?\r\n")
 
 class ChunkedBody:
     """HTTP/1.1's chunked transfer coding (RFC 9112, 7.1), undone as the bytes come. Chunk
-    extensions are ignored; the trailer after the last chunk is never read (the connection is
-    closed then)."""
+    extensions are ignored. The body is done at the last chunk; what came after it, the start of
+    the trailer, is kept in ``trailer`` (a kept-alive connection reads the trailer to its end, a
+    watch's is closed)."""
 
     def __init__(self) -> None:
         self._rest = b""  # a chunk size line, or a CRLF, cut by the end of a read
@@ -140,6 +142,7 @@ class ChunkedBody:
         self._crlf = False  # the CRLF after a chunk's data is next
         self.done = False
         self.until_close = False
+        self.trailer = b""
 
     def feed(self, data: bytes) -> bytes:
         # A watch event is mostly one chunk in one read: its data is then sliced out, one copy.
@@ -164,7 +167,7 @@ class ChunkedBody:
             elif line := _SIZE_LINE.match(data, pos):
                 left, crlf, pos = int(line[1], 16), True, line.end()
                 if not left:
-                    self.done = True  # the last chunk: the trailer after it is never read
+                    self.done, self.trailer = True, data[pos:]  # the last chunk
                     break
             elif data.find(b"\r\n", pos) >= 0:
                 raise StreamError("bad chunk", f"not a chunk size line: {data[pos:pos + 40]!r}")
@@ -245,13 +248,17 @@ class Endpoint:
         if parts.scheme == "https":
             self.tls = tls if isinstance(tls, ssl.SSLContext) else _unverified()
 
-    def request(self, path: str, params: dict[str, str], headers: dict[str, str]) -> bytes:
+    def request(self, path: str, params: dict[str, str] | None, headers: dict[str, str], method: str = "GET",
+                body: bytes | None = None) -> bytes:
+        """The request's bytes: its head and ``body`` (None: no body)."""
         target = self.prefix + path + (f"?{urlencode(params)}" if params else "")
         for name, value in headers.items():  # a token from a file or Secret, say: never a header of its own
             if _UNSAFE.search(name) or _UNSAFE.search(value) or not value.isascii():
                 raise StreamError("bad request", f"header {name[:40]!r}: a line break, NUL or non-ASCII in it")
-        lines = [f"GET {target} HTTP/1.1", f"Host: {self.authority}", *(f"{k}: {v}" for k, v in headers.items())]
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii")
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.authority}", *(f"{k}: {v}" for k, v in headers.items())]
+        if body is not None or method in ("POST", "PUT", "PATCH"):
+            lines.append(f"Content-Length: {len(body or b'')}")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("ascii") + (body or b"")
 
 
 _UNSAFE = re.compile(r"[\r\n\0]")
@@ -283,7 +290,7 @@ async def _ready(loop: asyncio.AbstractEventLoop, sock: socket.socket, write: bo
         remove(sock.fileno())
 
 
-async def _connect(endpoint: Endpoint) -> socket.socket:
+async def connect(endpoint: Endpoint) -> socket.socket:
     """A non-blocking connection, its TLS handshake done."""
     loop = asyncio.get_running_loop()
     addresses = await loop.getaddrinfo(endpoint.host, endpoint.port, type=socket.SOCK_STREAM)
@@ -327,7 +334,7 @@ async def _handshake(loop: asyncio.AbstractEventLoop, sock: ssl.SSLSocket) -> ss
             await _ready(loop, sock, write=True)
 
 
-async def _send(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
+async def send_all(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
     view = memoryview(data)
     while view:
         try:
@@ -338,7 +345,7 @@ async def _send(loop: asyncio.AbstractEventLoop, sock: socket.socket, data: byte
             await _ready(loop, sock, write=False)
 
 
-async def _recv(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
+async def recv(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
     while True:
         try:
             return sock.recv(READ_SIZE)
@@ -346,6 +353,28 @@ async def _recv(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> bytes:
             await _ready(loop, sock, write=False)
         except ssl.SSLWantWriteError:
             await _ready(loop, sock, write=True)
+
+
+class Unanswered(ConnectionResetError):
+    """The connection ended before any byte of an answer."""
+
+
+async def read_head(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tuple[Head, bytes]:
+    """An answer's head, and the bytes of its body that came with it."""
+    raw = b""
+    while (end := raw.find(b"\r\n\r\n")) < 0:
+        if len(raw) > MAX_HEAD:
+            raise StreamError("bad answer", f"an answer's head longer than {MAX_HEAD} bytes")
+        try:
+            data = await recv(loop, sock)
+        except ConnectionResetError as err:
+            raise (Unanswered(str(err)) if not raw else err) from err
+        if not data:
+            if raw:
+                raise truncated("the connection closed inside an answer's head")
+            raise Unanswered("the server closed the connection without answering")
+        raw += data
+    return parse_head(raw[:end]), raw[end + 4:]
 
 
 class Stream:
@@ -376,7 +405,7 @@ class Stream:
                 payload += body.feed(data)
                 if body.done or len(payload) >= limit:
                     return bytes(payload[:limit])
-                data = await _recv(self._loop, self._sock)
+                data = await recv(self._loop, self._sock)
                 if not data:
                     return bytes(payload)
 
@@ -419,7 +448,7 @@ class Stream:
         sock, handed = self._sock, 0
         try:
             for _ in range(READS_PER_TURN):
-                data = _recv_now(sock)
+                data = recv_now(sock)
                 if data is None:
                     break
                 self._last_read = self._loop.time()
@@ -429,7 +458,7 @@ class Stream:
                 handed += self._take(data)
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
                 while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._done.done():
-                    more = _recv_now(sock)
+                    more = recv_now(sock)
                     if not more:
                         break
                     handed += self._take(more)
@@ -491,7 +520,7 @@ def _nothing(frame: bytes) -> None:
     """No consumer yet."""
 
 
-def _recv_now(sock: socket.socket) -> bytes | None:
+def recv_now(sock: socket.socket) -> bytes | None:
     """What the socket has now; None when that is nothing yet."""
     try:
         return sock.recv(READ_SIZE)
@@ -515,21 +544,13 @@ async def open_stream(endpoint: Endpoint, path: str, params: dict[str, str], hea
     """Connects (within ``connect_timeout``), sends the GET and reads the answer's head (within
     ``read_timeout``). OSError, ssl.SSLError or TimeoutError when no answer came."""
     async with asyncio.timeout(connect_timeout):
-        sock = await _connect(endpoint)
+        sock = await connect(endpoint)
     try:
         loop = asyncio.get_running_loop()
         async with asyncio.timeout(read_timeout):
-            await _send(loop, sock, endpoint.request(path, params, headers))
-            raw = b""
-            while b"\r\n\r\n" not in raw:
-                if len(raw) > MAX_HEAD:
-                    raise StreamError("bad answer", f"an answer's head longer than {MAX_HEAD} bytes")
-                data = await _recv(loop, sock)
-                if not data:
-                    raise ConnectionResetError("the server closed the connection without answering")
-                raw += data
-        head, _, rest = raw.partition(b"\r\n\r\n")
-        return Stream(sock, parse_head(head), rest, read_timeout)
+            await send_all(loop, sock, endpoint.request(path, params, headers))
+            head, rest = await read_head(loop, sock)
+        return Stream(sock, head, rest, read_timeout)
     except BaseException:
         sock.close()
         raise

@@ -139,7 +139,7 @@ def test_no_answer_is_a_transport_error_counted_as_such() -> None:
         writer.close()  # closed before answering
 
     got, failure, api = watch(serve)
-    assert not got and isinstance(failure, Transient) and failure.reason == "ConnectionResetError"
+    assert not got and isinstance(failure, Transient) and failure.reason == "unanswered"
     assert api.metrics.requests == {(NO_ANSWER, "GET"): 1}
 
 
