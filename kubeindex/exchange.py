@@ -64,10 +64,10 @@ class ConnectionPool:
 
     async def request(self, method: str, path: str, params: dict[str, str] | None, headers: dict[str, str],
                       body: bytes | None, timeout: float) -> Answer:
-        """The answer (any status), within ``timeout`` seconds in all. OSError, ssl.SSLError,
-        StreamError or TimeoutError when none came."""
+        """The answer (any status), within ``timeout`` seconds in all (the wait for a connection
+        too). OSError, ssl.SSLError, StreamError or TimeoutError when none came."""
         data = self.endpoint.request(path, params, headers, method, body)
-        async with self._slots, asyncio.timeout(timeout):
+        async with asyncio.timeout(timeout), self._slots:
             while True:
                 sock, generation = self._take(), self._generation
                 reused = sock is not None

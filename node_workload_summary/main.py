@@ -159,8 +159,8 @@ def build(settings: Settings) -> Service:
                           initial_list=settings.initial_list, encoding=settings.encoding)
     requests = RequestMetrics()  # both clients' requests, in one set of nws_rest_client_* series
     api = ApiClient(connection, metrics=requests)
-    # The Lease has a pool of its own: past about 50 owner kinds the watches hold every connection
-    # of the main pool, and renewals waiting for one would lose the lease.
+    # The Lease has connections of its own: a renewal never waits for one behind the writes, the
+    # LISTs or the metrics' TokenReviews, and a renewal that waited past its deadline loses the lease.
     lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS, metrics=requests)
     sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
     fleet = fleet_of(settings, api, sources, watch) if settings.fleet else None
