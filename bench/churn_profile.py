@@ -27,7 +27,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
-from .common import CRDS, add_out, cpu_split, sayer, write_results
+from .common import CRDS, add_out, cpu_split, sayer, write_results, writes_settled
 from .ksm import not_ready_nodes, service_sync, setup
 from .populate import churn
 
@@ -106,7 +106,11 @@ def run(args: argparse.Namespace) -> dict:
             assert svc.proc is not None
             wait_for(lambda: sum(select(parse(svc.get("/metrics")[1]), "nws_nodegroup_pods").values()) == pods,
                      timeout=600, interval=1)
-            say(f"service ready ({sync}); settling {args.settle:.0f} s (the first summaries) ...")
+            if "--no-reconciler" not in args.service_arg:  # the first summaries are not the churn's cost
+                say(f"service ready ({sync}); waiting for the first summaries ...")
+                first = writes_settled(svc, args.groups + size["deployments"] + sum(direct.values()))
+                say(f"the first summaries written in {first:.0f} s")
+            say(f"settling {args.settle:.0f} s ...")
             time.sleep(args.settle)
             _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
             assert isinstance(listed, dict)
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods-per-node", type=int, default=30)
     parser.add_argument("--groups", type=int, default=20)
     parser.add_argument("--seconds", type=float, default=60, help="churn (and sampling) time")
-    parser.add_argument("--settle", type=float, default=30, help="seconds between the sync and the churn")
+    parser.add_argument("--settle", type=float, default=5,
+                        help="seconds between the first summaries (the sync, with --no-reconciler) and the churn")
     parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     parser.add_argument("--top", type=int, default=20, help="functions to list")
     parser.add_argument("--service-arg", action="append", default=[], metavar="FLAG",

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -149,6 +150,22 @@ class Sampler(threading.Thread):
 def writes(svc: Service) -> float:
     """The reconciler's writes so far (every verb)."""
     return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
+
+
+def writes_settled(svc: Service, summaries: int, quiet: float = 5, timeout: float = 900) -> float:
+    """Wait until the reconciler has written every summary (an apply and a status apply each) and
+    then nothing for ``quiet`` seconds: what is measured next must not queue behind (nor pay
+    for) the first summaries. The seconds waited."""
+    started = time.monotonic()
+    last, since = writes(svc), time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(1)
+        now = writes(svc)
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now >= 2 * summaries and time.monotonic() - since >= quiet:
+            break
+    return time.monotonic() - started
 
 
 def clean(cluster: LocalCluster) -> None:

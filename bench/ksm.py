@@ -14,7 +14,8 @@ StatefulSets and Jobs whose pods have them as direct owners):
    the time to a first complete scrape: every node, pod and owner object in it);
 3. each /metrics scraped 3 times plain and 3 times with `Accept-Encoding: gzip`: bytes, series,
    median time;
-4. Prometheus scraping both every --scrape-interval; pod churn for --churn-seconds (phase flips,
+4. once ours has written its first summaries, Prometheus scraping both every --scrape-interval;
+   pod churn for --churn-seconds (phase flips,
    as bench/scale.py does): each process's CPU seconds (utime + stime from /proc), and the
    summary writes ours made meanwhile. A second instance of ours, `--no-reconciler` (metrics
    only: KSM's job), scraped by the same Prometheus, runs beside through the churn: what the
@@ -58,7 +59,7 @@ from localkube.ksm import RESOURCES, KubeStateMetrics, build
 from localkube.prometheus import Prometheus
 from localkube.service import Service, parse, select, value, wait_for
 
-from .common import CRDS, add_out, cpu_seconds, say, status_kb
+from .common import CRDS, add_out, cpu_seconds, say, status_kb, writes, writes_settled
 from .plot import pyplot
 from .populate import POOL_LABEL, churn, create, pod_manifest, populate, run_all
 
@@ -362,11 +363,6 @@ def prometheus_for(cluster: LocalCluster, svc: Service, ksm: KubeStateMetrics, i
 EXPORTER_JOB = "node-workload-summary-metrics-only"
 
 
-def writes(svc: Service) -> float:
-    """The summary writes the service made so far (every verb)."""
-    return sum(select(parse(svc.get("/metrics")[1]), "nws_reconciler_writes_total").values())
-
-
 def scraped(prom: Prometheus, job: str, at: float, window: str) -> dict:
     """Prometheus's own view of a job's scrapes: how many in ``window`` succeeded, the last one's
     duration and samples."""
@@ -423,6 +419,10 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             assert exporter.proc is not None
             pids["exporter"] = exporter.proc.pid
             say(f"the metrics-only instance of ours ready: {exporter_sync}")
+            # The first summaries (an apply and a status apply each, at --writes-per-second) are
+            # not the churn's cost: at 5,000 nodes they take about two minutes.
+            ours["first_summaries_seconds"] = round(writes_settled(svc, args.groups + size["workloads"]), 1)
+            say(f"the first summaries written ({ours['first_summaries_seconds']} s)")
             prom = prometheus_for(cluster, svc, ksm, args.scrape_interval, exporter)
             say(f"Prometheus scraping both every {args.scrape_interval}; churn for {args.churn_seconds:.0f} s ...")
             _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")

@@ -24,28 +24,13 @@ from pathlib import Path
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service
 
-from .common import CRDS, ROOT, add_out, clean, p50_p99_ms, percentile_ms, revision, running_from, sayer, writes
+from .common import CRDS, ROOT, add_out, clean, p50_p99_ms, percentile_ms, revision, running_from, sayer, writes_settled
 from .populate import populate_cluster
 from .scale import not_ready_latency
 
 say = sayer("floor")
 
 TRACE = Path(__file__).resolve().parent / "trace"
-
-
-def settle(svc: Service, summaries: int, quiet: float = 5, timeout: float = 900) -> float:
-    """Wait until the reconciler has written every summary (an apply and a status apply each) and
-    then nothing for ``quiet`` seconds: the rounds must not queue behind the initial writes."""
-    started = time.monotonic()
-    last, since = writes(svc), time.monotonic()
-    while time.monotonic() - started < timeout:
-        time.sleep(1)
-        now = writes(svc)
-        if now != last:
-            last, since = now, time.monotonic()
-        elif now >= 2 * summaries and time.monotonic() - since >= quiet:
-            break
-    return time.monotonic() - started
 
 
 def breakdown(marks: list[dict], trace: list[dict], node: str) -> dict:
@@ -154,7 +139,7 @@ def measure(cluster: LocalCluster, code: Path, args: argparse.Namespace, node: s
             del os.environ["NWS_TRACE"]
     try:
         summaries = args.groups + max(1, args.nodes * args.pods_per_node // 50)
-        say(f"settled after {settle(svc, summaries):.0f} s; NotReady latency, {args.rounds} rounds ...")
+        say(f"settled after {writes_settled(svc, summaries):.0f} s; NotReady latency, {args.rounds} rounds ...")
         since = time.monotonic()
         latency = not_ready_latency(cluster, svc, node, group, args.rounds)
         time.sleep(1)  # the trace is flushed every 0.5 s

@@ -12,6 +12,7 @@ import json
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from kubernetes import client as k8s_client
@@ -21,6 +22,7 @@ from kubeindex.exchange import replayable
 from localkube.pki import generate
 
 APPLY = "application/apply-patch+yaml"
+T = TypeVar("T")
 
 
 SILENT = b""  # an answer never written
@@ -70,9 +72,9 @@ class Server:
             pass
         writer.close()
 
-    def run(self, client: Callable[[ApiClient], Awaitable[object]], client_tls: ssl.SSLContext | bool = False,
-            limit: int = 8) -> object:
-        async def main() -> object:
+    def run(self, client: Callable[[ApiClient], Awaitable[T]], client_tls: ssl.SSLContext | bool = False,
+            limit: int = 8) -> T:
+        async def main() -> T:
             server = await asyncio.start_server(self.serve, "127.0.0.1", 0, ssl=self.tls)
             port = server.sockets[0].getsockname()[1]
             url = f"{'https' if self.tls else 'http'}://127.0.0.1:{port}"
@@ -159,7 +161,7 @@ def test_closed_at_the_next_request_a_request_safe_to_repeat_is_sent_again() -> 
             return first, second, err
         raise AssertionError("a POST the server never answered succeeded")
 
-    first, second, failure = server.run(client)  # type: ignore[misc]
+    first, second, failure = server.run(client)
     assert first == second == obj(1)
     assert isinstance(failure, Transient) and failure.reason == "unanswered"
     assert [(conn, r.split(b" ")[0]) for conn, r in server.requests] == [
@@ -189,7 +191,7 @@ def test_an_error_answer_is_typed_and_the_connection_kept() -> None:
             return err, await api.request("GET", "/apis/x/v1/things/u"), api.metrics.requests
         raise AssertionError("a 404 succeeded")
 
-    failure, second, counted = server.run(client)  # type: ignore[misc]
+    failure, second, counted = server.run(client)
     assert str(failure) == '404 NotFound: things "t" not found' and second == obj(2)
     assert counted == {("404", "DELETE"): 1, ("200", "GET"): 1}
     assert server.connections == 1
@@ -203,7 +205,7 @@ def test_a_silent_server_is_a_timeout_and_its_connection_is_dropped() -> None:
             await api.request("GET", "/x", timeout=0.3)
         return failure.value, await api.request("GET", "/x")
 
-    failure, second = server.run(client)  # type: ignore[misc]
+    failure, second = server.run(client)
     assert isinstance(failure, Transient) and failure.reason == "timeout" and second == obj(2)
     assert server.connections == 2
 
