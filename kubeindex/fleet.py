@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -202,11 +201,14 @@ class Fleet:
             self._tasks[name] = asyncio.get_running_loop().create_task(self._keep_connected(name))
 
     async def stop(self) -> None:
-        for name in list(self._tasks):
-            task = self._tasks.pop(name)
+        tasks = [self._tasks.pop(name) for name in list(self._tasks)]
+        for task in tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if tasks:  # a cancellation of stop() itself goes on out, never taken for one of theirs
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # taken: ended with an error as it was cancelled, nothing to log
 
     # -- connecting ---------------------------------------------------------------------------
 

@@ -312,7 +312,8 @@ class Reflector(Generic[T]):
         while self.lists < target and self.connected:
             done = self._list_done
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(done.wait(), 1.0)  # wake up to notice a failure meanwhile
+                async with asyncio.timeout(1.0):  # wake up to notice a failure meanwhile
+                    await done.wait()
 
     async def redeliver(self) -> None:
         """Hand every object to the handler again: a relist whose diff skips nothing, for a
@@ -340,10 +341,12 @@ class Reflector(Generic[T]):
         finally:
             for task in (watch, request):
                 task.cancel()
-            for task in (watch, request):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task  # re-raises the watch's own error, if it ended with one
-        return not request.done() or request.cancelled()
+            # Both end here; the watch's error is raised after, never in place of this task's own
+            # cancellation (a watch failing in the turn that stop() cancelled us: lost, we went on).
+            await asyncio.wait({watch, request})
+        if not watch.cancelled() and (error := watch.exception()) is not None:
+            raise error
+        return request.cancelled()
 
     async def _streams(self) -> bool:
         """The next sync is a WatchList (else a LIST)."""

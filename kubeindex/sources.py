@@ -28,7 +28,6 @@ initial sync, not before it has listed once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Coroutine, Iterable
@@ -178,11 +177,14 @@ class Sources:
         await asyncio.gather(*(r.relist() for r in self.watches()))
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:  # a cancellation of stop() itself goes on out, never taken for one of theirs
+            await asyncio.wait(tasks)
+        for task in tasks:
+            if not task.cancelled():
+                task.exception()  # taken: ended with an error as it was cancelled, nothing to log
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

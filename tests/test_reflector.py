@@ -780,3 +780,26 @@ def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
     assert calls == ["a@1", "b@2", "a@11", "a@12", "c@13", "-ns/b"]
     assert watch_versions(api) == ["10", "20"] and reflector.stats.events["BOOKMARK"] == 1
     assert reflector.stats.restarts == {"gone": 1} and reflector.watch_encoding == "protobuf"
+
+
+def test_a_cancellation_is_not_lost_to_a_watch_failing_at_the_same_moment() -> None:
+    """Sources.stop cancels every reflector and waits for them. A watch that failed in the same
+    turn of the loop used to raise its error in place of the cancellation: the reflector went on
+    retrying and stop() waited for ever."""
+    async def main() -> None:
+        clock = FakeClock()
+        reflector = Reflector(ScriptedApi(clock, lists=[], watches=[]), "pods", "/api/v1/pods", Pod,
+                              Calls().handler(), clock=clock)
+
+        async def failing(stream: bool) -> None:
+            raise transport_error(ConnectionResetError("reset by peer"))
+
+        reflector._watch = failing  # type: ignore[method-assign, assignment]
+        outer = asyncio.ensure_future(reflector._watch_unless_relist(False))
+        await asyncio.sleep(0)  # the outer task waits for the watch and the relist request
+        await asyncio.sleep(0)  # the watch fails: the outer task is woken ...
+        outer.cancel()  # ... and cancelled in the same turn
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+
+    asyncio.run(main())
