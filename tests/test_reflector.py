@@ -788,8 +788,8 @@ def test_a_cancellation_is_not_lost_to_a_watch_failing_at_the_same_moment() -> N
     retrying and stop() waited for ever."""
     async def main() -> None:
         clock = FakeClock()
-        reflector = Reflector(ScriptedApi(clock, lists=[], watches=[]), "pods", "/api/v1/pods", Pod,
-                              Calls().handler(), clock=clock)
+        reflector = Reflector(ScriptedApi(clock, lists=[], watches=[]), "replicasets.apps", PATH, PartialObject,
+                              Calls().handler(), metadata_only=True, clock=clock)
 
         async def failing(stream: bool) -> None:
             raise transport_error(ConnectionResetError("reset by peer"))
