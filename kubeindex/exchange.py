@@ -39,7 +39,6 @@ from .watchstream import (
 
 APPLY_PATCH = "application/apply-patch+yaml"
 IDEMPOTENT = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE"})  # RFC 9110, 9.2.2
-MAX_IDLE = 16  # connections kept between requests; more are closed when done
 
 
 @dataclass(frozen=True)
@@ -54,7 +53,8 @@ def replayable(method: str, headers: dict[str, str]) -> bool:
 
 
 class ConnectionPool:
-    """At most ``limit`` connections to ``endpoint`` at once, kept alive between requests."""
+    """At most ``limit`` connections to ``endpoint`` at once, each kept alive between requests (a
+    burst of ``limit`` requests leaves ``limit`` idle: the next burst opens none)."""
 
     def __init__(self, endpoint: Endpoint, limit: int) -> None:
         self.endpoint = endpoint
@@ -83,7 +83,7 @@ class ConnectionPool:
                 except BaseException:
                     sock.close()  # mid-answer: never reused
                     raise
-                if keep and generation == self._generation and len(self._idle) < MAX_IDLE:
+                if keep and generation == self._generation:  # at most ``limit``: one per slot
                     self._idle.append(sock)
                 else:
                     sock.close()

@@ -237,6 +237,19 @@ def test_at_most_the_limit_of_connections_at_once() -> None:
     assert server.connections == 3
 
 
+def test_a_burst_leaves_its_connections_for_the_next() -> None:
+    """A client that sends the limit's worth at once (the churn, a populate) reconnects never."""
+    server = Server(lambda conn, n, request: plain(obj(conn)))
+    server.pause = 0.05
+
+    async def client(api: ApiClient) -> None:
+        for _ in range(3):
+            await asyncio.gather(*(api.request("GET", f"/x{i}") for i in range(20)))
+
+    server.run(client, limit=20)
+    assert server.connections == 20 and len(server.requests) == 60
+
+
 def test_what_may_be_repeated() -> None:
     assert replayable("PATCH", {"Content-Type": APPLY}) and replayable("DELETE", {}) and replayable("PUT", {})
     assert not replayable("POST", {}) and not replayable("PATCH", {"Content-Type": "application/merge-patch+json"})
