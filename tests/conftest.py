@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import ssl
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
+from localkube.pki import generate
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, ROOT
 
@@ -122,3 +124,12 @@ def helm(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     home = tmp_path_factory.mktemp("helm-home")
     dirs = [f"{var}={home / var.lower()}" for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")]
     return ["env", *dirs, str(ensure_binaries((HELM,))["helm"])]
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """(server, client) TLS contexts of a fresh CA, for loopback servers in tests."""
+    pki = generate(Path(tmp_path_factory.mktemp("pki")))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(pki.serving_cert, pki.serving_key)
+    return server, ssl.create_default_context(cafile=str(pki.ca_cert))

@@ -11,7 +11,6 @@ import asyncio
 import json
 import ssl
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -19,7 +18,6 @@ from kubernetes import client as k8s_client
 
 from kubeindex.api import NO_ANSWER, ApiClient, Connection, NotFound, Transient
 from kubeindex.exchange import replayable
-from localkube.pki import generate
 
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")
@@ -102,13 +100,6 @@ def obj(n: int, size: int = 10) -> bytes:
 def apply(api: ApiClient, n: int) -> Awaitable[bytes]:
     return api.request("PATCH", f"/apis/x/v1/things/t{n}", {"n": n}, {"fieldManager": "m"}, content_type=APPLY)
 
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    pki = generate(Path(tmp_path_factory.mktemp("pki")))
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(pki.serving_cert, pki.serving_key)
-    return server, ssl.create_default_context(cafile=str(pki.ca_cert))
 
 
 @pytest.mark.parametrize("framing", ["length", "chunked", "chunked with trailer fields", "no content"])

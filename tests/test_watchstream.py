@@ -15,7 +15,6 @@ from kubernetes import client as k8s_client
 
 from kubeindex import protobuf, watchstream
 from kubeindex.api import NO_ANSWER, ApiClient, Connection, Forbidden, Gone, Transient
-from localkube.pki import generate
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 WATCH_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + protobuf.MEDIA_TYPE.encode() + b";stream=watch\r\n"
@@ -54,14 +53,6 @@ def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLCo
         return got, failure, api
     return asyncio.run(main())
 
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
-    """(server, client) contexts of a fresh CA."""
-    pki = generate(Path(tmp_path_factory.mktemp("pki")))
-    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    server.load_cert_chain(pki.serving_cert, pki.serving_key)
-    return server, ssl.create_default_context(cafile=str(pki.ca_cert))
 
 
 def test_events_over_tls_come_out_whole_in_order_however_they_are_written(
