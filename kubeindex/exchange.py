@@ -1,9 +1,9 @@
 """A request and its answer on a kept-alive connection of our own (HTTP/1.1).
 
-Writes are small and many: under churn the reconciler applies about 35 summaries a second.
-Through aiohttp one cost the client 440 µs of CPU, half of it aiohttp's own Python (the request
-and response objects, the URL, timers, the stream reader); written and read here, 235 µs
-(docs/benchmarks.md, "Writes on connections of our own"). So ``ApiClient.request`` comes here;
+Writes are small and many: under churn the reconciler applies about 30 summaries a second.
+Through aiohttp one cost the service 496 µs of CPU (the request and response objects, the URL,
+timers, the stream reader, then TLS); written and read here, 369 µs (`bench.write_cost`,
+docs/benchmarks.md, "Writes on connections of our own"). So ``ApiClient.request`` comes here;
 reads that may be large (LISTs, which aiohttp asks gzip-compressed) stay on aiohttp. The
 connection, its TLS and the answer's head and body are watchstream's.
 
