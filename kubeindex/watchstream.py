@@ -368,7 +368,9 @@ async def read_head(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> tup
         try:
             data = await recv(loop, sock)
         except ConnectionResetError as err:
-            raise (Unanswered(str(err)) if not raw else err) from err
+            if raw:
+                raise
+            raise Unanswered(str(err)) from err
         if not data:
             if raw:
                 raise truncated("the connection closed inside an answer's head")
