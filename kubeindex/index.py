@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .kueue import KueueIndex
-from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, node_into, pod_into
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, move_phase, node_into, pod_into
 from .objects import (
     Node,
     Pod,
@@ -514,7 +514,9 @@ class ClusterIndex:
         entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests,
                          self._label_matches(meta.labels))
         old = self.pods.get(key)
-        if old is not None and self._counts_alike(old, entry, parent):
+        if old is not None and self._alike_but_phase(old, entry, parent):
+            if old.phase != phase:  # a phase change alone (requests stay: neither phase is terminated)
+                self._move_phase(old, phase)
             return  # most pod updates: conditions, container states, IPs
         if old is not None:
             del self.pods[key]  # out of the table first: graph callbacks must not see it
@@ -528,14 +530,32 @@ class ClusterIndex:
         self.pods[key] = entry
         self._attach_pod(entry)
 
-    def _counts_alike(self, old: PodEntry, new: PodEntry, parent: str | None) -> bool:
-        """Everything an aggregate counts of the pod is as it was: the same pod (UID) under the same
-        controller owner, on the same node, in the same phase, with the same requests and label values
+    def _alike_but_phase(self, old: PodEntry, new: PodEntry, parent: str | None) -> bool:
+        """Everything an aggregate counts of the pod but its phase is as it was: the same pod (UID)
+        under the same controller owner, on the same node, with the same requests and label values
         (its workload follows from the owner and the labels)."""
         vertex = self.graph.vertices.get(old.uid)
-        return (old.uid == new.uid and old.node == new.node and old.phase == new.phase
-                and old.requests == new.requests and old.labels == new.labels
-                and vertex is not None and vertex.parent == parent)
+        return (old.uid == new.uid and old.node == new.node and old.requests == new.requests
+                and old.labels == new.labels and vertex is not None and vertex.parent == parent)
+
+    def _move_phase(self, entry: PodEntry, phase: str) -> None:
+        """The pod's phase alone changes: only the phase counts move (its requests, node and
+        workload stay), without taking the pod out and putting it back."""
+        before, entry.phase = entry.phase, phase
+        node = self.nodes.get(entry.node) if entry.node else None
+        if node is not None:
+            move_phase(node.pod_phases, before, phase)
+            for g in node.node_groups:
+                group = self.node_groups[g]
+                move_phase(group.pods, before, phase)
+                group.generation = next(generation)
+                self._touched_node_group(g)
+            self.kueue.pod_phase(node, before, phase)
+        if entry.workload is not None:
+            workload = self.workloads[entry.workload]
+            move_phase(workload.pods, before, phase)
+            workload.generation = next(generation)
+            self._touched_workload(workload.uid)
 
     def delete_pod(self, key: str) -> None:
         entry = self.pods.pop(key, None)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, node_into, pod_into
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, move_phase, node_into, pod_into
 from .objects import ClusterQueue, ClusterResourceClaim, ResourceFlavor
 from .quantity import parse_or_zero
 
@@ -99,6 +99,13 @@ class KueueIndex:
         """A pod bound to ``node`` comes (sign +1) or goes."""
         for name in node.flavors:
             pod_into(self.flavors[name], phase, requests, sign)
+
+    def pod_phase(self, node: NodeEntry, before: str, after: str) -> None:
+        """A pod bound to ``node`` changes phase alone (its requests stay)."""
+        for name in node.flavors:
+            agg = self.flavors[name]
+            move_phase(agg.pods, before, after)
+            agg.generation = next(generation)
 
     # -- ResourceFlavors ---------------------------------------------------------------------------
 

@@ -44,6 +44,12 @@ def bump(target: dict[K, int], key: K, sign: int) -> None:
     add(target, ((key, 1),), sign)
 
 
+def move_phase(counts: dict[str, int], before: str, after: str) -> None:
+    """One pod counted under ``after`` instead of ``before``."""
+    bump(counts, before, -1)
+    bump(counts, after, 1)
+
+
 NOT_SUMMED: dict[str, Any] = {"summed": False}  # field metadata: what adding node sets up leaves alone
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+
 from kubeindex.index import ClusterIndex
-from kubeindex.objects import Node, OwnerReference, Taint
+from kubeindex.objects import Node, OwnerReference, PodStatus, Taint
 from tests.builders import DISRUPTED, GPU, add_owner, configured, labels_of, make_node, make_pod, ref
 from tests.reference import Owner, World
 
@@ -67,7 +69,7 @@ class Scenario:
 
     def step(self) -> None:
         rnd, w, idx = self.rnd, self.world, self.index
-        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "pod_del",
+        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "phase", "pod_del",
                              "owner", "owner", "owner_del", "nsum", "wsum", "recreate"])
         if action == "node":
             name = f"n{rnd.randint(0, 5)}"
@@ -91,6 +93,11 @@ class Scenario:
                            phase=rnd.choice(PHASES), owner=self._parent_ref(parent),
                            cpu=rnd.choice(["100m", "1", "250m"]), labels=labels)
             w.pods[f"ns/{name}"] = pod
+            idx.upsert_pod(pod)
+        elif action == "phase" and w.pods:  # most pod churn: the phase alone changes
+            key = rnd.choice(list(w.pods))
+            pod = msgspec.structs.replace(w.pods[key], status=PodStatus(phase=rnd.choice(PHASES)))
+            w.pods[key] = pod
             idx.upsert_pod(pod)
         elif action == "pod_del" and w.pods:
             key = rnd.choice(list(w.pods))

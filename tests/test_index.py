@@ -382,7 +382,8 @@ def test_pods_decoded_apart_share_what_they_repeat() -> None:
 def test_an_update_that_moves_no_count_leaves_the_aggregates_alone() -> None:
     """A pod update that changes nothing counted (conditions, container states: most of them) is
     not detached and attached again: the workload's generation, which makes the reconciler look at
-    it again, stays; a phase change moves it and the counts."""
+    it again, stays. A change of phase alone moves the phase counts in place; one that ends the
+    pod (its requests go) takes it out and puts it back."""
     index = ClusterIndex()
     index.set_workload_summarizer("apps", configured(("apps", "Deployment")))
     index.upsert_owner(("apps", "Deployment"), "ns", "web", "d-1", None)
@@ -393,6 +394,10 @@ def test_an_update_that_moves_no_count_leaves_the_aggregates_alone() -> None:
     entry = index.pods["ns/web-5d8f-a"]
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", owner=owner))  # a status-only update
     assert index.workloads["d-1"].generation == generation and index.pods["ns/web-5d8f-a"] is entry
+    index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", phase="Pending", owner=owner))  # the phase alone
+    assert index.workloads["d-1"].generation > generation and index.pods["ns/web-5d8f-a"] is entry
+    assert index.workloads["d-1"].pods == {"Pending": 1} and index.nodes["node-1"].pod_phases == {"Pending": 1}
+    generation = index.workloads["d-1"].generation
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", phase="Failed", owner=owner))
     assert index.workloads["d-1"].generation > generation
     assert index.workloads["d-1"].pods == {"Failed": 1} and index.nodes["node-1"].pod_requests == {}
