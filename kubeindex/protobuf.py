@@ -51,8 +51,10 @@ _F = descriptor_pb2.FieldDescriptorProto
 STRING, BYTES, BOOL, INT32, INT64 = _F.TYPE_STRING, _F.TYPE_BYTES, _F.TYPE_BOOL, _F.TYPE_INT32, _F.TYPE_INT64
 QUANTITIES = "map<Quantity>"  # map<string, resource.Quantity{string = 1}>
 LABELS = "map<string>"  # map<string, string>
+KEPT = "kept"  # a message left as its bytes, decoded once per distinct value (see Once)
 
-# message -> (field, number, type: a scalar type, a message name, or a map); "[]" marks repeated.
+# message -> (field, number, type: a scalar type, a message name, a map, or KEPT: a message read as
+# its bytes, which Once turns into its projection); "[]" marks repeated.
 MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "Unknown": [("raw", 2, BYTES)],
     "RawExtension": [("raw", 1, BYTES)],
@@ -64,14 +66,14 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
                        ("apiVersion", 5, STRING), ("controller", 6, BOOL)],
     "ObjectMeta": [("name", 1, STRING), ("namespace", 3, STRING), ("uid", 5, STRING),
                    ("resourceVersion", 6, STRING), ("generation", 7, INT64), ("labels", 11, LABELS),
-                   ("ownerReferences", 13, "[]OwnerReference")],
+                   ("ownerReferences", 13, f"[]{KEPT}")],  # OwnerReference
     # A bookmark's object: its resourceVersion, and the annotation that ends a WatchList's state.
     "BookmarkMeta": [("resourceVersion", 6, STRING), ("annotations", 12, LABELS)],
     "BookmarkObject": [("metadata", 1, "BookmarkMeta")],
     "ResourceRequirements": [("requests", 2, QUANTITIES)],
-    "Container": [("resources", 8, "ResourceRequirements"), ("restartPolicy", 24, STRING)],
+    "Container": [("resources", 8, KEPT), ("restartPolicy", 24, STRING)],  # ResourceRequirements
     "PodSpec": [("containers", 2, "[]Container"), ("nodeName", 10, STRING), ("initContainers", 20, "[]Container"),
-                ("overhead", 32, QUANTITIES), ("resources", 40, "ResourceRequirements")],
+                ("overhead", 32, QUANTITIES), ("resources", 40, KEPT)],  # ResourceRequirements
     "PodStatus": [("phase", 1, STRING)],
     "Pod": [("metadata", 1, "ObjectMeta"), ("spec", 2, "PodSpec"), ("status", 3, "PodStatus")],
     "PodList": [("metadata", 1, "ListMeta"), ("items", 2, "[]Pod")],
@@ -104,6 +106,9 @@ def _field(message: descriptor_pb2.DescriptorProto, name: str, number: int, kind
         return
     if kind.startswith("[]"):
         field.label, kind = _F.LABEL_REPEATED, kind[2:]
+    if kind == KEPT:  # a message's bytes are a bytes field's on the wire
+        field.type = BYTES
+        return
     field.type, field.type_name = _F.TYPE_MESSAGE, f".{_PACKAGE}.{kind}"
 
 
@@ -148,24 +153,49 @@ def unwrap(data: bytes) -> bytes:
 # Attribute reads on upb messages are the cost here (parsing is a tenth of it): each field is read
 # once, and absent ones not at all.
 
+class Once:
+    """Projections of messages kept as their bytes (KEPT), decoded once per distinct value: the
+    pods of a workload repeat their owner references and resource requirements byte for byte.
+    The projections are shared, so nothing may change them. At most ``limit`` are held (then the
+    memo starts over)."""
+
+    def __init__(self, decode: Callable[[bytes], Any], limit: int = 8192) -> None:
+        self._decode, self._limit = decode, limit
+        self._seen: dict[bytes, Any] = {}
+
+    def __call__(self, raw: bytes) -> Any:
+        value = self._seen.get(raw)
+        if value is None:
+            if len(self._seen) >= self._limit:
+                self._seen.clear()
+            value = self._seen[raw] = self._decode(raw)
+        return value
+
+
 def _quantities(entries: Any) -> dict[str, str]:
     return {name: q.string for name, q in entries.items()} if entries else {}
 
 
+def _owner_reference(raw: bytes) -> OwnerReference:
+    r = _parse("OwnerReference", raw)
+    return OwnerReference(r.apiVersion, r.kind, r.name, r.uid, r.controller)
+
+
+def _requirements(raw: bytes) -> Resources:
+    return Resources(_quantities(_parse("ResourceRequirements", raw).requests)) if raw else Resources()
+
+
+_owner_references, _resources = Once(_owner_reference), Once(_requirements)
+
+
 def _meta(m: Any) -> ObjectMeta:
     refs = m.ownerReferences
-    return ObjectMeta(
-        m.name, m.namespace, m.uid, m.resourceVersion, m.generation, dict(m.labels),
-        [OwnerReference(r.apiVersion, r.kind, r.name, r.uid, r.controller) for r in refs] if refs else [],
-    )
-
-
-def _resources(owner: Any) -> Resources:
-    return Resources(_quantities(owner.resources.requests)) if owner.HasField("resources") else Resources()
+    return ObjectMeta(m.name, m.namespace, m.uid, m.resourceVersion, m.generation, dict(m.labels),
+                      [_owner_references(r) for r in refs] if refs else [])
 
 
 def _container(c: Any) -> Container:
-    return Container(_resources(c), c.restartPolicy or None)  # JSON leaves it out when unset: None
+    return Container(_resources(c.resources), c.restartPolicy or None)  # JSON leaves it out when unset: None
 
 
 def _pod(p: Any) -> Pod:
@@ -174,7 +204,7 @@ def _pod(p: Any) -> Pod:
     return Pod(
         _meta(p.metadata),
         PodSpec(spec.nodeName, [_container(c) for c in spec.containers], [_container(c) for c in init] if init else [],
-                _quantities(spec.overhead), _resources(spec)),
+                _quantities(spec.overhead), _resources(spec.resources)),
         PodStatus(p.status.phase or "Pending"),
     )
 

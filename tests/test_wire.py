@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kubeindex import protobuf
 from kubeindex.api import Gone, error_from_body
+from kubeindex.objects import OwnerReference, Pod, Resources
 from kubeindex.watchstream import (
     ChunkedBody,
     Endpoint,
@@ -151,3 +152,37 @@ def test_bytes_that_are_not_the_message_are_a_protobuf_error() -> None:
         protobuf.unwrap(b'{"kind": "PodList"}')
     with pytest.raises(protobuf.ProtobufError, match="not a valid WatchEvent"):
         protobuf.event(b"\x0a\xff")
+
+
+def pod_message(name: str, ref: bytes, requirements: bytes) -> bytes:
+    c = protobuf.CLASSES
+    meta = c["ObjectMeta"](name=name, namespace="ns", uid=f"u-{name}", ownerReferences=[ref])
+    spec = c["PodSpec"](nodeName="n", containers=[c["Container"](resources=requirements), c["Container"]()])
+    return c["Pod"](metadata=meta, spec=spec).SerializeToString()
+
+
+def test_pods_that_repeat_an_owner_reference_or_requests_share_one_projection_of_each() -> None:
+    c = protobuf.CLASSES
+    ref = c["OwnerReference"](apiVersion="apps/v1", kind="ReplicaSet", name="web-1", uid="u-rs", controller=True)
+    requirements = c["ResourceRequirements"]()
+    requirements.requests["cpu"].string = "500m"
+    codec = protobuf.CODECS[Pod]
+    a, b = (codec.object(pod_message(name, ref.SerializeToString(), requirements.SerializeToString()))
+            for name in ("a", "b"))
+    assert a.metadata.ownerReferences == [OwnerReference("apps/v1", "ReplicaSet", "web-1", "u-rs", True)]
+    assert a.metadata.ownerReferences[0] is b.metadata.ownerReferences[0]
+    assert a.spec.containers[0].resources == Resources({"cpu": "500m"})
+    assert a.spec.containers[0].resources is b.spec.containers[0].resources
+    assert a.spec.containers[1].resources == Resources() and a.spec.resources == Resources()  # none set
+
+
+def test_a_memo_of_projections_holds_at_most_its_limit() -> None:
+    decoded: list[bytes] = []
+
+    def decode(raw: bytes) -> str:
+        decoded.append(raw)
+        return raw.decode()
+
+    once = protobuf.Once(decode, limit=2)
+    assert [once(raw) for raw in (b"a", b"b", b"a", b"c", b"a")] == ["a", "b", "a", "c", "a"]
+    assert decoded == [b"a", b"b", b"c", b"a"]  # full at "c": it started over
