@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import aiohttp
+import msgspec
 import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
@@ -434,7 +435,7 @@ class ApiClient:
                       content_type: str = JSON, timeout: float = 30) -> bytes:
         """Any request with a small answer: the body of a 2xx answer, else the typed ApiError
         (Transient when no answer came: no transport's exceptions leave this client)."""
-        data = body if isinstance(body, bytes) else (json.dumps(body).encode() if body is not None else None)
+        data = body if isinstance(body, bytes) else (msgspec.json.encode(body) if body is not None else None)
         headers = self._headers(JSON)
         if data is not None:
             headers["Content-Type"] = content_type

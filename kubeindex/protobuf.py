@@ -18,7 +18,7 @@ Descriptors are made at import from the table: no generated code, no protoc.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
@@ -67,6 +67,12 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "ObjectMeta": [("name", 1, STRING), ("namespace", 3, STRING), ("uid", 5, STRING),
                    ("resourceVersion", 6, STRING), ("generation", 7, INT64), ("labels", 11, LABELS),
                    ("ownerReferences", 13, f"[]{KEPT}")],  # OwnerReference
+    # A pod's: its labels' entries kept as their bytes too (the pods of a workload repeat their
+    # label set), made into a map again through Labels.
+    "PodMeta": [("name", 1, STRING), ("namespace", 3, STRING), ("uid", 5, STRING),
+                ("resourceVersion", 6, STRING), ("generation", 7, INT64), ("labels", 11, f"[]{KEPT}"),
+                ("ownerReferences", 13, f"[]{KEPT}")],
+    "Labels": [("labels", 11, LABELS)],
     # A bookmark's object: its resourceVersion, and the annotation that ends a WatchList's state.
     "BookmarkMeta": [("resourceVersion", 6, STRING), ("annotations", 12, LABELS)],
     "BookmarkObject": [("metadata", 1, "BookmarkMeta")],
@@ -75,7 +81,7 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "PodSpec": [("containers", 2, "[]Container"), ("nodeName", 10, STRING), ("initContainers", 20, "[]Container"),
                 ("overhead", 32, QUANTITIES), ("resources", 40, KEPT)],  # ResourceRequirements
     "PodStatus": [("phase", 1, STRING)],
-    "Pod": [("metadata", 1, "ObjectMeta"), ("spec", 2, "PodSpec"), ("status", 3, "PodStatus")],
+    "Pod": [("metadata", 1, "PodMeta"), ("spec", 2, "PodSpec"), ("status", 3, "PodStatus")],
     "PodList": [("metadata", 1, "ListMeta"), ("items", 2, "[]Pod")],
     "Taint": [("key", 1, STRING), ("effect", 3, STRING)],
     "NodeSpec": [("unschedulable", 4, BOOL), ("taints", 5, "[]Taint")],
@@ -155,15 +161,16 @@ def unwrap(data: bytes) -> bytes:
 
 class Once:
     """Projections of messages kept as their bytes (KEPT), decoded once per distinct value: the
-    pods of a workload repeat their owner references and resource requirements byte for byte.
+    pods of a workload repeat their owner references, resource requirements and labels byte for
+    byte.
     The projections are shared, so nothing may change them. At most ``limit`` are held (then the
     memo starts over)."""
 
-    def __init__(self, decode: Callable[[bytes], Any], limit: int = 8192) -> None:
+    def __init__(self, decode: Callable[[Any], Any], limit: int = 8192) -> None:
         self._decode, self._limit = decode, limit
-        self._seen: dict[bytes, Any] = {}
+        self._seen: dict[Hashable, Any] = {}
 
-    def __call__(self, raw: bytes) -> Any:
+    def __call__(self, raw: Hashable) -> Any:
         value = self._seen.get(raw)
         if value is None:
             if len(self._seen) >= self._limit:
@@ -185,12 +192,28 @@ def _requirements(raw: bytes) -> Resources:
     return Resources(_quantities(_parse("ResourceRequirements", raw).requests)) if raw else Resources()
 
 
-_owner_references, _resources = Once(_owner_reference), Once(_requirements)
+_LABELS_TAG = b"\x5a"  # field 11, length-delimited: Labels.labels
 
 
-def _meta(m: Any) -> ObjectMeta:
+def _label_map(entries: tuple[bytes, ...]) -> dict[str, str]:
+    wire = bytearray()
+    for entry in entries:
+        wire += _LABELS_TAG
+        size = len(entry)
+        while size >= 0x80:  # the entry's length as a base-128 varint
+            wire.append(size & 0x7F | 0x80)
+            size >>= 7
+        wire.append(size)
+        wire += entry
+    return dict(_parse("Labels", bytes(wire)).labels)
+
+
+_owner_references, _resources, _labels = Once(_owner_reference), Once(_requirements), Once(_label_map)
+
+
+def _meta(m: Any, labels: dict[str, str]) -> ObjectMeta:
     refs = m.ownerReferences
-    return ObjectMeta(m.name, m.namespace, m.uid, m.resourceVersion, m.generation, dict(m.labels),
+    return ObjectMeta(m.name, m.namespace, m.uid, m.resourceVersion, m.generation, labels,
                       [_owner_references(r) for r in refs] if refs else [])
 
 
@@ -199,10 +222,10 @@ def _container(c: Any) -> Container:
 
 
 def _pod(p: Any) -> Pod:
-    spec = p.spec
+    meta, spec = p.metadata, p.spec
     init = spec.initContainers
     return Pod(
-        _meta(p.metadata),
+        _meta(meta, _labels(tuple(meta.labels))),
         PodSpec(spec.nodeName, [_container(c) for c in spec.containers], [_container(c) for c in init] if init else [],
                 _quantities(spec.overhead), _resources(spec.resources)),
         PodStatus(p.status.phase or "Pending"),
@@ -212,7 +235,7 @@ def _pod(p: Any) -> Pod:
 def _node(n: Any) -> Node:
     spec, status = n.spec, n.status
     return Node(
-        _meta(n.metadata),
+        _meta(n.metadata, dict(n.metadata.labels)),
         NodeSpec(spec.unschedulable, [Taint(t.key, t.effect) for t in spec.taints]),
         NodeStatus(allocatable=_quantities(status.allocatable), capacity=_quantities(status.capacity),
                    conditions=[NodeCondition(c.type, c.status or "Unknown") for c in status.conditions]),

@@ -123,7 +123,7 @@ def test_one_connection_carries_request_after_request(framing: str, tls: tuple[s
     expected = [b""] * 5 if framing == "no content" else [obj(n, size=5000) for n in range(1, 6)]
     assert got == expected
     assert server.connections == 1
-    assert server.requests[0][1] == b'PATCH /apis/x/v1/things/t0?fieldManager=m HTTP/1.1 {"n": 0}'
+    assert server.requests[0][1] == b'PATCH /apis/x/v1/things/t0?fieldManager=m HTTP/1.1 {"n":0}'
 
 
 def test_an_idle_connection_the_server_closed_is_not_used() -> None:

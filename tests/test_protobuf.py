@@ -58,7 +58,7 @@ def full_pod(name: str, node: str) -> dict[str, Any]:
 # Where each message of the schema is defined (the rest are the schema's own: a bookmark's views).
 PROTO_FILES = {"k8s.io/api": ("core/v1",), "k8s.io/apimachinery": ("pkg/apis/meta/v1", "pkg/runtime",
                                                                   "pkg/api/resource")}
-OWN = {"BookmarkMeta": "ObjectMeta", "BookmarkObject": "Pod"}
+OWN = {"BookmarkMeta": "ObjectMeta", "BookmarkObject": "Pod", "PodMeta": "ObjectMeta", "Labels": "ObjectMeta"}
 
 
 def upstream_fields(module_dirs: dict[str, Path]) -> dict[str, dict[str, int]]:

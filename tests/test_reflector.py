@@ -739,7 +739,7 @@ def enveloped(message: Any) -> bytes:
 
 
 def pb_pod(name: str, rv: str) -> Any:
-    meta = protobuf.CLASSES["ObjectMeta"](name=name, namespace="ns", uid=f"u-{name}", resourceVersion=rv)
+    meta = protobuf.CLASSES["PodMeta"](name=name, namespace="ns", uid=f"u-{name}", resourceVersion=rv)
     return protobuf.CLASSES["Pod"](metadata=meta)
 
 

@@ -154,21 +154,34 @@ def test_bytes_that_are_not_the_message_are_a_protobuf_error() -> None:
         protobuf.event(b"\x0a\xff")
 
 
-def pod_message(name: str, ref: bytes, requirements: bytes) -> bytes:
+def past_tag_and_size(field: bytes) -> bytes:
+    """A length-delimited field's value: past its 1-byte tag and its varint size."""
+    i = 1
+    while field[i] & 0x80:
+        i += 1
+    return field[i + 1:]
+
+
+def pod_message(name: str, ref: bytes, requirements: bytes, labels: dict[str, str]) -> bytes:
     c = protobuf.CLASSES
-    meta = c["ObjectMeta"](name=name, namespace="ns", uid=f"u-{name}", ownerReferences=[ref])
+    entries = [past_tag_and_size(c["Labels"](labels={k: v}).SerializeToString()) for k, v in labels.items()]
+    meta = c["PodMeta"](name=name, namespace="ns", uid=f"u-{name}", ownerReferences=[ref], labels=entries)
     spec = c["PodSpec"](nodeName="n", containers=[c["Container"](resources=requirements), c["Container"]()])
     return c["Pod"](metadata=meta, spec=spec).SerializeToString()
 
 
-def test_pods_that_repeat_an_owner_reference_or_requests_share_one_projection_of_each() -> None:
+def test_pods_that_repeat_owner_references_requests_or_labels_share_one_projection_of_each() -> None:
     c = protobuf.CLASSES
     ref = c["OwnerReference"](apiVersion="apps/v1", kind="ReplicaSet", name="web-1", uid="u-rs", controller=True)
     requirements = c["ResourceRequirements"]()
     requirements.requests["cpu"].string = "500m"
+    labels = {"app": "web", "example.com/" + "long" * 40: "v" * 63}  # an entry over 127 bytes: a 2-byte size
     codec = protobuf.CODECS[Pod]
-    a, b = (codec.object(pod_message(name, ref.SerializeToString(), requirements.SerializeToString()))
+    a, b = (codec.object(pod_message(name, ref.SerializeToString(), requirements.SerializeToString(), labels))
             for name in ("a", "b"))
+    assert (a.metadata.name, b.metadata.name) == ("a", "b")
+    assert a.metadata.labels == labels and a.metadata.labels is b.metadata.labels
+    assert codec.object(pod_message("c", b"", b"", {})).metadata.labels == {}
     assert a.metadata.ownerReferences == [OwnerReference("apps/v1", "ReplicaSet", "web-1", "u-rs", True)]
     assert a.metadata.ownerReferences[0] is b.metadata.ownerReferences[0]
     assert a.spec.containers[0].resources == Resources({"cpu": "500m"})
