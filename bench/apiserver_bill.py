@@ -42,7 +42,7 @@ from localkube.cluster import LocalCluster, Options, free_port, set_parent_death
 from localkube.ksm import KubeStateMetrics
 from localkube.service import parse, value
 
-from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, say, status_kb, write_results
+from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, run_and_write, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
 
 MODES = ("watchlist", "list", "cache")
@@ -282,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--settle", type=float, default=30.0, help="seconds to wait before each start (at least)")
     add_out(parser, "apiserver-bill.json", (".md",))
-    args = parser.parse_args(argv)
-    result = run(args)
-    write_results(args.out, result, markdown(result))
-    return 0
+    return run_and_write(parser, argv, run, markdown)
 
 
 if __name__ == "__main__":

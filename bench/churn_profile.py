@@ -27,7 +27,7 @@ from kubeindex.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
-from .common import CRDS, add_out, cpu_split, sayer, write_results, writes_settled
+from .common import CRDS, add_out, cpu_split, run_and_write, sayer, writes_settled
 from .ksm import not_ready_nodes, service_sync, setup
 from .populate import churn
 
@@ -169,10 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a flag for the service, e.g. --service-arg=--encoding=json (repeatable)")
     parser.add_argument("--py-spy", default=shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy"))
     add_out(parser, "churn-profile.json", (".md",))
-    args = parser.parse_args(argv)
-    result = run(args)
-    write_results(args.out, result, markdown(result))
-    return 0
+    return run_and_write(parser, argv, run, markdown)
 
 
 if __name__ == "__main__":

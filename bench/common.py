@@ -54,6 +54,15 @@ def write_results(out: Path, result: object, table: str) -> None:
     print(table)
 
 
+def run_and_write(parser: argparse.ArgumentParser, argv: list[str] | None,
+                  run: Callable[[argparse.Namespace], dict], markdown: Callable[[dict], str]) -> int:
+    """A bench's main: its arguments, its run, then its results and table (``write_results``)."""
+    args = parser.parse_args(argv)
+    result = run(args)
+    write_results(args.out, result, markdown(result))
+    return 0
+
+
 def sayer(tag: str) -> Callable[[str], None]:
     """A progress printer: ``[tag] message`` on stderr, so that stdout keeps the results."""
     def say(msg: str) -> None:

@@ -33,7 +33,7 @@ from kubeindex.reflector import Handler, Reflector
 from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster, Options
 
-from .common import add_out, sayer, write_results
+from .common import add_out, run_and_write, sayer
 from .populate import pod_manifest
 
 say = sayer("watch-path")
@@ -145,10 +145,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="memory read between events in the cold runs")
     parser.add_argument("--rounds", type=int, default=5, help="runs of each; the best is kept")
     add_out(parser, "watch-path.json", beside=(".md",))
-    args = parser.parse_args(argv)
-    result = run(args)
-    write_results(args.out, result, markdown(result))
-    return 0
+    return run_and_write(parser, argv, run, markdown)
 
 
 if __name__ == "__main__":

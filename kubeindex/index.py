@@ -18,7 +18,8 @@ Aggregates carry a ``generation`` stamp that changes whenever their content does
 otherwise look at every aggregate to find those, is told which (``take_changes``).
 
 A pod update that changes nothing an aggregate counts (most of them: conditions, container
-states) stops at that comparison. Strings many pods repeat are held once (``objects.share``).
+states) stops at that comparison; one that changes the phase alone moves the phase counts only.
+Strings many pods repeat are held once (``objects.share``).
 """
 
 from __future__ import annotations

@@ -162,9 +162,8 @@ def unwrap(data: bytes) -> bytes:
 class Once:
     """Projections of messages kept as their bytes (KEPT), decoded once per distinct value: the
     pods of a workload repeat their owner references, resource requirements and labels byte for
-    byte.
-    The projections are shared, so nothing may change them. At most ``limit`` are held (then the
-    memo starts over)."""
+    byte. The projections are shared, so nothing may change them. At most ``limit`` are held
+    (then the memo starts over)."""
 
     def __init__(self, decode: Callable[[Any], Any], limit: int = 8192) -> None:
         self._decode, self._limit = decode, limit
