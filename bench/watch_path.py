@@ -136,11 +136,20 @@ def markdown(r: dict) -> str:
             f"through decode, Sources and the index:\n\n| run | µs per event |\n|---|---|\n{rows}\n")
 
 
+def even(text: str) -> int:
+    """--flips' type."""
+    if int(text) % 2:
+        raise argparse.ArgumentTypeError(f"{text} is odd")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.watch_path", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pods", type=int, default=300)
-    parser.add_argument("--flips", type=int, default=2, help="phase flips of each pod")
+    parser.add_argument("--flips", type=even, default=2,
+                        help="phase flips of each pod, even: each replay then ends in the phase it began with, "
+                             "so every replayed event changes the phase")
     parser.add_argument("--evict", type=int, nargs="*", default=[2, 16], metavar="MB",
                         help="memory read between events in the cold runs")
     parser.add_argument("--rounds", type=int, default=5, help="runs of each; the best is kept")
