@@ -1,9 +1,10 @@
 """A small asyncio client for the Kubernetes API: raw bytes in and out, nothing decoded here.
 
 Authentication comes from the official client's kubeconfig / in-cluster loaders (exec plugins,
-token files and their refresh included). Reads (``get``: LISTs, discovery) go through one aiohttp
-session, which asks for gzip; other requests (``request``: writes, leases) on kept-alive
-connections of our own (exchange.py), and watches on a connection each (watchstream.py).
+token files and their refresh included). Reads (``get``: discovery; ``get_frames``: LIST pages,
+taken as they come) go through one aiohttp session, which asks for gzip; other requests
+(``request``: writes, leases) on kept-alive connections of our own (exchange.py), and watches on
+a connection each (watchstream.py).
 
 Every request is measured (``RequestMetrics``, client-go's ``rest_client_*``): its duration per
 verb and resource, and its answer per status code and HTTP method. The resource is read from the
@@ -431,6 +432,16 @@ class ApiClient:
         headers = self._headers(accept)
         return await self._measured("GET", path, params, self._aiohttp("GET", path, params, headers, timeout))
 
+    async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
+                         framing: Callable[[str], watchstream.Framing], on_frame: Callable[[bytes], None],
+                         timeout: float = 60) -> None:
+        """A read taken as it comes (a LIST page): its body cut into frames by ``framing(the
+        answer's Content-Type)`` and handed to ``on_frame``, so that it is never held whole. What
+        ``on_frame`` or the framing raises ends the read, raised here. Errors as ``request``."""
+        headers = self._headers(accept)
+        await self._measured("GET", path, params, self._aiohttp_frames(path, params, headers, timeout, framing,
+                                                                       on_frame))
+
     async def request(self, method: str, path: str, body: Any = None, params: dict[str, str] | None = None,
                       content_type: str = JSON, timeout: float = 30) -> bytes:
         """Any request with a small answer: the body of a 2xx answer, else the typed ApiError
@@ -447,6 +458,22 @@ class ApiClient:
         async with self.session.request(method, self.connection.host + path, params=params, headers=headers,
                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
             return exchange.Answer(resp.status, await resp.read())
+
+    async def _aiohttp_frames(self, path: str, params: dict[str, str] | None, headers: dict[str, str],
+                              timeout: float, framing: Callable[[str], watchstream.Framing],
+                              on_frame: Callable[[bytes], None]) -> exchange.Answer:
+        async with self.session.get(self.connection.host + path, params=params, headers=headers,
+                                    timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            if resp.status >= 300:
+                return exchange.Answer(resp.status, await resp.read())
+            cut = framing(resp.headers.get("Content-Type", ""))
+            async for data in resp.content.iter_any():  # as it came (gzip undone)
+                for frame in cut.feed(data):
+                    on_frame(frame)
+                await asyncio.sleep(0)  # what came is handled: let the other loops run
+            for frame in cut.end():
+                on_frame(frame)
+            return exchange.Answer(resp.status, b"")
 
     async def _measured(self, method: str, path: str, params: dict[str, str] | None,
                         answering: Awaitable[exchange.Answer]) -> bytes:

@@ -242,7 +242,8 @@ def _node(n: Any) -> Node:
 
 
 class Codec:
-    """Decodes one kind (Pod or Node) from protobuf: an object, or a LIST answer."""
+    """Decodes one kind (Pod or Node) from protobuf: an object (of a watch event, or an item that
+    ListItems cut out of a LIST answer)."""
 
     def __init__(self, kind: str, convert: Callable[[Any], Any]) -> None:
         self._kind, self._convert = kind, convert
@@ -251,11 +252,106 @@ class Codec:
         """An object's bytes (inside the envelope) -> its projection."""
         return self._convert(_parse(self._kind, raw))
 
-    def page(self, data: bytes) -> tuple[ListMeta, list[Any]]:
-        """A LIST answer -> its metadata and items."""
-        page = _parse(f"{self._kind}List", unwrap(data))
-        meta = page.metadata
-        return ListMeta(meta.resourceVersion, getattr(meta, "continue")), [self._convert(i) for i in page.items]
+
+def list_meta(raw: bytes) -> ListMeta:
+    """A LIST answer's metadata (``ListItems.metadata``)."""
+    meta = _parse("ListMeta", raw)
+    return ListMeta(meta.resourceVersion, getattr(meta, "continue"))
+
+
+MAX_ITEM = 64 << 20  # no object the API server stores comes near (etcd's limit is 1.5 MiB)
+_LENGTH_DELIMITED = 2
+
+
+def _varint(buf: bytearray, pos: int) -> tuple[int, int] | None:
+    """The base-128 varint at ``pos`` and the position after it; None when it has not all come."""
+    value = shift = 0
+    while pos < len(buf):
+        byte = buf[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ProtobufError("a varint longer than 10 bytes")
+    return None
+
+
+def _field_at(buf: bytearray, pos: int) -> tuple[int, int, int, int] | None:
+    """The field whose tag is at ``pos``: (number, wire type, where its value starts, the value's
+    length); None when its tag and length have not all come."""
+    tag = _varint(buf, pos)
+    if tag is None:
+        return None
+    key, start = tag
+    number, wire = key >> 3, key & 7
+    if wire == _LENGTH_DELIMITED:
+        length = _varint(buf, start)
+        if length is None:
+            return None
+        size, start = length
+        if size > MAX_ITEM:
+            raise ProtobufError(f"a field of {size} bytes: not a LIST answer")
+        return number, wire, start, size
+    if wire == 0:  # a varint: its bytes are its length
+        value = _varint(buf, start)
+        return None if value is None else (number, wire, start, value[1] - start)
+    if wire in (1, 5):  # fixed 64 and 32 bits
+        return number, wire, start, 8 if wire == 1 else 4
+    raise ProtobufError(f"wire type {wire} (field {number}): not a LIST answer")
+
+
+class ListItems:
+    """A LIST answer in protobuf (``k8s\x00`` + Unknown{raw = the XList{metadata = 1, items = 2}}),
+    cut into its items' bytes as the answer's bytes come (watchstream.Framing): a page is never
+    held whole, only the item under way. The list's metadata is kept in ``metadata``."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._offset = 0  # of _buf[0] in the answer
+        self._list: tuple[int, int] | None = None  # where the list's bytes start and end in the answer
+        self.metadata = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        buf = self._buf
+        buf += data
+        items: list[bytes] = []
+        pos = 0
+        if self._offset == 0:
+            if len(buf) < len(MAGIC):
+                return items
+            if buf[:len(MAGIC)] != MAGIC:
+                raise ProtobufError(f"no protobuf envelope (the bytes start with {bytes(buf[:8])!r})")
+            pos = len(MAGIC)
+        while (field := _field_at(buf, pos)) is not None:
+            number, wire, start, size = field
+            if self._list is None and number == 2 and wire == _LENGTH_DELIMITED:  # Unknown.raw: the list
+                self._list = self._offset + start, self._offset + start + size
+                pos = start  # its fields are read as the answer's own
+                continue
+            end = start + size
+            first, last = self._list or (0, 0)
+            inside = first <= self._offset + pos < last
+            if inside and self._offset + end > last:
+                raise ProtobufError("a field of the list runs past the list's end")
+            if end > len(buf):
+                break  # the field's value has not all come
+            if inside and number == 2:
+                items.append(bytes(buf[start:end]))
+            elif inside and number == 1:
+                self.metadata = bytes(buf[start:end])
+            pos = end
+        del buf[:pos]
+        self._offset += pos
+        return items
+
+    def end(self) -> list[bytes]:
+        if self._buf or self._offset < len(MAGIC):
+            raise ProtobufError(f"the LIST answer ended inside a field ({len(self._buf)} bytes of it)")
+        if self._list is None or self._offset < self._list[1]:
+            raise ProtobufError("the LIST answer ended before its list did")
+        return []
 
 
 def event(frame: bytes) -> tuple[str, bytes]:

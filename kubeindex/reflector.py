@@ -16,7 +16,8 @@ The initial list, and every relist, is made one of these ways (``WatchSettings.i
   from its watch cache: neither side ever holds the whole collection in one response.
 - ``list``: paged LIST (``limit``/``continue``) without a resourceVersion, a consistent read
   (served from the watch cache by servers with ConsistentListFromCache and ListFromCacheSnapshot,
-  1.34+; from etcd before).
+  1.34+; from etcd before). A page in protobuf is handed over object by object as its bytes come
+  (protobuf.ListItems): this side never holds a page whole, so large pages cost it no memory.
 - ``cache``: client-go's way without WatchList: the first LIST at ``resourceVersion=0`` (any age,
   from the watch cache; the server ignores ``limit``: one response with everything), each relist
   at ``resourceVersionMatch=NotOlderThan`` the last resourceVersion seen, so a relist never goes
@@ -90,9 +91,11 @@ from .clock import REAL, Clock
 from .logfields import fields, key_fields
 from .objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_key
 from .throttle import ThrottledLog
+from .watchstream import Framing, Whole
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+LIST_TIMEOUT = 120  # seconds for one LIST page, all of it
 
 
 
@@ -120,8 +123,9 @@ class ListWatch(Protocol):
 
     async def may_stream_lists(self) -> bool: ...
 
-    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = ...,
-                  timeout: float = ...) -> bytes: ...
+    async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
+                         framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
+                         timeout: float = ...) -> None: ...
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = ...,
@@ -448,7 +452,7 @@ class Reflector(Generic[T]):
         params = first
         while True:
             try:
-                body = await self.api.get(self.path, params, accept=accept, timeout=120)
+                meta = await self._list_page(params, accept, seen)
             except Gone:
                 if "continue" in params:
                     # The snapshot was compacted between two pages: a fresh paged pass (see the
@@ -460,9 +464,6 @@ class Reflector(Generic[T]):
                     params = first
                     continue
                 raise
-            self._contact()
-            meta, items = self._page(body)
-            await self._apply_page(items, seen)
             if not meta.continue_:
                 self.resource_version = meta.resourceVersion
                 break
@@ -471,11 +472,34 @@ class Reflector(Generic[T]):
                 params = {k: v for k, v in params.items() if not k.startswith("resourceVersion")}
         self._replace(seen)
 
-    def _page(self, body: bytes) -> tuple[ListMeta, list[Any]]:
-        if self._codec and body.startswith(protobuf.MAGIC):
-            return self._codec.page(body)
-        page = self._list.decode(body)
-        return page.metadata, page.items or []
+    async def _list_page(self, params: dict[str, str], accept: str, seen: dict[str, str]) -> ListMeta:
+        """One LIST page, its objects handed to the handler: in protobuf one by one as they come
+        (the page is never held whole, nor its objects), in JSON once the page has all come."""
+        codec = self._codec
+        items: protobuf.ListItems | None = None
+        whole: list[bytes] = []
+
+        def framing(content_type: str) -> Framing:
+            nonlocal items
+            if codec is not None and content_type.startswith(protobuf.MEDIA_TYPE):
+                items = protobuf.ListItems()
+                return items
+            return Whole()
+
+        def on_frame(frame: bytes) -> None:
+            if codec is not None and items is not None:
+                self._apply_listed(codec.object(frame), seen)
+            else:
+                whole.append(frame)
+
+        await self.api.get_frames(self.path, params, accept, framing, on_frame, timeout=LIST_TIMEOUT)
+        self._contact()
+        if items is not None:
+            self.stats.last_event = time.time()
+            return protobuf.list_meta(items.metadata)
+        page = self._list.decode(whole[0])
+        await self._apply_page(page.items or [], seen)
+        return page.metadata
 
     def _replace(self, seen: dict[str, str]) -> None:
         """The store becomes what a complete LIST or WatchList saw: deletes for the rest."""

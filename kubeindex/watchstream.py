@@ -117,6 +117,21 @@ class JsonLines:
         return [rest] if rest.strip() else []
 
 
+class Whole:
+    """An answer that is one document (a JSON LIST page): its bytes in one frame, at its end."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._parts.append(data)
+        return []
+
+    def end(self) -> list[bytes]:
+        whole, self._parts = b"".join(self._parts), []
+        return [whole]
+
+
 class Body(Protocol):
     """Undoes a transfer coding: the payload in the bytes as they come."""
 

@@ -15,6 +15,7 @@ import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.api import JSON, ApiClient, ApiError, Transient
+from kubeindex.watchstream import Framing
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS
@@ -230,19 +231,26 @@ class RecordingApi(ApiClient):
         self.gets: list[tuple[str, dict[str, str]]] = []
         self.lists: list[dict[str, str]] = []
         self.watches: list[dict[str, str]] = []
-        self.answers: list[tuple[str, bytes]] = []
+        self.answers: list[tuple[str, str]] = []  # of LISTs: (Accept, Content-Type)
         self.requests: list[tuple[str, str, int]] = []
         self.break_after = break_after
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
                   timeout: float = 60) -> bytes:
         self.gets.append((path, dict(params or {})))
-        if path != "/version":
-            self.lists.append(dict(params or {}))
-        body = await super().get(path, params, accept, timeout)
-        if path != "/version":
-            self.answers.append((accept, body[:4]))
-        return body
+        return await super().get(path, params, accept, timeout)
+
+    async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
+                         framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
+                         timeout: float = 60) -> None:
+        self.gets.append((path, dict(params or {})))
+        self.lists.append(dict(params or {}))
+
+        def recorded(content_type: str) -> Framing:
+            self.answers.append((accept, content_type))
+            return framing(content_type)
+
+        await super().get_frames(path, params, accept, recorded, on_frame, timeout)
 
     async def request(self, method: str, path: str, *args: Any, **kw: Any) -> bytes:
         try:

@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from kubeindex import protobuf
-from kubeindex.api import JSON, ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
+from kubeindex.api import ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import PartialObject, Pod, object_key
 from kubeindex.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflector, WatchSettings
 from kubeindex.sources import Sources
+from kubeindex.watchstream import Framing
 from localkube.cluster import LocalCluster, Options
 from tests.clock import FakeClock, settle
 from tests.kube import RecordingApi, create_pod, delete, serves_watch_list, set_pod_phase, truth, until
@@ -403,14 +404,15 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
         expired = False
         unpaginated = 0  # requests without `limit`
 
-        async def get(self, path: str, params: dict[str, str] | None = None, accept: str = JSON,
-                      timeout: float = 60) -> bytes:
+        async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
+                             framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
+                             timeout: float = 60) -> None:
             self.unpaginated += "limit" not in (params or {})
             if params and "continue" in params and not self.expired:
                 self.expired = True
                 delete(kube, f"/api/v1/namespaces/{ns}/pods/p-0")  # listed on page 1, now gone
                 kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
-            return await super().get(path, params, accept, timeout)
+            await super().get_frames(path, params, accept, framing, on_frame, timeout)
 
     async def run() -> tuple[bool, int, set[str]]:
         async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
@@ -527,13 +529,19 @@ class ScriptedApi:
     async def may_stream_lists(self) -> bool:
         return self.streams_lists and not self.watch_list_refused
 
-    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = "",
-                  timeout: float = 60) -> bytes:
+    async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
+                         framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
+                         timeout: float = 60) -> None:
         self.requests.append(("LIST", dict(params or {})))
         answer = self.lists.pop(0)
         if isinstance(answer, ApiError):
             raise answer
-        return answer
+        cut = framing(protobuf.MEDIA_TYPE if answer.startswith(protobuf.MAGIC) else "application/json")
+        for at in range(0, len(answer), 7):  # in pieces that cut fields, as a network does
+            for frame in cut.feed(answer[at:at + 7]):
+                on_frame(frame)
+        for frame in cut.end():
+            on_frame(frame)
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = 15,

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from kubeindex import protobuf
 from kubeindex.api import Gone, error_from_body
-from kubeindex.objects import OwnerReference, Pod, Resources
+from kubeindex.objects import ListMeta, OwnerReference, Pod, Resources
 from kubeindex.watchstream import (
     ChunkedBody,
     Endpoint,
@@ -199,3 +199,62 @@ def test_a_memo_of_projections_holds_at_most_its_limit() -> None:
     once = protobuf.Once(decode, limit=2)
     assert [once(raw) for raw in (b"a", b"b", b"a", b"c", b"a")] == ["a", "b", "a", "c", "a"]
     assert decoded == [b"a", b"b", b"c", b"a"]  # full at "c": it started over
+
+
+def list_answer(items: list[bytes], version: str = "7", cont: str = "", meta_last: bool = False) -> bytes:
+    """A PodList in the server's envelope, its Unknown with the fields around raw that the server
+    writes (typeMeta before, contentEncoding and contentType after)."""
+    c = protobuf.CLASSES
+    meta = c["ListMeta"](resourceVersion=version, **{"continue": cont}).SerializeToString()
+    listed = b"".join(b"\x12" + varint(len(i)) + i for i in items)
+    metadata = b"\x0a" + varint(len(meta)) + meta
+    raw = listed + metadata if meta_last else metadata + listed
+    type_meta = b"\x0a\x0d" + b"\x0a\x02v1\x12\x07PodList"
+    return protobuf.MAGIC + type_meta + b"\x12" + varint(len(raw)) + raw + b"\x1a\x00\x22\x00"
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+item_bytes = st.sampled_from([b"", b"\x0a\x00", b"x" * 127, b"y" * 128, b"z" * 20000]) | st.binary(max_size=300)
+
+
+@given(st.lists(item_bytes, max_size=6), st.lists(st.integers(min_value=0), max_size=12), st.booleans())
+def test_a_list_answer_comes_out_item_by_item_however_it_is_cut(items: list[bytes], cuts: list[int],
+                                                                 meta_last: bool) -> None:
+    cut = protobuf.ListItems()
+    assert read(cut, list_answer(items, "42", "next", meta_last), cuts) == items
+    assert protobuf.list_meta(cut.metadata) == ListMeta("42", "next")
+
+
+def test_a_list_answer_hands_each_item_over_before_the_answer_ends() -> None:
+    pods = [pod_message(name, b"", b"", {"app": "web"}) for name in ("a", "b", "c")]
+    answer = list_answer(pods)
+    cut = protobuf.ListItems()
+    second_ends = answer.index(pods[1]) + len(pods[1])
+    assert cut.feed(answer[:second_ends - 1]) == pods[:1]  # the second not whole yet
+    assert cut.feed(answer[second_ends - 1:second_ends + 3]) == pods[1:2]
+    assert len(cut._buf) <= 3 + 2  # only the item under way is held
+    assert cut.feed(answer[second_ends + 3:]) == pods[2:] and cut.end() == []
+    assert [protobuf.CODECS[Pod].object(p).metadata.name for p in pods] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("answer, problem", [
+    (b'{"kind":"PodList"}', "no protobuf envelope"),
+    (list_answer([b"abc"])[:-8], "ended inside a field"),  # cut inside the item
+    (protobuf.MAGIC + b"\x0a\x00", "ended before its list"),  # an Unknown without raw
+    (protobuf.MAGIC + b"\x12\x05\x12\x10abc", "runs past the list's end"),  # an item longer than its list
+    (protobuf.MAGIC + b"\x12\x02\x0b\x00", "wire type 3"),  # a group: not in any Kubernetes message
+    (protobuf.MAGIC + b"\x12\x0b" + b"\xff" * 11, "longer than 10 bytes"),
+    (protobuf.MAGIC + b"\x12\x06\x12\xff\xff\xff\xff\x0f", "not a LIST answer"),  # a 4 GiB item
+    (b"", "ended inside a field"),
+])
+def test_bytes_that_are_not_a_list_answer_are_a_protobuf_error(answer: bytes, problem: str) -> None:
+    with pytest.raises(protobuf.ProtobufError, match=problem):
+        read(protobuf.ListItems(), answer, [])
