@@ -1,8 +1,8 @@
 """What a start of the service costs the API server (kube-apiserver + etcd), for each way of the
 initial list (--initial-list) and each encoding of pods and nodes (--encoding), on one populated
 local control plane. A mode is an --initial-list mode, with pods and nodes in protobuf (the
-default), or with ``-json`` after it in JSON, and ``:N`` for a --page-size of N: `watchlist`,
-`watchlist-json`, `list`, `list:5000`, `list-json:5000`, ... The started program's own peak RSS
+default), or with ``-json`` after it in JSON, and ``:N`` for a --page-size of N: `auto` (the
+default), `watchlist`, `watchlist-json`, `list`, `list:5000`, `list-json:5000`, ... The started program's own peak RSS
 is recorded too (what a larger page costs the service's side).
 
 For each start: kube-apiserver and etcd CPU seconds (utime + stime from /proc/<pid>/stat) and
@@ -45,7 +45,7 @@ from localkube.service import parse, value
 from .common import CRDS, Sampler, add_out, control_plane_pids, cpu_seconds, run_and_write, say, status_kb
 from .populate import POOL_LABEL, populate_cluster
 
-MODES = ("watchlist", "list", "cache")
+MODES = ("auto", "watchlist", "list", "cache")  # auto: the default (pages of 20,000 on this version)
 JSON_MODES = tuple(f"{m}-json" for m in MODES)  # the same, with pods and nodes in JSON
 KSM = "ksm"  # not an --initial-list mode: kube-state-metrics started instead of the service
 READY_TIMEOUT = 600.0

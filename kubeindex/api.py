@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import aiohttp
 import msgspec
@@ -48,6 +48,11 @@ USER_AGENT = "node-workload-summary"  # in the API server's audit log and its pe
 BACKOFF_CAP = 10.0  # seconds: the longest wait after an error that should pass on its own
 SLOW_BACKOFF_CAP = 60.0  # seconds: after answers that repeat until someone acts (RBAC, a CRD), and writes
 LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
+# Objects per LIST page, unless set. A server that serves pages from its watch cache walks the
+# cache from the page's start for each (docs/benchmarks.md, "Pages of 20,000"): few large pages,
+# which cost this side no memory (protobuf.ListItems). From etcd, client-go's size.
+PAGE_FROM_CACHE = 20000
+PAGE_FROM_ETCD = 500
 
 
 class ApiError(Exception):
@@ -315,10 +320,22 @@ def predates_watch_list(version: dict[str, Any]) -> str:
     """Why a server of this /version cannot stream lists, or "". Servers before 1.27 ignore
     sendInitialEvents and never send the bookmark that ends the initial state: a WatchList there
     would wait for ever. (1.27 to 1.33 refuse it while its feature gate is off: see the reflector.)"""
-    minor = int("".join(c for c in str(version.get("minor", "")) if c.isdigit()) or 0)
+    minor = _minor(version)
     if str(version.get("major")) == "1" and minor < 27:
         return f"the API server is {version.get('gitVersion') or f'1.{minor}'}, older than 1.27"
     return ""
+
+
+def _minor(version: dict[str, Any]) -> int:
+    return int("".join(c for c in str(version.get("minor", "")) if c.isdigit()) or 0)
+
+
+def serves_pages_from_cache(version: dict[str, Any]) -> bool:
+    """Whether a server of this /version serves every page of a consistent paged LIST from its
+    watch cache: 1.34 and later (ListFromCacheSnapshot, on by default). Before, the pages after
+    the first come from etcd."""
+    major = int("".join(c for c in str(version.get("major", "")) if c.isdigit()) or 0)
+    return major > 1 or (major == 1 and _minor(version) >= 34)
 
 
 def path_parts(path: str) -> tuple[str, str, str]:
@@ -379,22 +396,41 @@ class ApiClient:
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
         self.watch_list_refused = ""
+        self.pages_from_cache = False  # the server serves every page of a LIST from its watch cache (1.34+)
         self._version_checked = False
         self._version_lock = asyncio.Lock()  # the reflectors start together: one GET /version for all
 
-    async def may_stream_lists(self) -> bool:
-        """Whether a WatchList is worth trying with this server: not refused yet, and not older
-        than WatchList (asked once, by GET /version)."""
-        if not self._version_checked and not self.watch_list_refused:
-            async with self._version_lock:
-                if not self._version_checked:
-                    too_old = predates_watch_list(json.loads(await self.get("/version", timeout=15)))
-                    self._version_checked = True
-                    # A refusal recorded while /version was asked (another reflector's 422) stays.
-                    if too_old and not self.watch_list_refused:
-                        self.watch_list_refused = too_old
-                        log.warning("WatchList not used (%s); using paged LISTs with this server", too_old)
-        return not self.watch_list_refused
+    async def _know_version(self) -> None:
+        """Asks GET /version once (the reflectors start together: one request for all)."""
+        if self._version_checked:
+            return
+        async with self._version_lock:
+            if self._version_checked:
+                return
+            version = json.loads(await self.get("/version", timeout=15))
+            self._version_checked = True
+            self.pages_from_cache = serves_pages_from_cache(version)
+            too_old = predates_watch_list(version)
+            # A refusal recorded while /version was asked (another reflector's 422) stays.
+            if too_old and not self.watch_list_refused:
+                self.watch_list_refused = too_old
+                log.warning("WatchList not used (%s); using paged LISTs with this server", too_old)
+
+    async def auto_initial_list(self) -> Literal["watchlist", "list"]:
+        """How ``--initial-list=auto`` reads the initial state from this server: paged LISTs where
+        it serves every page from its watch cache (1.34+: cheaper for it than a WatchList, a
+        fifteenth of the bytes, as consistent); else a WatchList, unless the server refused one
+        or predates it."""
+        if not self.watch_list_refused:
+            await self._know_version()
+        return "watchlist" if not self.pages_from_cache and not self.watch_list_refused else "list"
+
+    async def page_size(self) -> int:
+        """Objects per LIST page when the settings leave it to the server: PAGE_FROM_CACHE where
+        it serves pages from its watch cache, PAGE_FROM_ETCD where pages after the first come
+        from etcd."""
+        await self._know_version()
+        return PAGE_FROM_CACHE if self.pages_from_cache else PAGE_FROM_ETCD
 
     async def __aenter__(self) -> Self:
         return self

@@ -22,12 +22,18 @@ The initial list, and every relist, is made one of these ways (``WatchSettings.i
   from the watch cache; the server ignores ``limit``: one response with everything), each relist
   at ``resourceVersionMatch=NotOlderThan`` the last resourceVersion seen, so a relist never goes
   back in time from what the store holds. Not a consistent read: kept for comparison.
-- ``auto``: ``watchlist``; when the server refuses it (422 with its WatchList feature gate off),
-  ``list``, remembered for that server (``ApiClient.watch_list_refused``) and logged once.
+- ``auto``: ``list`` with a server that serves every page from its watch cache (1.34+), where
+  pages of 20,000 cost it less CPU than a WatchList and a fifteenth of the bytes (gzip), and this
+  side no more memory (docs/benchmarks.md); else ``watchlist``, and when the server refuses it
+  (422 with its WatchList feature gate off), ``list``, remembered for that server
+  (``ApiClient.watch_list_refused``) and logged once.
+
+Pages hold ``WatchSettings.page_size`` objects, by default the server's (``ApiClient.page_size``:
+20,000 from the watch cache, 500 where pages come from etcd).
 
 Pods and nodes are asked for in protobuf (``WatchSettings.encoding``, kubeindex/protobuf.py), the
 other kinds in JSON; each answer is read in the encoding the server chose (its Content-Type; a LIST
-page by protobuf's envelope), so a server or proxy that answers JSON is still understood.
+page too), so a server or proxy that answers JSON is still understood.
 
 The store keeps only key -> resourceVersion (resourceVersions are opaque strings, only compared
 for equality) of what the handler has accepted; the objects themselves live in the index. A
@@ -121,7 +127,9 @@ class ListWatch(Protocol):
 
     watch_list_refused: str
 
-    async def may_stream_lists(self) -> bool: ...
+    async def auto_initial_list(self) -> Literal["watchlist", "list"]: ...
+
+    async def page_size(self) -> int: ...
 
     async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
                          framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
@@ -181,7 +189,7 @@ class Handler(Generic[T]):
 
 @dataclass
 class WatchSettings:
-    page_size: int = 500
+    page_size: int = 0  # objects per LIST page; 0: the server's (ApiClient.page_size)
     timeout_min: int = 300  # watch timeoutSeconds is drawn from [min, max] (spreads reconnects)
     timeout_max: int = 600
     read_timeout: float = 180.0  # silence longer than this means a dead connection (idle watches
@@ -355,7 +363,7 @@ class Reflector(Generic[T]):
     async def _streams(self) -> bool:
         """The next sync is a WatchList (else a LIST)."""
         mode = self.settings.initial_list
-        return mode == "watchlist" or (mode == "auto" and await self.api.may_stream_lists())
+        return (await self.api.auto_initial_list() if mode == "auto" else mode) == "watchlist"
 
     async def run(self) -> None:
         attempt = 0  # failed or short passes in a row: the backoff grows with it
@@ -448,7 +456,8 @@ class Reflector(Generic[T]):
         seen: dict[str, str] = {}
         self.failed.clear()  # this pass retries them; what fails again is added back
         accept = PARTIAL_LIST if self.metadata_only else protobuf.ACCEPT if self._codec else JSON
-        first = {"limit": str(self.settings.page_size), **self._list_version(), **self.selector}
+        size = self.settings.page_size or await self.api.page_size()
+        first = {"limit": str(size), **self._list_version(), **self.selector}
         params = first
         while True:
             try:

@@ -115,14 +115,16 @@ class Settings(BaseSettings):
         "with allocatable below capacity for one of them is Degraded, the difference counted in "
         "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
     max_owner_depth: Count = Field(MAX_OWNER_DEPTH, ge=1, le=50, description="ownerReference hops followed from a pod.")
-    page_size: Count = Field(WATCH.page_size, ge=1, description=(
-        "Objects per page of the initial and recovery LISTs. Kubernetes 1.34+ serves each page by walking its "
-        "cache from the page's start to the end: larger pages (e.g. 20000 with --initial-list=list) cost it "
-        "fewer walks."))
+    page_size: Count = Field(WATCH.page_size, ge=0, description=(
+        "Objects per page of the initial and recovery LISTs; 0: 20000 from a server that serves every page from "
+        "its watch cache (Kubernetes 1.34+, which walks its cache from each page's start: few large pages cost "
+        "it least, and pods and nodes are read as the page comes, never held whole), 500 from an older one "
+        "(whose pages after the first come from etcd)."))
     initial_list: InitialList = Field(
         WATCH.initial_list, description="How the initial state (and every relist after 410 Gone) is read: watchlist (a "
         "streaming WatchList, consistent), list (paged LISTs, consistent), cache (resourceVersion=0: any age, "
-        "unpaginated; for comparison only), auto (watchlist, or list with a server that refuses it).")
+        "unpaginated; for comparison only), auto (list from Kubernetes 1.34+, which serves every page from its "
+        "watch cache; else watchlist, or list with a server that refuses it).")
     encoding: Encoding = Field(
         WATCH.encoding, description="How pods and nodes are read: protobuf (under a third of the API server's CPU "
         "for JSON, and fewer bytes) or json. Other kinds are always JSON.")

@@ -22,6 +22,7 @@ from kubeindex.api import (
     connection_from_kubeconfig,
     load_connection,
     predates_watch_list,
+    serves_pages_from_cache,
 )
 from localkube.cluster import LocalCluster
 
@@ -77,14 +78,14 @@ def test_version_asked_once_and_never_clears_a_refusal(cluster: LocalCluster) ->
 
     async def run() -> None:
         async with SlowVersion(load_connection(str(cluster.kubeconfig))) as api:
-            askers = [asyncio.create_task(api.may_stream_lists()) for _ in range(5)]
+            askers = [asyncio.create_task(api.auto_initial_list()) for _ in range(5)]
             await asyncio.sleep(0.1)
             api.watch_list_refused = "422: the WatchList feature gate is off"  # another reflector's 422
             api.answer.set()
-            assert await asyncio.gather(*askers) == [False] * 5
+            assert await asyncio.gather(*askers) == ["list"] * 5
             assert api.asked == 1
             assert api.watch_list_refused == "422: the WatchList feature gate is off"
-            assert await api.may_stream_lists() is False and api.asked == 1
+            assert await api.auto_initial_list() == "list" and api.asked == 1
 
     asyncio.run(run())
 
@@ -100,6 +101,17 @@ def test_version_asked_once_and_never_clears_a_refusal(cluster: LocalCluster) ->
 def test_servers_before_watch_list_are_not_asked_for_one(version: dict[str, str], why: str) -> None:
     """A server before 1.27 ignores sendInitialEvents and would never end the initial state."""
     assert predates_watch_list(version) == why
+
+
+@pytest.mark.parametrize(("version", "from_cache"), [
+    ({"major": "1", "minor": "36"}, True), ({"major": "1", "minor": "34+"}, True),  # + : a managed build
+    ({"major": "1", "minor": "33"}, False), ({"major": "1", "minor": "9"}, False), ({"major": "2", "minor": "0"}, True),
+    ({}, False),
+])
+def test_pages_come_from_the_watch_cache_from_1_34(version: dict[str, str], from_cache: bool) -> None:
+    """ListFromCacheSnapshot: every page of a paged LIST from the watch cache, so auto lists in
+    pages of 20,000 there (the WatchList elsewhere)."""
+    assert serves_pages_from_cache(version) is from_cache
 
 
 def test_a_kubeconfig_from_a_secret_carries_its_credentials_inline() -> None:

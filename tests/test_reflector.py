@@ -19,7 +19,7 @@ import random
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -254,7 +254,7 @@ def test_relist_on_request_is_a_fresh_watchlist(kube: LocalCluster) -> None:
 
     async def run() -> None:
         async with RecordingApi(load_connection(str(kube.kubeconfig))) as api:
-            r = reflector(api, ns, "auto", recorder, timeout=60)
+            r = reflector(api, ns, "watchlist", recorder, timeout=60)
             task = asyncio.create_task(r.run())
             try:
                 await until(r.synced.is_set)
@@ -433,6 +433,18 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
 
 # -- WatchList off -----------------------------------------------------------------------------------
 
+class Before134(RecordingApi):
+    """A client that takes the server for 1.33, whose auto tries a WatchList (from 1.34 it lists
+    without asking: test_compat checks which way each version's server is read)."""
+
+    async def get(self, path: str, params: dict[str, str] | None = None, accept: str = "application/json",
+                  timeout: float = 60) -> bytes:
+        body = await super().get(path, params, accept, timeout)
+        if path == "/version":
+            body = json.dumps({**json.loads(body), "minor": "33"}).encode()
+        return body
+
+
 def test_auto_falls_back_to_lists_once_per_server(gate_off: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
     """The server answers 422 ("sendInitialEvents is forbidden for watch unless the WatchList
     feature gate is enabled"): every reflector of the client lists, the refusal logged once and
@@ -441,7 +453,7 @@ def test_auto_falls_back_to_lists_once_per_server(gate_off: LocalCluster, caplog
     pods(gate_off, "wl-off", 3)
 
     async def run() -> None:
-        async with RecordingApi(load_connection(str(gate_off.kubeconfig))) as api:
+        async with Before134(load_connection(str(gate_off.kubeconfig))) as api:
             sources = Sources(api, ClusterIndex(), settings("auto"))
             await sources.start()
             try:
@@ -526,8 +538,11 @@ class ScriptedApi:
         self.watch_list_refused = ""
         self.requests: list[tuple[str, dict[str, str]]] = []
 
-    async def may_stream_lists(self) -> bool:
-        return self.streams_lists and not self.watch_list_refused
+    async def auto_initial_list(self) -> Literal["watchlist", "list"]:
+        return "watchlist" if self.streams_lists and not self.watch_list_refused else "list"
+
+    async def page_size(self) -> int:
+        return 500
 
     async def get_frames(self, path: str, params: dict[str, str] | None, accept: str,
                          framing: Callable[[str], Framing], on_frame: Callable[[bytes], None],
