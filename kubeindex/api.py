@@ -419,7 +419,7 @@ class ApiClient:
     async def auto_initial_list(self) -> Literal["watchlist", "list"]:
         """How ``--initial-list=auto`` reads the initial state from this server: paged LISTs where
         it serves every page from its watch cache (1.34+: cheaper for it than a WatchList, a
-        fifteenth of the bytes, as consistent); else a WatchList, unless the server refused one
+        twenty-third of the bytes, as consistent); else a WatchList, unless the server refused one
         or predates it."""
         if not self.watch_list_refused:
             await self._know_version()

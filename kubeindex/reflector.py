@@ -23,7 +23,7 @@ The initial list, and every relist, is made one of these ways (``WatchSettings.i
   at ``resourceVersionMatch=NotOlderThan`` the last resourceVersion seen, so a relist never goes
   back in time from what the store holds. Not a consistent read: kept for comparison.
 - ``auto``: ``list`` with a server that serves every page from its watch cache (1.34+), where
-  pages of 20,000 cost it less CPU than a WatchList and a fifteenth of the bytes (gzip), and this
+  pages of 20,000 cost it less CPU than a WatchList and a twenty-third of the bytes (gzip), and this
   side no more memory (docs/benchmarks.md); else ``watchlist``, and when the server refuses it
   (422 with its WatchList feature gate off), ``list``, remembered for that server
   (``ApiClient.watch_list_refused``) and logged once.
