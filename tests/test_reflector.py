@@ -605,6 +605,9 @@ def watch_versions(api: ScriptedApi) -> list[str]:
     return [p.get("resourceVersion", "") for verb, p in api.requests if verb == "WATCH"]
 
 
+GONE = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
+
+
 def test_410_relists_and_the_diff_deletes_what_vanished() -> None:
     async def main() -> tuple[Reflector, Calls, ScriptedApi]:
         clock = FakeClock()
@@ -803,6 +806,36 @@ def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
     assert calls == ["a@1", "b@2", "a@11", "a@12", "c@13", "-ns/b"]
     assert watch_versions(api) == ["10", "20"] and reflector.stats.events["BOOKMARK"] == 1
     assert reflector.stats.restarts == {"gone": 1} and reflector.watch_encoding == "protobuf"
+
+
+def test_a_page_cut_off_midway_is_listed_again_and_the_diff_is_exact() -> None:
+    """A page is applied object by object as it comes: a connection lost in the middle leaves the
+    first objects applied, and the next pass (after a backoff) lists from the first page again.
+    Nothing is deleted on the broken pass; the complete one deletes what vanished."""
+    whole = pb_page("20", pb_pod("a", "2"), pb_pod("c", "3"), pb_pod("d", "4"))
+    cut_off = whole[:whole.index(b"u-c") + 3]  # inside c: a, then nothing whole
+
+    async def main() -> tuple[Reflector, list[str]]:
+        clock = FakeClock()
+        api = ScriptedApi(clock, lists=[pb_page("10", pb_pod("a", "1"), pb_pod("b", "1")), cut_off, whole],
+                          watches=[[json.dumps(GONE).encode()], []])
+        calls: list[str] = []
+        handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
+                                        lambda key: calls.append(f"-{key}"))
+        reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
+                              settings=WatchSettings(initial_list="list", read_timeout=180))
+        task = asyncio.ensure_future(reflector.run())
+        await settle()
+        assert calls == ["a@1", "b@1", "a@2"]  # the 410's relist broke inside c
+        assert "ended inside a field" in reflector.last_error
+        await clock.advance(60)  # the backoff is over
+        await settle()
+        await stop(task)
+        return reflector, calls
+
+    reflector, calls = asyncio.run(main())
+    assert calls == ["a@1", "b@1", "a@2", "c@3", "d@4", "-ns/b"]  # a@2 not again: its version was recorded
+    assert reflector.store == {"ns/a": "2", "ns/c": "3", "ns/d": "4"} and reflector.resource_version == "20"
 
 
 def test_a_cancellation_is_not_lost_to_a_watch_failing_at_the_same_moment() -> None:
