@@ -779,6 +779,16 @@ def pb_frame(kind: str, message: Any) -> bytes:
     return protobuf.CLASSES["WatchEvent"](type=kind, object=raw).SerializeToString()
 
 
+def pod_reflector(api: ScriptedApi, clock: FakeClock) -> tuple[Reflector, list[str], asyncio.Task]:
+    """A pod reflector listing in pages, started: it records "name@version" per upsert, "-key" per delete."""
+    calls: list[str] = []
+    handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
+                                    lambda key: calls.append(f"-{key}"))
+    reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
+                          settings=WatchSettings(initial_list="list", read_timeout=180))
+    return reflector, calls, asyncio.ensure_future(reflector.run())
+
+
 def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
     """A pod watch answered in protobuf: a bookmark moves the resourceVersion, an ERROR event's
     410 relists and diffs, as in JSON."""
@@ -792,12 +802,7 @@ def test_protobuf_bookmarks_and_410_are_read_like_json() -> None:
                           watches=[[pb_frame("MODIFIED", pb_pod("a", "11")), pb_frame("BOOKMARK", marker),
                                     pb_frame("ERROR", gone)], []],
                           content_type=f"{protobuf.MEDIA_TYPE};stream=watch")
-        calls: list[str] = []
-        handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
-                                        lambda key: calls.append(f"-{key}"))
-        reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
-                              settings=WatchSettings(initial_list="list", read_timeout=180))
-        task = asyncio.ensure_future(reflector.run())
+        reflector, calls, task = pod_reflector(api, clock)
         await settle()
         await stop(task)
         return reflector, calls, api
@@ -819,12 +824,7 @@ def test_a_page_cut_off_midway_is_listed_again_and_the_diff_is_exact() -> None:
         clock = FakeClock()
         api = ScriptedApi(clock, lists=[pb_page("10", pb_pod("a", "1"), pb_pod("b", "1")), cut_off, whole],
                           watches=[[json.dumps(GONE).encode()], []])
-        calls: list[str] = []
-        handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
-                                        lambda key: calls.append(f"-{key}"))
-        reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
-                              settings=WatchSettings(initial_list="list", read_timeout=180))
-        task = asyncio.ensure_future(reflector.run())
+        reflector, calls, task = pod_reflector(api, clock)
         await settle()
         assert calls == ["a@1", "b@1", "a@2"]  # the 410's relist broke inside c
         assert "ended inside a field" in reflector.last_error
