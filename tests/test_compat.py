@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import re
 
 import pytest
@@ -69,7 +70,8 @@ def test_the_readme_says_what_the_table_says() -> None:
         assert table[minor]["initial list (--initial-list=auto)"].startswith(listing), (minor, listing)
 
 
-def test_the_table_says_how_this_version_lists(cluster: LocalCluster) -> None:
+def test_the_table_says_how_this_version_lists(cluster: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="kubeindex.api")
     status, version = cluster.request("/version")
     assert status == 200 and isinstance(version, dict), version
     minor = f"{version['major']}.{re.sub(r'[^0-9]', '', version['minor'])}"
@@ -96,3 +98,5 @@ def test_the_table_says_how_this_version_lists(cluster: LocalCluster) -> None:
         assert len(sizes) == 1, sizes
         used = f"pages of {sizes.pop():,}"
     assert row["initial list (--initial-list=auto)"].startswith(used), (minor, row, refused)
+    said = "it serves every LIST page from its watch cache" if used == "pages of 20,000" else "come from etcd"
+    assert caplog.text.count(f"the API server is {version['gitVersion']}: ") == 1 and said in caplog.text
