@@ -320,22 +320,23 @@ def predates_watch_list(version: dict[str, Any]) -> str:
     """Why a server of this /version cannot stream lists, or "". Servers before 1.27 ignore
     sendInitialEvents and never send the bookmark that ends the initial state: a WatchList there
     would wait for ever. (1.27 to 1.33 refuse it while its feature gate is off: see the reflector.)"""
-    minor = _minor(version)
+    minor = _number(version, "minor")
     if str(version.get("major")) == "1" and minor < 27:
         return f"the API server is {version.get('gitVersion') or f'1.{minor}'}, older than 1.27"
     return ""
 
 
-def _minor(version: dict[str, Any]) -> int:
-    return int("".join(c for c in str(version.get("minor", "")) if c.isdigit()) or 0)
+def _number(version: dict[str, Any], part: str) -> int:
+    """/version's "major" or "minor" as a number ("34+" of a managed build: 34; absent: 0)."""
+    return int("".join(c for c in str(version.get(part, "")) if c.isdigit()) or 0)
 
 
 def serves_pages_from_cache(version: dict[str, Any]) -> bool:
     """Whether a server of this /version serves every page of a consistent paged LIST from its
     watch cache: 1.34 and later (ListFromCacheSnapshot, on by default). Before, the pages after
     the first come from etcd."""
-    major = int("".join(c for c in str(version.get("major", "")) if c.isdigit()) or 0)
-    return major > 1 or (major == 1 and _minor(version) >= 34)
+    major = _number(version, "major")
+    return major > 1 or (major == 1 and _number(version, "minor") >= 34)
 
 
 def path_parts(path: str) -> tuple[str, str, str]:
