@@ -220,9 +220,9 @@ def serves_watch_list(kube: LocalCluster) -> bool:
 
 class RecordingApi(ApiClient):
     """Records what it is asked: ``gets`` every GET and watch (path, parameters), ``lists`` the
-    parameters of every GET but /version (asked once, before the first WatchList), ``watches``
-    those of every watch, ``answers`` each such GET's Accept and the first 4 bytes of its answer
-    (protobuf's envelope, or JSON), ``requests`` every other request (method, path, HTTP status).
+    parameters of every LIST page, ``watches`` those of every watch, ``answers`` each LIST's
+    Accept and the Content-Type it was answered in, ``requests`` every other request (method,
+    path, HTTP status).
     ``break_after``: the first watch breaks after that many lines (a connection lost in the
     middle of a WatchList's initial state)."""
 
