@@ -411,9 +411,10 @@ class ApiClient:
             version = json.loads(await self.get("/version", timeout=15))
             self._version_checked = True
             self.pages_from_cache = serves_pages_from_cache(version)
-            log.info("the API server is %s: %s", version.get("gitVersion") or "of an unknown version",
-                     f"it serves every LIST page from its watch cache (auto: pages of {PAGE_FROM_CACHE})"
-                     if self.pages_from_cache else "LIST pages after the first come from etcd (auto: a WatchList)")
+            pages = f"it serves every LIST page from its watch cache (auto: pages of {PAGE_FROM_CACHE})" \
+                if self.pages_from_cache else "LIST pages after the first come from etcd (auto: a WatchList, " \
+                "where it serves one)"
+            log.info("the API server is %s: %s", version.get("gitVersion") or "of an unknown version", pages)
             too_old = predates_watch_list(version)
             # A refusal recorded while /version was asked (another reflector's 422) stays.
             if too_old and not self.watch_list_refused:

@@ -41,6 +41,7 @@ from .objects import (
     Status,
     Taint,
 )
+from .watchstream import MAX_FRAME  # one object's bytes at most, as in a watch
 
 MEDIA_TYPE = "application/vnd.kubernetes.protobuf"
 ACCEPT = f"{MEDIA_TYPE},application/json"  # JSON where the server has no protobuf for the kind
@@ -259,7 +260,6 @@ def list_meta(raw: bytes) -> ListMeta:
     return ListMeta(meta.resourceVersion, getattr(meta, "continue"))
 
 
-MAX_ITEM = 64 << 20  # no object the API server stores comes near (etcd's limit is 1.5 MiB)
 _LENGTH_DELIMITED = 2
 
 
@@ -291,7 +291,7 @@ def _field_at(buf: bytearray, pos: int) -> tuple[int, int, int, int] | None:
         if length is None:
             return None
         size, start = length
-        if size > MAX_ITEM:
+        if size > MAX_FRAME:
             raise ProtobufError(f"a field of {size} bytes: not a LIST answer")
         return number, wire, start, size
     if wire == 0:  # a varint: its bytes are its length

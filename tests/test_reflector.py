@@ -470,7 +470,7 @@ def test_auto_falls_back_to_lists_once_per_server(gate_off: LocalCluster, caplog
 
     asyncio.run(run())
     assert caplog.text.count("refused a WatchList") == 1, caplog.text
-    assert caplog.text.count("LIST pages after the first come from etcd (auto: a WatchList)") == 1
+    assert caplog.text.count("LIST pages after the first come from etcd (auto: a WatchList, where it serves one)") == 1
 
 
 def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) -> None:
