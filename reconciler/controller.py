@@ -5,11 +5,14 @@ outputs (label ux.sean.example.com/managed-by), run by the Sources with every ot
 summarizers' status is computed in summarizers.py. The write path is a keyed work queue
 (workqueue.py), client-go style:
 
-- producers only add keys: a pass every ``interval`` adds the keys whose desired object changed,
-  the watch of our objects adds the key of every object that changed, a leadership gain adds all;
+- producers only add keys: a pass every ``interval`` adds the keys of the node groups and
+  workloads that changed, the watch of our objects adds the key of every object that changed (but
+  not the echo of our own write: the resourceVersion our write's answer gave), a leadership gain
+  adds all;
 - a worker takes a key and decides then, from the current desired and actual state, what to do:
   nothing, a server-side apply (metadata+spec, status through the status subresource) or a delete
-  (with a UID precondition);
+  (with a UID precondition). The desired object is made then too: a workload whose pods change in
+  every pass is made once per write (one per ``debounce``), not once per pass;
 - "differs" means differs on the fields this manager owns (read from managedFields): another
   manager's labels or annotations are never a reason to write, and a field of ours that someone
   else changed is taken back;
@@ -46,12 +49,14 @@ from .desired import (
     MANAGER,
     Desired,
     Layout,
+    Made,
     Naming,
     TypeInfo,
     desired_all,
-    desired_of,
+    desired_one,
     label_claim,
     layout,
+    made_from,
     node_claim,
     short_type,
     workload_claim,
@@ -84,6 +89,16 @@ class SummaryMeta(msgspec.Struct):
     managedFields: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
+class Version(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class Written(msgspec.Struct):
+    """What the reconciler reads of a write's answer: the object's resourceVersion after it."""
+
+    metadata: Version = msgspec.field(default_factory=Version)
+
+
 class Summary(msgspec.Struct):
     """One of our output objects as the API server has it."""
 
@@ -97,6 +112,17 @@ class Summary(msgspec.Struct):
                               "ownerReferences": self.metadata.ownerReferences},
                  "spec": self.spec, "status": self.status}
         return fields.project(whole, fields.owned(self.metadata.managedFields, MANAGER))
+
+
+_WRITTEN = msgspec.json.Decoder(Written)
+
+
+def _version(answer: bytes | None) -> str | None:
+    """The resourceVersion a write's answer gives (None: no answer, or not an object)."""
+    try:
+        return _WRITTEN.decode(answer).metadata.resourceVersion or None if answer else None
+    except msgspec.DecodeError:
+        return None
 
 
 @dataclass
@@ -171,6 +197,9 @@ class Reconciler:
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
+        self._redo: dict[Key, Made] = {}  # desired objects to make again when their key is taken
+        self._written: dict[Key, str] = {}  # the resourceVersion our last write of each key made
+        self._writing: dict[Key, list[str]] = {}  # keys being applied: resourceVersions seen meanwhile
         self.queue: WorkQueue[Key] = WorkQueue(self.settings.debounce)
         self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
                              self.held["workloadsummaries"])
@@ -207,9 +236,17 @@ class Reconciler:
         claim = claim_of_summary(plural, obj)
         if claim is not None:
             self.held[plural].setdefault(claim, set()).add(obj.metadata.name)
+        version = obj.metadata.resourceVersion
+        if (writing := self._writing.get((plural, key))) is not None:
+            writing.append(version)  # the write's answer may come after its echo: it decides then
+            return
+        if self._written.get((plural, key)) == version:
+            del self._written[plural, key]  # our own write coming back: it is what we decided on
+            return
         self.queue.add((plural, key))
 
     def _gone(self, plural: str, key: str) -> None:
+        self._written.pop((plural, key), None)
         old = self.actual[plural].pop(key, None)
         if old is not None:
             self._unhold(plural, old, key)
@@ -242,6 +279,7 @@ class Reconciler:
             self._relisting.cancel()
         self._fresh = False
         self.queue.clear()  # nothing queued by a follower, or by a former leader, is done
+        self._written.clear()
         if leader:
             self._relisting = asyncio.get_running_loop().create_task(self._relist_before_leading())
 
@@ -320,13 +358,11 @@ class Reconciler:
         try:
             if changes.structure or self._resync or uids != self._uids or self._layout is None:
                 self._full_pass(uids, infos)
-            else:
-                for d in desired_of(self.index, self._layout, self._desired_cache, changes.node_groups,
-                                    changes.workloads):
-                    key = (d.plural, d.key)
-                    if self.desired.get(key) is not d:
-                        self.desired[key] = d
-                        self.queue.add(key)
+            else:  # made when taken: a key touched in every pass is made once per write, not per pass
+                for key, made in made_from(self.index, self._layout, changes.node_groups,
+                                           changes.workloads).items():
+                    self._redo[key] = made
+                    self.queue.add(key)
         except Exception:
             self._layout = None  # what was taken is lost with this pass: the next one redoes everything
             raise
@@ -336,6 +372,7 @@ class Reconciler:
         plan = layout(self.index, uids, infos, self.naming)
         desired = {(d.plural, d.key): d for d in desired_all(self.index, plan, self._desired_cache)}
         self._uids, self._layout = uids, plan
+        self._redo.clear()  # every object was made just now
         previous, self.desired = self.desired, desired
         if self._resync:
             self._resync = False
@@ -395,7 +432,7 @@ class Reconciler:
             if again is not None:
                 self.queue.add_after(key, again)
             return
-        desired = self.desired.get(key)
+        desired = self._desired_now(key)
         actual = self.actual[plural].get(name)
         if desired is None:
             if actual is not None and not self._unknown(actual):
@@ -417,6 +454,15 @@ class Reconciler:
             except Missing:  # deleted after our view of it: create it again, at once
                 if await self._apply(key, desired.body):
                     await self._apply(key, status, status=True)
+
+    def _desired_now(self, key: Key) -> Desired | None:
+        """The key's desired object, made now if a pass saw its aggregate change."""
+        made = self._redo.pop(key, None)
+        if made is not None and self._layout is not None:
+            desired = desired_one(self.index, self._layout, self._desired_cache, made)
+            if desired is not None:  # None: its aggregate went, and the full pass that follows decides
+                self.desired[key] = desired
+        return self.desired.get(key)
 
     @staticmethod
     def _main_equal(desired: Desired, ours: dict[str, Any]) -> bool:
@@ -445,28 +491,33 @@ class Reconciler:
         """True when done; False when there is nothing to do (already deleted, namespace being
         deleted). Raises Retry on any other failure (the queue retries with backoff) and Deposed
         when this replica no longer leads."""
+        return await self._write(verb, method, path, body, params, content_type) is not None
+
+    async def _write(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                     content_type: str = APPLY) -> bytes | None:
+        """``_request``, with the answer's body when done (None: nothing to do)."""
         await self._bucket.take()
         if not self.leading:
             raise Deposed
         try:
-            await self.api.request(method, path, body, params=params, content_type=content_type,
-                                   timeout=WRITE_TIMEOUT)
+            answer = await self.api.request(method, path, body, params=params, content_type=content_type,
+                                            timeout=WRITE_TIMEOUT)
         except (NotFound, Conflict) as err:
             if verb == "delete":
-                return False  # 404: already gone; 409: the UID precondition failed (replaced since)
+                return None  # 404: already gone; 409: the UID precondition failed (replaced since)
             if verb == "create" and isinstance(err, Conflict):
-                return False  # 409 AlreadyExists: made meanwhile
+                return None  # 409 AlreadyExists: made meanwhile
             if verb == "apply_status" and isinstance(err, NotFound):
                 raise Missing from None
             self._failed(method, path, err)
         except Forbidden as err:
             if "NamespaceTerminating" in err.causes:
-                return False  # the namespace is being deleted: expected while its workloads go away
+                return None  # the namespace is being deleted: expected while its workloads go away
             self._failed(method, path, err)
         except ApiError as err:
             self._failed(method, path, err)
         self.stats.count(self.stats.writes, verb)
-        return True
+        return answer
 
     def _failed(self, method: str, path: str, err: ApiError) -> NoReturn:
         """Count and log a failed write, and have the queue retry it."""
@@ -478,10 +529,23 @@ class Reconciler:
         raise Retry from err
 
     async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:
+        """Apply. The resourceVersion it made is kept, so that its echo on our watch, before or after
+        the answer, queues nothing; any other change seen meanwhile queues the key."""
         namespace, name = split_key(key[1])
         path = _path(key[0], namespace, name) + ("/status" if status else "")
-        return await self._request("apply_status" if status else "apply", "PATCH", path, body,
-                            {"fieldManager": MANAGER, "force": "true"})
+        seen = self._writing[key] = []
+        version = None
+        try:
+            answer = await self._write("apply_status" if status else "apply", "PATCH", path, body,
+                                       {"fieldManager": MANAGER, "force": "true"})
+            version = _version(answer)
+        finally:
+            del self._writing[key]
+            if any(v != version for v in seen):
+                self.queue.add(key)
+        if version is not None and version not in seen:
+            self._written[key] = version
+        return answer is not None
 
     async def _delete(self, key: Key, obj: Summary) -> None:
         meta = obj.metadata

@@ -288,23 +288,47 @@ def layout(index: ClusterIndex, node_summarizer_uids: dict[str, str], type_infos
     return Layout(node_groups, workloads, summary_names)
 
 
+Made = NodeGroupKey | str  # what one object is made from: a node group, or a workload (its UID)
+
+
+def made_from(index: ClusterIndex, plan: Layout, node_groups: Iterable[NodeGroupKey],
+              workloads: Iterable[str]) -> dict[tuple[str, str], Made]:
+    """The objects (plural, store key) of these node groups and workloads that the layout writes,
+    each with what it is made from: ``desired_one`` makes it when a worker takes it. O(given)."""
+    out: dict[tuple[str, str], Made] = {}
+    for key in node_groups:
+        if (where := plan.node_groups.get(key)) is not None:
+            out["nodesummaries", where[0]] = key
+    for uid in workloads:
+        if (how := plan.workloads.get(uid)) is not None and (w := index.workloads.get(uid)) is not None:
+            out["workloadsummaries", key_of(w.namespace, how[0])] = uid
+    return out
+
+
+def desired_one(index: ClusterIndex, plan: Layout, cache: Cache, made: Made) -> Desired | None:
+    """The object of one node group or workload of the layout (None: not written, or gone)."""
+    if isinstance(made, str):
+        how, w = plan.workloads.get(made), index.workloads.get(made)
+        if how is None or w is None:
+            return None
+        name, info = how
+        refs = tuple(plan.summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
+        return _cached(cache, made, (w.generation, name, info, refs),
+                       partial(workload_summary, w, name, info, plan.summary_names))
+    where, agg = plan.node_groups.get(made), index.node_groups.get(made)
+    if where is None or agg is None:
+        return None
+    name, label_key, uid = where
+    return _cached(cache, made, (agg.generation, name, label_key, uid),
+                   partial(node_summary, agg, name, label_key, uid))
+
+
 def desired_of(index: ClusterIndex, plan: Layout, cache: Cache, node_groups: Iterable[NodeGroupKey],
                workloads: Iterable[str]) -> list[Desired]:
     """The objects of these node groups and workloads, those of the layout (the rest are not
-    written). O(given): the pass after a few pod events."""
-    out = []
-    for key in node_groups:
-        if (where := plan.node_groups.get(key)) is not None and (agg := index.node_groups.get(key)) is not None:
-            name, label_key, uid = where
-            out.append(_cached(cache, key, (agg.generation, name, label_key, uid),
-                               partial(node_summary, agg, name, label_key, uid)))
-    for uid in workloads:
-        if (how := plan.workloads.get(uid)) is not None and (w := index.workloads.get(uid)) is not None:
-            name, info = how
-            refs = tuple(plan.summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
-            out.append(_cached(cache, uid, (w.generation, name, info, refs),
-                               partial(workload_summary, w, name, info, plan.summary_names)))
-    return out
+    written). O(given)."""
+    made: list[Made] = [*node_groups, *workloads]
+    return [d for m in made if (d := desired_one(index, plan, cache, m)) is not None]
 
 
 def desired_all(index: ClusterIndex, plan: Layout, cache: Cache) -> list[Desired]:

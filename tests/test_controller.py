@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from kubeindex.api import ApiClient, Connection
 from kubeindex.index import ClusterIndex
+from kubeindex.objects import NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
 from kubeindex.sources import Sources
+from reconciler import desired
 from reconciler.controller import Reconciler, ReconcilerSettings
+from reconciler.desired import TypeInfo, desired_state
 from reconciler.leader import LeaderElector, LeaseSettings
+from tests.builders import make_node, make_pod, ref
+from tests.reference import Owner
 
 
 def _reconciler(relist_timeout: float) -> tuple[Reconciler, LeaderElector]:
@@ -95,6 +101,53 @@ def test_the_reconcilers_watches_are_the_sources() -> None:
         assert [p.split(":")[0] for p in reconciler.not_ready() if p.startswith("own-")] == names
         with pytest.raises(ValueError):
             sources.add_watch(reconciler.reflectors[0])
+        await reconciler.api.close()
+
+    asyncio.run(main())
+
+
+def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between full passes a pass only queues the keys of the aggregates that changed; a key's
+    desired object is made when a worker takes it. A workload whose pods change in every pass, its
+    key waiting for the debounce meanwhile, is made once per write, not once per pass."""
+    infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
+    rs = Owner("r1", "apps", "ReplicaSet", "ns", "web-1", "d1")
+    made: list[Any] = []
+    make = desired.workload_summary
+
+    def counted(*args: Any) -> desired.Desired:
+        made.append(args)
+        return make(*args)
+
+    monkeypatch.setattr(desired, "workload_summary", counted)
+
+    async def main() -> None:
+        reconciler, _ = _reconciler(relist_timeout=30)
+        index = reconciler.index
+        index.set_node_summarizer("pool", "pool")
+        index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
+        index.upsert_node(make_node("n-1", {"pool": "a"}))
+        index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+        index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-1", "r1", ("apps/v1", "Deployment", "d1"))
+        index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(rs)))
+        reconciler.sources.summarizers.node["pool"] = NodeSummarizer(ObjectMeta(name="pool", uid="uid-pool"),
+                                                                     NodeSummarizerSpec("pool"))
+        monkeypatch.setattr(reconciler, "type_infos", lambda: infos)
+        key = ("workloadsummaries", "ns/web")
+        reconciler.queue_changes()  # the first: a full pass
+        first = reconciler.desired[key]
+        assert len(made) == 1 and first.status["pods"] == {"Running": 1}
+        reconciler.queue.wrote(key)  # just written: the next changes wait for the debounce
+        for phase in ("Pending", "Running", "Succeeded", "Failed", "Pending"):
+            index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(rs), phase=phase))
+            reconciler.queue_changes()
+        assert len(made) == 1 and reconciler.desired[key] is first  # no pass made it again
+        assert key in reconciler.queue._waiting_at  # queued, due after the debounce
+        taken = reconciler._desired_now(key)
+        assert len(made) == 2 and taken is not None and taken.status["pods"] == {"Pending": 1}
+        assert reconciler._desired_now(key) is taken and len(made) == 2  # taken again: nothing new to make
+        scratch = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, infos)}
+        assert (taken.body, taken.status) == (scratch["ns/web"].body, scratch["ns/web"].status)
         await reconciler.api.close()
 
     asyncio.run(main())

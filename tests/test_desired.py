@@ -24,13 +24,15 @@ from reconciler.desired import (
     Cache,
     Desired,
     Layout,
+    Made,
     Naming,
     TypeInfo,
     desired_all,
-    desired_of,
+    desired_one,
     desired_state,
     label_claim,
     layout,
+    made_from,
     names_prefix,
     node_claim,
     short_type,
@@ -322,9 +324,10 @@ def test_every_status_field_is_declared_by_the_crd(plural: str, table: dict[str,
 
 @pytest.mark.parametrize("seed", range(25))
 def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> None:
-    """The reconciler's pass between changes to the sets of node groups and workloads redoes only
-    the aggregates the index says were touched (ClusterIndex.take_changes, desired_of): after any
-    random events, the objects it holds are those a pass over everything makes."""
+    """The reconciler's pass between changes to the sets of node groups and workloads queues only
+    the keys of the aggregates the index says were touched (ClusterIndex.take_changes, made_from),
+    and a worker makes each object when it takes the key (desired_one), after any number of passes:
+    after any random events, the objects it holds are those a pass over everything makes."""
     scenario = Scenario(random.Random(seed))
     index = scenario.index
     infos = {(group, kind): TypeInfo(f"{group}/v1", short_type(group, kind, None), long_type(group, kind, "v1"))
@@ -334,6 +337,7 @@ def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> No
     plan: Layout | None = None
     held: dict[str, str] = {}
     ours: dict[tuple[str, str], Desired] = {}
+    queued: dict[tuple[str, str], Made] = {}
     incremental = 0
     for step in range(300):
         scenario.step()
@@ -342,11 +346,16 @@ def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> No
         if changes.structure or plan is None or uids != held:
             plan, held = layout(index, uids, infos, naming), uids
             ours = {(d.plural, d.key): d for d in desired_all(index, plan, cache)}
+            queued.clear()
         else:
             incremental += 1
-            for d in desired_of(index, plan, cache, changes.node_groups, changes.workloads):
-                ours[(d.plural, d.key)] = d
-        if step % 3 == 0:
+            queued.update(made_from(index, plan, changes.node_groups, changes.workloads))
+        if step % 3 == 0:  # the queued keys taken: each made from the index as it is now
+            for key, made in queued.items():
+                d = desired_one(index, plan, cache, made)
+                assert d is not None and (d.plural, d.key) == key
+                ours[key] = d
+            queued.clear()
             # The same name allocator: names, once given, stay (a fresh one may settle a clash otherwise).
             everything = desired_state(index, uids, infos, naming=naming)
             assert {k: (d.body, d.status) for k, d in ours.items()} == \

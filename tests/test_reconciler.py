@@ -180,6 +180,25 @@ def test_the_watches_of_our_summaries_are_in_the_watch_metrics(kube: LocalCluste
              == len(summaries(kube)), timeout=10)
 
 
+def test_our_own_writes_coming_back_queue_nothing(kube: LocalCluster, service: Service) -> None:
+    """The echo of a write on our own watch, at the resourceVersion its answer gave, is the object
+    as we decided it: it queues no key. Another manager's edit queues one; our write that takes it
+    back, none."""
+    def counts() -> tuple[float, float]:
+        s = service.scrape()
+        return (value(s, "nws_workqueue_adds_total") or 0,
+                value(s, "nws_watch_events_total", resource="own-nodesummaries", type="MODIFIED") or 0)
+
+    settled(service)
+    adds, events = counts()
+    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+                    {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
+    wait_for(lambda: counts()[1] >= events + 2, timeout=10)  # the edit, and our write back
+    settled(service)
+    assert summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3
+    assert counts() == (adds + 1, events + 2)
+
+
 def test_no_writes_when_quiet(service: Service) -> None:
     """Once the earlier tests' changes are written, nothing more is: the service settles (no write
     for 1.5 s, within 30 s) and then writes nothing for 5 s, several times its debounce and its
