@@ -127,6 +127,24 @@ def _intern(vector: dict[str, int]) -> Vector:
     return _interned.setdefault(key, key) if len(_interned) < 100_000 else key
 
 
+_by_text: dict[tuple[tuple[str, str], ...], Vector] = {}  # one container's requests as written -> vector
+
+
+def pod_requests(spec: PodSpec) -> Vector:
+    """``effective_requests``, interned. Most pods have one container and nothing else that
+    requests: their vector is looked up by that container's requests as written, which the pods of
+    a workload repeat, instead of parsing every quantity again on each of their events."""
+    if spec.initContainers or spec.overhead or spec.resources.requests or len(spec.containers) != 1:
+        return _intern(effective_requests(spec))
+    text = tuple(spec.containers[0].resources.requests.items())
+    vector = _by_text.get(text)
+    if vector is None:
+        vector = _intern(_parse(spec.containers[0].resources.requests))
+        if len(_by_text) < 100_000:
+            _by_text[text] = vector
+    return vector
+
+
 def _parse(resources: dict[str, str]) -> dict[str, int]:
     return {name: parse_or_zero(q) for name, q in resources.items()}
 
@@ -505,20 +523,21 @@ class ClusterIndex:
 
     # ---------------------------------------------------------------------------- pods
 
-    def upsert_pod(self, pod: Pod) -> None:
+    def upsert_pod(self, pod: Pod) -> str:
+        """The pod as it is now; its key."""
         meta = pod.metadata
         key = object_key(meta)
         ref = meta.controller_ref()
         parent = share(ref.uid) if ref else None  # strings many pods repeat: held once
         phase = _PHASE.get(pod.status.phase, "Unknown")
-        requests = () if phase in TERMINATED else _intern(effective_requests(pod.spec))
-        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests,
-                         self._label_matches(meta.labels))
+        requests = () if phase in TERMINATED else pod_requests(pod.spec)
+        labels = self._label_matches(meta.labels)
         old = self.pods.get(key)
-        if old is not None and self._alike_but_phase(old, entry, parent):
+        if old is not None and self._alike_but_phase(old, meta.uid, pod.spec.nodeName, requests, labels, parent):
             if old.phase != phase:  # a phase change alone (requests stay: neither phase is terminated)
                 self._move_phase(old, phase)
-            return  # most pod updates: conditions, container states, IPs
+            return key  # most pod updates: conditions, container states, IPs
+        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels)
         if old is not None:
             del self.pods[key]  # out of the table first: graph callbacks must not see it
             self._detach_pod(old)
@@ -530,14 +549,16 @@ class ClusterIndex:
         entry.workload, entry.status = self._pod_workload(res, meta.namespace, entry.labels)
         self.pods[key] = entry
         self._attach_pod(entry)
+        return key
 
-    def _alike_but_phase(self, old: PodEntry, new: PodEntry, parent: str | None) -> bool:
+    def _alike_but_phase(self, old: PodEntry, uid: str, node: str, requests: Vector, labels: LabelMatches,
+                         parent: str | None) -> bool:
         """Everything an aggregate counts of the pod but its phase is as it was: the same pod (UID)
         under the same controller owner, on the same node, with the same requests and label values
         (its workload follows from the owner and the labels)."""
         vertex = self.graph.vertices.get(old.uid)
-        return (old.uid == new.uid and old.node == new.node and old.requests == new.requests
-                and old.labels == new.labels and vertex is not None and vertex.parent == parent)
+        return (old.uid == uid and old.node == node and old.requests == requests
+                and old.labels == labels and vertex is not None and vertex.parent == parent)
 
     def _move_phase(self, entry: PodEntry, phase: str) -> None:
         """The pod's phase alone changes: only the phase counts move (its requests, node and

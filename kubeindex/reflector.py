@@ -183,7 +183,7 @@ class _Event(msgspec.Struct, Generic[T]):
 
 @dataclass
 class Handler(Generic[T]):
-    upsert: Callable[[T], None]
+    upsert: Callable[[T], object]  # what it returns is not used
     delete: Callable[[str], None]
 
 
@@ -417,7 +417,7 @@ class Reflector(Generic[T]):
             self._need_sync = True
         return self.clock.monotonic() - started > 1
 
-    def _call(self, key: str, call: Callable[[Any], None], arg: Any) -> bool:
+    def _call(self, key: str, call: Callable[[Any], object], arg: Any) -> bool:
         """Run a handler call. A failure is logged with the key and counted, never raised: the
         loop goes on, and the caller leaves the key unrecorded so that a relist retries it."""
         try:

@@ -52,7 +52,6 @@ from .objects import (
     Pod,
     ResourceFlavor,
     WorkloadSummarizer,
-    object_key,
 )
 from .ownerkinds import OwnerKinds
 from .owners import POD, GroupKind
@@ -308,8 +307,8 @@ class Sources:
     # -- pods ------------------------------------------------------------------------------------
 
     def _pod_upsert(self, pod: Pod) -> None:
-        self.index.upsert_pod(pod)
-        self.owner_kinds.track("pods", object_key(pod.metadata), pod.metadata.controller_ref())
+        key = self.index.upsert_pod(pod)
+        self.owner_kinds.track("pods", key, pod.metadata.controller_ref())
 
     def _pod_delete(self, key: str) -> None:
         self.index.delete_pod(key)

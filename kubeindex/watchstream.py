@@ -73,6 +73,8 @@ class LengthPrefixed:
             if len(self._rest) < self._need:
                 return []
             data, self._rest = bytes(self._rest), bytearray()
+        elif len(data) >= 4 and len(data) - 4 == int.from_bytes(data[:4], "big") <= MAX_FRAME:
+            return [data[4:]]  # one whole event: the common read under churn
         frames, start, size_of = [], 0, int.from_bytes
         while len(data) - start >= 4:
             size = size_of(data[start:start + 4], "big")
@@ -165,6 +167,10 @@ class ChunkedBody:
             return b""
         if self._rest:
             data, self._rest = self._rest + data, b""
+        elif not self._left and not self._crlf and (line := _SIZE_LINE.match(data)) is not None:
+            start = line.end()
+            if len(data) - start - 2 == int(line[1], 16) > 0 and data.endswith(b"\r\n"):
+                return data[start:-2]  # one whole chunk: the common read of a watch
         parts, pos, end, left, crlf = [], 0, len(data), self._left, self._crlf
         while pos < end:
             if left:

@@ -11,7 +11,7 @@ from typing import Unpack
 import msgspec
 import pytest
 
-from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests
+from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests, pod_requests
 from kubeindex.nodeset import SUMMED, NodeSetAgg, node_into
 from kubeindex.objects import (
     Container,
@@ -157,6 +157,27 @@ def test_pod_level_requests_replace_the_container_sum_for_the_resources_they_nam
     # Only unsupported names at pod level: as if none were set.
     plain = msgspec.structs.replace(spec, resources=Resources({gpu: "7"}), overhead={})
     assert effective_requests(plain)["cpu"] == 2 * NANO  # max(750m, the 2-cpu init container)
+
+
+def test_a_pods_requests_are_its_effective_requests_looked_up_by_their_text() -> None:
+    """pod_requests: the interned effective requests; one container's are looked up by its
+    requests as written (the same vector object for the same text), any other pod computed."""
+    def one(requests: dict[str, str]) -> PodSpec:
+        return PodSpec(containers=[Container(Resources(requests))])
+
+    first = pod_requests(one({"cpu": "100m", "memory": "64Mi"}))
+    assert first == ((("cpu", 100 * NANO // 1000), ("memory", 64 * 2**20 * NANO)))
+    assert pod_requests(one({"cpu": "100m", "memory": "64Mi"})) is first
+    assert pod_requests(one({"memory": "64Mi", "cpu": "0.1"})) is first  # other text, the same vector
+    assert pod_requests(one({"cpu": "0", "memory": "64Mi"})) == (("memory", 64 * 2**20 * NANO),)
+    assert pod_requests(one({})) == ()
+    two = PodSpec(containers=[Container(Resources({"cpu": "100m"})), Container(Resources({"cpu": "1"}))])
+    assert pod_requests(two) == (("cpu", 1100 * NANO // 1000),)
+    sidecar = PodSpec(containers=[Container(Resources({"cpu": "100m"}))],
+                      initContainers=[Container(Resources({"cpu": "1"}), restartPolicy="Always")])
+    assert pod_requests(sidecar) == (("cpu", 1100 * NANO // 1000),)
+    overhead = msgspec.structs.replace(one({"cpu": "100m"}), overhead={"cpu": "10m"})
+    assert pod_requests(overhead) == (("cpu", 110 * NANO // 1000),)
 
 
 def test_node_groups_exact_values() -> None:

@@ -320,11 +320,11 @@ class FlakyIndex(ClusterIndex):
         super().__init__()
         self.flaky = set(flaky)
 
-    def upsert_pod(self, pod: Pod) -> None:
+    def upsert_pod(self, pod: Pod) -> str:
         if pod.metadata.name in self.flaky:
             self.flaky.discard(pod.metadata.name)
             raise RuntimeError(f"injected failure for {pod.metadata.name}")
-        super().upsert_pod(pod)
+        return super().upsert_pod(pod)
 
 
 def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalCluster,
