@@ -478,15 +478,21 @@ class Stream:
                 if not data:
                     self._finish(self._eof())
                     return
-                handed += self._take(data)
+                took = self._take(data)
                 # Decrypted bytes OpenSSL holds beyond this read: the selector would not say so.
                 while isinstance(sock, ssl.SSLSocket) and sock.pending() and not self._done.done():
                     more = recv_now(sock)
                     if not more:
                         break
-                    handed += self._take(more)
-                if self._done.done() or len(data) < BULK_READ or handed >= FRAMES_PER_TURN:
-                    break  # an event or a few (a read more would find nothing), or enough for one turn
+                    took += self._take(more)
+                handed += took
+                if self._done.done() or handed >= FRAMES_PER_TURN:
+                    break  # enough for one turn
+                if len(data) < BULK_READ and took:
+                    break  # an event or a few: a read more would find nothing
+                # A bulk transfer, or the start of an event: the server writes one larger than 2 KiB
+                # as two chunks (Go's net/http buffers 2 KiB before chunking), each a TLS record of
+                # its own, and the second is most often here already: read on in this turn.
         except Exception as err:  # a reset, a TLS alert, a bad chunk, what on_frame raised
             self._finish(err)
 
