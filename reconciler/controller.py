@@ -200,6 +200,7 @@ class Reconciler:
         self._redo: dict[Key, Made] = {}  # desired objects to make again when their key is taken
         self._written: dict[Key, str] = {}  # the resourceVersion our last write of each key made
         self._writing: dict[Key, list[str]] = {}  # keys being applied: resourceVersions seen meanwhile
+        self._synced: dict[Key, tuple[str, Desired]] = {}  # the version each key's last sync left, and what it held
         self.queue: WorkQueue[Key] = WorkQueue(self.settings.debounce)
         self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
                              self.held["workloadsummaries"])
@@ -247,6 +248,7 @@ class Reconciler:
 
     def _gone(self, plural: str, key: str) -> None:
         self._written.pop((plural, key), None)
+        self._synced.pop((plural, key), None)
         old = self.actual[plural].pop(key, None)
         if old is not None:
             self._unhold(plural, old, key)
@@ -280,6 +282,7 @@ class Reconciler:
         self._fresh = False
         self.queue.clear()  # nothing queued by a follower, or by a former leader, is done
         self._written.clear()
+        self._synced.clear()
         if leader:
             self._relisting = asyncio.get_running_loop().create_task(self._relist_before_leading())
 
@@ -441,19 +444,35 @@ class Reconciler:
         if actual is not None and actual.spec.get("selector") not in (None, desired.body["spec"].get("selector")):
             await self._delete(key, actual)  # an immutable field differs: recreate
             actual = None
-        ours = actual.ours() if actual is not None else {}
-        if actual is None or not self._main_equal(desired, ours):
+        main_same, status_same = self._compare(key, desired, actual)
+        version: str | None = actual.metadata.resourceVersion if actual is not None else ""
+        if not main_same:
             self.queue.wrote(key)
-            if not await self._apply(key, desired.body):
+            if (version := await self._apply(key, desired.body)) is None:
                 return
-        if actual is None or not fields.same(desired.status, ours.get("status", {})):
+        if not status_same:
             self.queue.wrote(key)
             status = self._status_body(desired.body["kind"], desired.namespace, desired.name, desired.status)
             try:
-                await self._apply(key, status, status=True)
+                version = await self._apply(key, status, status=True)
             except Missing:  # deleted after our view of it: create it again, at once
-                if await self._apply(key, desired.body):
-                    await self._apply(key, status, status=True)
+                version = None
+                if await self._apply(key, desired.body) is not None:
+                    version = await self._apply(key, status, status=True)
+        if version:
+            self._synced[key] = (version, desired)
+
+    def _compare(self, key: Key, desired: Desired, actual: Summary | None) -> tuple[bool, bool]:
+        """Whether the object's metadata+spec, and its status, are as desired (on our fields). An
+        object still at the version our last sync of it left is compared with what that sync
+        applied, which is its content on our fields: no projection of its managedFields."""
+        if actual is None:
+            return False, False
+        last = self._synced.get(key)
+        if last is not None and last[0] == actual.metadata.resourceVersion:
+            return desired.body == last[1].body, desired.status == last[1].status
+        ours = actual.ours()
+        return self._main_equal(desired, ours), fields.same(desired.status, ours.get("status", {}))
 
     def _desired_now(self, key: Key) -> Desired | None:
         """The key's desired object, made now if a pass saw its aggregate change."""
@@ -528,9 +547,10 @@ class Reconciler:
             log.error("%s %s: %s", method, path, err, extra=path_fields(path, err))
         raise Retry from err
 
-    async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> bool:
-        """Apply. The resourceVersion it made is kept, so that its echo on our watch, before or after
-        the answer, queues nothing; any other change seen meanwhile queues the key."""
+    async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> str | None:
+        """Apply: the resourceVersion it made ("" when the answer does not say), None when there
+        was nothing to do. The version is kept, so that the write's echo on our watch, before or
+        after the answer, queues nothing; any other change seen meanwhile queues the key."""
         namespace, name = split_key(key[1])
         path = _path(key[0], namespace, name) + ("/status" if status else "")
         seen = self._writing[key] = []
@@ -545,7 +565,7 @@ class Reconciler:
                 self.queue.add(key)
         if version is not None and version not in seen:
             self._written[key] = version
-        return answer is not None
+        return None if answer is None else version or ""
 
     async def _delete(self, key: Key, obj: Summary) -> None:
         meta = obj.metadata
