@@ -45,9 +45,18 @@ def bump(target: dict[K, int], key: K, sign: int) -> None:
 
 
 def move_phase(counts: dict[str, int], before: str, after: str) -> None:
-    """One pod counted under ``after`` instead of ``before``."""
-    bump(counts, before, -1)
-    bump(counts, after, 1)
+    """One pod counted under ``after`` instead of ``before`` (``bump`` twice, written out: most pod
+    events come here, for the node, its node groups and flavors, and the workload)."""
+    left = counts.get(before, 0) - 1
+    if left:
+        counts[before] = left
+    else:
+        counts.pop(before, None)
+    now = counts.get(after, 0) + 1
+    if now:
+        counts[after] = now
+    else:
+        counts.pop(after, None)
 
 
 NOT_SUMMED: dict[str, Any] = {"summed": False}  # field metadata: what adding node sets up leaves alone
