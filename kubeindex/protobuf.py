@@ -132,6 +132,7 @@ def _classes() -> dict[str, Any]:
 
 
 CLASSES = _classes()  # message name -> its class (tests build envelopes with them)
+_WATCH_EVENT, _UNKNOWN = CLASSES["WatchEvent"], CLASSES["Unknown"]
 
 
 class ProtobufError(ValueError):
@@ -139,12 +140,10 @@ class ProtobufError(ValueError):
 
 
 def _parse(name: str, data: bytes | memoryview) -> Any:
-    parsed = CLASSES[name]()
     try:
-        parsed.ParseFromString(data)
+        return CLASSES[name].FromString(data)  # one call into upb: a new message, parsed
     except message.DecodeError as err:
         raise ProtobufError(f"not a valid {name} in protobuf ({len(data)} bytes): {err}") from None
-    return parsed
 
 
 def unwrap(data: bytes) -> bytes:
@@ -356,9 +355,19 @@ class ListItems:
 
 def event(frame: bytes) -> tuple[str, bytes]:
     """A watch frame -> the event's type and its object's bytes (for the kind's ``Codec.object``,
-    ``bookmark`` or ``status``, by the type)."""
-    parsed = _parse("WatchEvent", frame)
-    return parsed.type, unwrap(parsed.object.raw)
+    ``bookmark`` or ``status``, by the type). Written out: every watch event comes here."""
+    try:
+        parsed = _WATCH_EVENT.FromString(frame)
+    except message.DecodeError:
+        _parse("WatchEvent", frame)  # raises, saying why
+        raise
+    raw = parsed.object.raw
+    if not raw.startswith(MAGIC):
+        return parsed.type, unwrap(raw)  # raises, saying why
+    try:
+        return parsed.type, _UNKNOWN.FromString(memoryview(raw)[len(MAGIC):]).raw
+    except message.DecodeError:
+        return parsed.type, unwrap(raw)  # raises, saying why
 
 
 def bookmark(raw: bytes) -> Bookmark:
