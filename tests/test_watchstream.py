@@ -295,3 +295,36 @@ def test_a_watch_cancelled_while_it_waits_closes_its_connection() -> None:
     got, during, after = asyncio.run(main())
     assert got == [b"one"]
     assert during == 2 and after == 0  # the two ends of the connection, then neither
+
+
+def test_an_event_in_two_tls_records_is_handed_over_in_one_turn(tls: tuple[ssl.SSLContext, ssl.SSLContext],
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The API server writes an event over 2 KiB as two chunks (Go's net/http buffers 2,048 bytes
+    before it writes one), each a TLS record, and a read of a TLS socket returns one record: the
+    watch reads the second in the turn that read the first, not in a turn of its own."""
+    events = [b"%03d" % i * 1000 for i in range(50)]  # 3,000 bytes each
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD)
+        for event in events:
+            wire = frame(event)
+            writer.write(chunk(wire[:2048]))  # one record each, sent together
+            writer.write(chunk(wire[2048:]))
+            await writer.drain()
+            await asyncio.sleep(0.01)  # apart: each event read on its own
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    turns = [0]
+    readable = watchstream.Stream._readable
+
+    def counted(self: watchstream.Stream) -> None:
+        turns[0] += 1
+        readable(self)
+
+    monkeypatch.setattr(watchstream.Stream, "_readable", counted)
+    got, failure, _ = watch(serve, *tls)
+    assert failure is None and got == events
+    assert turns[0] <= len(events) + 5, turns[0]  # the last chunk and the close: a turn or two more
