@@ -198,7 +198,6 @@ class Reconciler:
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
         self._redo: dict[Key, Made] = {}  # desired objects to make again when their key is taken
-        self._written: dict[Key, str] = {}  # the resourceVersion our last write of each key made
         self._writing: dict[Key, list[str]] = {}  # keys being applied: resourceVersions seen meanwhile
         self._synced: dict[Key, tuple[str, Desired]] = {}  # the version each key's last sync left, and what it held
         self.queue: WorkQueue[Key] = WorkQueue(self.settings.debounce)
@@ -241,13 +240,11 @@ class Reconciler:
         if (writing := self._writing.get((plural, key))) is not None:
             writing.append(version)  # the write's answer may come after its echo: it decides then
             return
-        if self._written.get((plural, key)) == version:
-            del self._written[plural, key]  # our own write coming back: it is what we decided on
-            return
+        if (last := self._synced.get((plural, key))) is not None and last[0] == version:
+            return  # our own write coming back (or the object as our last sync found it): decided on
         self.queue.add((plural, key))
 
     def _gone(self, plural: str, key: str) -> None:
-        self._written.pop((plural, key), None)
         self._synced.pop((plural, key), None)
         old = self.actual[plural].pop(key, None)
         if old is not None:
@@ -281,7 +278,6 @@ class Reconciler:
             self._relisting.cancel()
         self._fresh = False
         self.queue.clear()  # nothing queued by a follower, or by a former leader, is done
-        self._written.clear()
         self._synced.clear()
         if leader:
             self._relisting = asyncio.get_running_loop().create_task(self._relist_before_leading())
@@ -549,8 +545,8 @@ class Reconciler:
 
     async def _apply(self, key: Key, body: dict[str, Any], status: bool = False) -> str | None:
         """Apply: the resourceVersion it made ("" when the answer does not say), None when there
-        was nothing to do. The version is kept, so that the write's echo on our watch, before or
-        after the answer, queues nothing; any other change seen meanwhile queues the key."""
+        was nothing to do. An event on our watch while it is under way waits for the answer: the
+        write's echo (at the version it made) queues nothing, any other change queues the key."""
         namespace, name = split_key(key[1])
         path = _path(key[0], namespace, name) + ("/status" if status else "")
         seen = self._writing[key] = []
@@ -563,8 +559,6 @@ class Reconciler:
             del self._writing[key]
             if any(v != version for v in seen):
                 self.queue.add(key)
-        if version is not None and version not in seen:
-            self._written[key] = version
         return None if answer is None else version or ""
 
     async def _delete(self, key: Key, obj: Summary) -> None:

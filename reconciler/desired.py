@@ -256,7 +256,7 @@ class Naming:
 class Layout:
     """What only a pass over everything can decide: each object's name (names are allocated
     among all claims) and, for a workload, how it is written. Between changes to the sets of node
-    groups and workloads, the touched aggregates are redone within it (``desired_of``)."""
+    groups and workloads, each touched aggregate's object is made within it when taken (``desired_one``)."""
 
     node_groups: dict[NodeGroupKey, tuple[str, str, str]]  # key -> (name, label key, summarizer UID)
     workloads: dict[str, tuple[str, TypeInfo]]  # UID -> (name, type): the workloads written
@@ -323,17 +323,10 @@ def desired_one(index: ClusterIndex, plan: Layout, cache: Cache, made: Made) -> 
                    partial(node_summary, agg, name, label_key, uid))
 
 
-def desired_of(index: ClusterIndex, plan: Layout, cache: Cache, node_groups: Iterable[NodeGroupKey],
-               workloads: Iterable[str]) -> list[Desired]:
-    """The objects of these node groups and workloads, those of the layout (the rest are not
-    written). O(given)."""
-    made: list[Made] = [*node_groups, *workloads]
-    return [d for m in made if (d := desired_one(index, plan, cache, m)) is not None]
-
-
 def desired_all(index: ClusterIndex, plan: Layout, cache: Cache) -> list[Desired]:
     """Every object that should exist; the cache keeps only theirs."""
-    out = desired_of(index, plan, cache, plan.node_groups, plan.workloads)
+    made: list[Made] = [*plan.node_groups, *plan.workloads]
+    out = [d for m in made if (d := desired_one(index, plan, cache, m)) is not None]
     for stale in cache.keys() - plan.node_groups.keys() - plan.workloads.keys():
         del cache[stale]
     return out

@@ -612,10 +612,9 @@ GONE = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Ex
 def test_410_relists_and_the_diff_deletes_what_vanished() -> None:
     async def main() -> tuple[Reflector, Calls, ScriptedApi]:
         clock = FakeClock()
-        gone = {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}}
         api = ScriptedApi(clock, lists=[page("10", obj("a", "1"), obj("b", "2")),
                                         page("20", obj("a", "12"), obj("c", "13"))],
-                          watches=[[json.dumps(gone).encode()], []])
+                          watches=[[json.dumps(GONE).encode()], []])
         reflector, recorder, task = start(api, clock)
         await settle()
         await stop(task)
