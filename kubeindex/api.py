@@ -532,13 +532,15 @@ class ApiClient:
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = 15,
-                    on_open: Callable[[str], None] | None = None) -> None:
+                    on_open: Callable[[str], None] | None = None,
+                    gather: Callable[[], float] | None = None) -> None:
         """A watch: ``on_frame`` gets its events' bytes one by one, in the framing of the
         encoding the server answered in (``on_open`` gets its Content-Type once it answered
         200), until the server ends it; what ``on_frame`` raises ends it too, raised here. An idle
         watch may send nothing for a minute: ``read_timeout`` bounds the silence between reads,
-        so a connection that died without closing is noticed. Errors as ``request``. Read on a
-        connection of its own, off aiohttp: kubeindex/watchstream.py says why."""
+        so a connection that died without closing is noticed. ``gather``: seconds to gather
+        events between reads under churn (``watchstream.Stream.deliver``). Errors as ``request``.
+        Read on a connection of its own, off aiohttp: kubeindex/watchstream.py says why."""
         started, stream = time.monotonic(), None
         try:
             stream = await watchstream.open_stream(self._endpoint, path, params, self._headers(accept),
@@ -552,7 +554,7 @@ class ApiClient:
                 on_open(content_type)
             framing = watchstream.LengthPrefixed() if content_type.startswith(protobuf.MEDIA_TYPE) \
                 else watchstream.JsonLines()
-            await stream.deliver(framing, on_frame)
+            await stream.deliver(framing, on_frame, gather)
         except watchstream.Raised as raised:  # the consumer's own error, whatever its type: as it was
             raise raised.error from None
         except _TRANSPORT as err:

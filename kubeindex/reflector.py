@@ -137,7 +137,8 @@ class ListWatch(Protocol):
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = ...,
-                    on_open: Callable[[str], None] | None = None) -> None: ...
+                    on_open: Callable[[str], None] | None = None,
+                    gather: Callable[[], float] | None = None) -> None: ...
 
 
 InitialList = Literal["auto", "watchlist", "list", "cache"]
@@ -197,6 +198,7 @@ class WatchSettings:
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
     initial_list: InitialList = "auto"  # see the module docstring
     encoding: Encoding = "protobuf"  # of pods and nodes (other kinds are JSON): kubeindex/protobuf.py
+    gather: float = 0.02  # seconds a watch leaves its socket unread after reading events (watchstream.py)
 
 
 class Reflector(Generic[T]):
@@ -565,13 +567,17 @@ class Reflector(Generic[T]):
             # Each event is handled as it is read; a WatchList's state too, the event loop getting
             # its turn between reads (kubeindex/watchstream.py).
             await self.api.watch(self.path, params, accept, self.settings.read_timeout, self._on_frame,
-                                 on_open=self._opened)
+                                 on_open=self._opened, gather=self._gather)
         except ApiError as err:
             if not (stream and err.status in (400, 422) and self._refused(err)):
                 raise
         finally:
             self._initial = None
             self._listing = False
+
+    def _gather(self) -> float:
+        """A WatchList's state is read as fast as it comes; the events after it are gathered."""
+        return 0.0 if self._initial is not None else self.settings.gather
 
     def _refused(self, err: ApiError) -> bool:
         """A WatchList refused (422 Invalid, "sendInitialEvents is forbidden for watch unless the

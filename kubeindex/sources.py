@@ -31,7 +31,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Coroutine, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .api import ApiClient, ApiResource
@@ -120,8 +120,11 @@ class Sources:
         self._running = True
         for name, reflector in self._added.items():
             self._added_tasks[name] = self._spawn(reflector.run())
+        # Nodes are read as each event comes: a NotReady node is what alerts fire on, and nodes change
+        # seldom (a kubelet reports an unchanged status every 5 minutes). Pods and owners gather.
         self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
-                            Handler(self.index.upsert_node, self.index.delete_node), settings=self.settings))
+                            Handler(self.index.upsert_node, self.index.delete_node),
+                            settings=replace(self.settings, gather=0.0)))
         self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
                             Handler(self._pod_upsert, self._pod_delete), settings=self.settings))
         self._add(Reflector(self.api, "nodesummarizers", f"/apis/{API_VERSION}/nodesummarizers", NodeSummarizer,

@@ -418,6 +418,8 @@ class Stream:
         self._body: Body = PlainBody(0)
         self._framing: Framing = JsonLines()
         self._on_frame: Callable[[bytes], None] = _nothing
+        self._gather: Callable[[], float] = _at_once
+        self._resume: asyncio.TimerHandle | None = None
 
     async def read_all(self, limit: int = MAX_ERROR_BODY) -> bytes:
         """The whole body (an error answer's), at most ``limit`` bytes of it."""
@@ -432,24 +434,30 @@ class Stream:
                 if not data:
                     return bytes(payload)
 
-    async def deliver(self, framing: Framing, on_frame: Callable[[bytes], None]) -> None:
+    async def deliver(self, framing: Framing, on_frame: Callable[[bytes], None],
+                      gather: Callable[[], float] | None = None) -> None:
         """Hands the body's events to ``on_frame`` as they come, until the body ends. What
         ``on_frame`` raises ends the stream with it. A connection silent for ``read_timeout`` is
         dead (TimeoutError); one closed inside the answer is ``truncated``.
 
         Called in the selector's callback, ``on_frame`` costs no task wake-up and no turn of the
         event loop of its own; the loop gets its turn between reads (READS_PER_TURN reads or about
-        FRAMES_PER_TURN events at most). What on_frame raised comes out as ``Raised``."""
+        FRAMES_PER_TURN events at most). What on_frame raised comes out as ``Raised``.
+
+        ``gather`` (asked after each turn that handed events and read all there was): seconds to
+        leave the socket unread, so the events meanwhile are read in one turn. Under churn events
+        come one by one, and a wake-up per event costs several times the event's own work (the
+        selector, a read per TLS record, every cache cold again); an event after a quiet spell is
+        still read at once."""
         self._body, self._framing, self._on_frame = body_of(self.head), framing, on_frame
+        self._gather = gather or _at_once
         self._last_read = self._loop.time()
         self._idle = self._loop.call_at(self._last_read + self._read_timeout, self._check_idle)
         try:  # the body bytes that came with the head; a body already whole ends here
             self._take(self._rest)
         except Exception as err:
             self._finish(err)
-        if not self._done.done():
-            self._loop.add_reader(self._sock.fileno(), self._readable)
-            self._reading = True
+        self._start_reading()
         await self._done
 
     def close(self) -> None:
@@ -461,18 +469,30 @@ class Stream:
     # -- the selector's side -------------------------------------------------------------------
 
     def _stop_reading(self) -> None:
+        if self._resume is not None:
+            self._resume.cancel()
+            self._resume = None
         if self._reading:
             self._loop.remove_reader(self._sock.fileno())
             self._reading = False
 
+    def _start_reading(self) -> None:
+        self._resume = None
+        if not self._done.done():
+            self._loop.add_reader(self._sock.fileno(), self._readable)
+            self._reading = True
+
     def _readable(self) -> None:
         if self._done.done():
             return  # ended (or cancelled) by another callback of this loop turn
-        sock, handed = self._sock, 0
+        sock, handed, gather = self._sock, 0, self._gather()
         try:
             for _ in range(READS_PER_TURN):
                 data = recv_now(sock)
                 if data is None:
+                    if handed and gather > 0:  # all read: leave the socket for a while
+                        self._stop_reading()
+                        self._resume = self._loop.call_later(gather, self._start_reading)
                     break
                 self._last_read = self._loop.time()
                 if not data:
@@ -488,7 +508,7 @@ class Stream:
                 handed += took
                 if self._done.done() or handed >= FRAMES_PER_TURN:
                     break  # enough for one turn
-                if len(data) < BULK_READ and took:
+                if len(data) < BULK_READ and took and not gather:
                     break  # an event or a few: a read more would find nothing
                 # A bulk transfer, or the start of an event: the server writes one larger than 2 KiB
                 # as two chunks (Go's net/http buffers 2 KiB before chunking), each a TLS record of
@@ -547,6 +567,10 @@ class Stream:
 
 def _nothing(frame: bytes) -> None:
     """No consumer yet."""
+
+
+def _at_once() -> float:
+    return 0.0
 
 
 def recv_now(sock: socket.socket) -> bytes | None:

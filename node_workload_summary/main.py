@@ -156,7 +156,8 @@ def build(settings: Settings) -> Service:
                          accelerator_resources=settings.accelerator_resources)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
-                          initial_list=settings.initial_list, encoding=settings.encoding)
+                          initial_list=settings.initial_list, encoding=settings.encoding,
+                          gather=settings.watch_gather)
     requests = RequestMetrics()  # both clients' requests, in one set of nws_rest_client_* series
     api = ApiClient(connection, metrics=requests)
     # The Lease has connections of its own: a renewal never waits for one behind the writes, the

@@ -561,8 +561,10 @@ class ScriptedApi:
 
     async def watch(self, path: str, params: dict[str, str], accept: str, read_timeout: float,
                     on_frame: Callable[[bytes], None], connect_timeout: float = 15,
-                    on_open: Callable[[str], None] | None = None) -> None:
+                    on_open: Callable[[str], None] | None = None,
+                    gather: Callable[[], float] | None = None) -> None:
         self.requests.append(("WATCH", dict(params)))
+        self.gather = gather
         script = self.watches.pop(0) if self.watches else []
         if script and isinstance(script[0], ApiError):
             raise script[0]  # refused before any answer
