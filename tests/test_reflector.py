@@ -538,6 +538,7 @@ class ScriptedApi:
         self.streams_lists = stream
         self.watch_list_refused = ""
         self.requests: list[tuple[str, dict[str, str]]] = []
+        self.gathers: list[float | None] = []  # what the watch's gather said before each line
 
     async def auto_initial_list(self) -> Literal["watchlist", "list"]:
         return "watchlist" if self.streams_lists and not self.watch_list_refused else "list"
@@ -564,7 +565,6 @@ class ScriptedApi:
                     on_open: Callable[[str], None] | None = None,
                     gather: Callable[[], float] | None = None) -> None:
         self.requests.append(("WATCH", dict(params)))
-        self.gather = gather
         script = self.watches.pop(0) if self.watches else []
         if script and isinstance(script[0], ApiError):
             raise script[0]  # refused before any answer
@@ -576,6 +576,7 @@ class ScriptedApi:
             if isinstance(line, Silent):
                 await self.clock.sleep(read_timeout)
                 raise transport_error(TimeoutError())
+            self.gathers.append(gather() if gather is not None else None)  # as the stream asks, after a read
             on_frame(line)
         if not script:
             await asyncio.Event().wait()  # a quiet watch: until cancelled
@@ -591,9 +592,9 @@ class Calls:
 
 
 def start(api: ScriptedApi, clock: FakeClock, initial_list: InitialList = "list",
-          page_size: int = 500) -> tuple[Reflector, Calls, asyncio.Task]:
+          page_size: int = 500, gather: float = 0.02) -> tuple[Reflector, Calls, asyncio.Task]:
     recorder = Calls()
-    settings = WatchSettings(page_size=page_size, initial_list=initial_list, read_timeout=180)
+    settings = WatchSettings(page_size=page_size, initial_list=initial_list, read_timeout=180, gather=gather)
     reflector = Reflector(api, "replicasets.apps", PATH, PartialObject, recorder.handler(), metadata_only=True,
                           settings=settings, clock=clock)
     return reflector, recorder, asyncio.ensure_future(reflector.run())
@@ -667,6 +668,26 @@ def test_a_watchlist_is_the_state_then_the_watch() -> None:
     assert [verb for verb, _ in api.requests] == ["WATCH"]  # one request: no LIST at all
     assert recorder.calls == [("upsert", "a@1"), ("upsert", "b@2"), ("upsert", "a@10")]
     assert reflector.synced.is_set() and reflector.resource_version == "10"
+
+
+def test_a_watchlists_state_is_read_as_it_comes_and_the_events_after_it_gathered() -> None:
+    """The stream asks the reflector how long to gather events between reads: not at all while a
+    WatchList's state comes (a start as fast as the server sends it), the setting after it, and
+    on a watch from a resourceVersion."""
+    async def main() -> ScriptedApi:
+        clock = FakeClock()
+        api = ScriptedApi(clock, lists=[], stream=True, watches=[
+            [event("ADDED", obj("a", "1")), event("ADDED", obj("b", "2")), bookmark("9", initial_end=True),
+             event("MODIFIED", obj("a", "10")), Gone(410, "Expired", "too old")],
+            [event("ADDED", obj("c", "11")), bookmark("12", initial_end=True), event("DELETED", obj("c", "13"))],
+        ])
+        _, _, task = start(api, clock, initial_list="watchlist", gather=0.05)
+        await settle()
+        await stop(task)
+        return api
+
+    api = asyncio.run(main())
+    assert api.gathers == [0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.05]
 
 
 def test_an_expired_continue_token_lists_again_from_the_first_page() -> None:
