@@ -121,7 +121,7 @@ class Sources:
         for name, reflector in self._added.items():
             self._added_tasks[name] = self._spawn(reflector.run())
         # Nodes are read as each event comes: a NotReady node is what alerts fire on, and nodes change
-        # seldom (a kubelet reports an unchanged status every 5 minutes). Pods and owners gather.
+        # seldom (a kubelet reports an unchanged status every 5 minutes). Every other watch gathers.
         self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
                             Handler(self.index.upsert_node, self.index.delete_node),
                             settings=replace(self.settings, gather=0.0)))
