@@ -7,6 +7,7 @@ Each test failed against the code before the change (recorded in its docstring).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import re
 import signal
@@ -310,3 +311,16 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
     finally:
         delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/later")
     assert pods == {"Running": 3} and lists == 1
+
+
+def test_every_watch_but_the_nodes_gathers_events(kube: LocalCluster) -> None:
+    """A node's event is read as it comes (NotReady is what alerts fire on); pods, owners and the
+    custom resources gather theirs between reads (--watch-gather)."""
+    async def run() -> dict[str, float]:
+        async with running(kube, settings=dataclasses.replace(FAST, gather=0.05)) as (sources, _):
+            await asyncio.wait_for(sources.ready.wait(), 20)
+            return {name: r.settings.gather for name, r in sources.reflectors.items()}
+
+    gathers = asyncio.run(run())
+    assert gathers.pop("nodes") == 0.0
+    assert "pods" in gathers and set(gathers.values()) == {0.05}, gathers
