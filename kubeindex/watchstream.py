@@ -509,7 +509,8 @@ class Stream:
                 if self._done.done() or handed >= FRAMES_PER_TURN:
                     break  # enough for one turn
                 if len(data) < BULK_READ and took and not gather:
-                    break  # an event or a few: a read more would find nothing
+                    break  # an event or a few: a read more would find nothing (gathering reads on: it
+                    # rests only once a read found nothing)
                 # A bulk transfer, or the start of an event: the server writes one larger than 2 KiB
                 # as two chunks (Go's net/http buffers 2 KiB before chunking), each a TLS record of
                 # its own, and the second is most often here already: read on in this turn.

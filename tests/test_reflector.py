@@ -672,22 +672,25 @@ def test_a_watchlist_is_the_state_then_the_watch() -> None:
 
 def test_a_watchlists_state_is_read_as_it_comes_and_the_events_after_it_gathered() -> None:
     """The stream asks the reflector how long to gather events between reads: not at all while a
-    WatchList's state comes (a start as fast as the server sends it), the setting after it, and
-    on a watch from a resourceVersion."""
+    WatchList's state comes (a start as fast as the server sends it, and again after a 410), the
+    setting after it, and on a watch from a resourceVersion."""
     async def main() -> ScriptedApi:
         clock = FakeClock()
         api = ScriptedApi(clock, lists=[], stream=True, watches=[
             [event("ADDED", obj("a", "1")), event("ADDED", obj("b", "2")), bookmark("9", initial_end=True),
              event("MODIFIED", obj("a", "10")), Gone(410, "Expired", "too old")],
             [event("ADDED", obj("c", "11")), bookmark("12", initial_end=True), event("DELETED", obj("c", "13"))],
+            [event("ADDED", obj("d", "14"))],  # the server ended the last one: a watch from version 13
         ])
         _, _, task = start(api, clock, initial_list="watchlist", gather=0.05)
         await settle()
+        await clock.advance(60)  # any backoff is over
         await stop(task)
         return api
 
     api = asyncio.run(main())
-    assert api.gathers == [0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.05]
+    assert watch_versions(api)[-1] == "13"
+    assert api.gathers == [0.0, 0.0, 0.0, 0.05, 0.0, 0.0, 0.05, 0.05]
 
 
 def test_an_expired_continue_token_lists_again_from_the_first_page() -> None:
