@@ -35,7 +35,7 @@ async def answer_head(reader: asyncio.StreamReader) -> None:
 
 def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLContext | bool = False,
           read_timeout: float = 5, on_frame: Callable[[list[bytes], bytes], None] = list.append,
-          ) -> tuple[list[bytes], BaseException | None, ApiClient]:
+          gather: float = 0.0) -> tuple[list[bytes], BaseException | None, ApiClient]:
     """Runs one watch through ApiClient against ``serve``: the frames it gave (``on_frame`` adds
     each), how it ended."""
     async def main() -> tuple[list[bytes], BaseException | None, ApiClient]:
@@ -47,7 +47,7 @@ def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLCo
         async with server, ApiClient(Connection(url, client_tls, k8s_client.Configuration())) as api:
             try:
                 await api.watch("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH, read_timeout,
-                                lambda frame: on_frame(got, frame))
+                                lambda frame: on_frame(got, frame), gather=lambda: gather)
             except Exception as err:
                 failure = err
         return got, failure, api
@@ -331,56 +331,44 @@ def test_an_event_in_two_tls_records_is_handed_over_in_one_turn(tls: tuple[ssl.S
 
 
 def gathered_watch(tls: tuple[ssl.SSLContext, ssl.SSLContext], gather: float,
-                   send: Callable[[asyncio.StreamWriter, Callable[[], float]], Awaitable[None]],
-                   ) -> tuple[list[bytes], list[float], int]:
-    """A watch over TLS whose events ``send`` writes: the events, when each was handed over
-    (the loop's clock), and how many times the selector woke the stream."""
-    server_tls, client_tls = tls
+                   send: Callable[[asyncio.StreamWriter], Awaitable[None]],
+                   monkeypatch: pytest.MonkeyPatch) -> tuple[list[bytes], list[float], int]:
+    """A watch over TLS whose events ``send`` writes: the events, when each was handed over (the
+    loop's clock), and how many times the selector woke the stream."""
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await answer_head(reader)
+        writer.write(WATCH_HEAD)
+        await send(writer)
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
 
-    async def main() -> tuple[list[bytes], list[float], int]:
-        loop = asyncio.get_running_loop()
+    at: list[float] = []
+    wakes = [0]
+    readable = watchstream.Stream._readable
 
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await answer_head(reader)
-            writer.write(WATCH_HEAD)
-            await send(writer, loop.time)
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-            await reader.read()
+    def woken(self: watchstream.Stream) -> None:
+        wakes[0] += 1
+        readable(self)
 
-        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=server_tls)
-        got: list[bytes] = []
-        at: list[float] = []
-        wakes = [0]
-        async with server:
-            endpoint = watchstream.Endpoint(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}", client_tls)
-            stream = await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
-            readable = stream._readable
+    def handed(got: list[bytes], event: bytes) -> None:
+        got.append(event)
+        at.append(asyncio.get_running_loop().time())
 
-            def woken() -> None:
-                wakes[0] += 1
-                readable()
-
-            def handed(event: bytes) -> None:
-                got.append(event)
-                at.append(loop.time())
-
-            stream._readable = woken  # type: ignore[method-assign]
-            try:
-                await stream.deliver(watchstream.LengthPrefixed(), handed, lambda: gather)
-            finally:
-                stream.close()
-        return got, at, wakes[0]
-
-    return asyncio.run(main())
+    with monkeypatch.context() as patch:
+        patch.setattr(watchstream.Stream, "_readable", woken)
+        got, failure, _ = watch(serve, *tls, on_frame=handed, gather=gather)
+    assert failure is None
+    return got, at, wakes[0]
 
 
-def test_events_under_churn_are_gathered_between_reads(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+def test_events_under_churn_are_gathered_between_reads(tls: tuple[ssl.SSLContext, ssl.SSLContext],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """60 events 5 ms apart, each as the API server writes one (two TLS records): read one by one
     without gathering, and in a few wake-ups gathering 100 ms, every event whole and in order."""
     events = [b"%03d" % i * 1000 for i in range(60)]
 
-    async def churn(writer: asyncio.StreamWriter, now: Callable[[], float]) -> None:
+    async def churn(writer: asyncio.StreamWriter) -> None:
         for event in events:
             wire = frame(event)
             writer.write(chunk(wire[:2048]))
@@ -388,25 +376,26 @@ def test_events_under_churn_are_gathered_between_reads(tls: tuple[ssl.SSLContext
             await writer.drain()
             await asyncio.sleep(0.005)
 
-    got, _, one_by_one = gathered_watch(tls, 0.0, churn)
+    got, _, one_by_one = gathered_watch(tls, 0.0, churn, monkeypatch)
     assert got == events and one_by_one >= 40, one_by_one
-    got, _, gathered = gathered_watch(tls, 0.1, churn)
+    got, _, gathered = gathered_watch(tls, 0.1, churn, monkeypatch)
     assert got == events and gathered <= 12, gathered  # about 0.4 s of events: a wake-up per 0.1 s, and the end
 
 
-def test_an_event_after_a_quiet_spell_is_read_at_once(tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+def test_an_event_after_a_quiet_spell_is_read_at_once(tls: tuple[ssl.SSLContext, ssl.SSLContext],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Gathering 0.5 s: an event written while the socket is left unread waits for the rest of
     that time; the first after a quiet spell longer than it is handed over as it comes."""
     sent: list[float] = []
 
-    async def quiet(writer: asyncio.StreamWriter, now: Callable[[], float]) -> None:
+    async def quiet(writer: asyncio.StreamWriter) -> None:
         for pause in (0.0, 0.05, 1.5):  # the second comes while the socket rests; the third after
             await asyncio.sleep(pause)
             writer.write(chunk(frame(b"event")))
             await writer.drain()
-            sent.append(now())
+            sent.append(asyncio.get_running_loop().time())
 
-    got, at, _ = gathered_watch(tls, 0.5, quiet)
+    got, at, _ = gathered_watch(tls, 0.5, quiet, monkeypatch)
     assert len(got) == 3
     waited = [handed - written for handed, written in zip(at, sent, strict=True)]
     assert waited[1] > 0.3, waited  # held until the 0.5 s after the first ended
