@@ -28,10 +28,12 @@ from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
 from .common import CRDS, add_out, cpu_split, run_and_write, sayer, writes_settled
+from .fleet import api_counters
 from .ksm import not_ready_nodes, service_sync, setup
 from .populate import churn
 
 say = sayer("churn-profile")
+WRITTEN = ("nodesummaries", "workloadsummaries", "nodesummarizers", "workloadsummarizers")  # what the service writes
 # A sample's stage: the innermost frame whose file is one of these (first match from the leaf).
 STAGES = (
     ("decode", ("kubeindex/objects.py", "kubeindex/protobuf.py", "msgspec", "google/protobuf")),
@@ -120,7 +122,7 @@ def run(args: argparse.Namespace) -> dict:
             spy = subprocess.Popen([args.py_spy, "record", "--pid", str(svc.proc.pid), "--rate", str(args.rate),
                                     "--format", "raw", "--output", str(raw), "--duration", str(int(args.seconds)),
                                     "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-            cpu0, started = cpu_split(svc.proc.pid), time.monotonic()
+            api0, cpu0, started = api_counters(cluster, WRITTEN), cpu_split(svc.proc.pid), time.monotonic()
 
             async def churn_pods() -> int:
                 async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
@@ -130,6 +132,7 @@ def run(args: argparse.Namespace) -> dict:
             updates = asyncio.run(churn_pods())
             user, system = (b - a for a, b in zip(cpu0, cpu_split(svc.proc.pid), strict=True))
             cpu, elapsed = user + system, time.monotonic() - started
+            api1 = api_counters(cluster, WRITTEN)
             _, err = spy.communicate(timeout=120)
             if spy.returncode != 0:
                 raise RuntimeError(f"py-spy: {err.decode()[-500:]}")
@@ -138,7 +141,14 @@ def run(args: argparse.Namespace) -> dict:
     return {"nodes": args.nodes, "pods": pods, "churn_seconds": round(elapsed, 1), "pod_updates": updates,
             "service_cpu_seconds": round(cpu, 2), "service_system_cpu_seconds": round(system, 2),
             "cpu_ms_per_1000_events": round(1000 * cpu / max(updates, 1) * 1000, 1),
-            "initial_sync": sync, **breakdown(read_samples(raw), args.top)}
+            "initial_sync": sync, "writes": patches(api0, api1), **breakdown(read_samples(raw), args.top)}
+
+
+def patches(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The API server's count of our writes (applies and status applies: its verb APPLY) per resource
+    between two readings of its counters."""
+    counter = "{} apiserver_request_total APPLY".format
+    return {r: round(after.get(counter(r), 0) - before.get(counter(r), 0)) for r in WRITTEN}
 
 
 def markdown(r: dict) -> str:
@@ -146,8 +156,11 @@ def markdown(r: dict) -> str:
              f"the service used {r['service_cpu_seconds']} CPU s "
              f"({r.get('service_system_cpu_seconds', '?')} of them in the kernel), "
              f"**{r['cpu_ms_per_1000_events']} ms per 1,000 pod events** ({r['samples']:,} samples at work; "
-             f"{r['idle_samples']:,} waiting in epoll left out).", "",
-             "| stage | share of samples |", "|---|---|"]
+             f"{r['idle_samples']:,} waiting in epoll left out).", ""]
+    if "writes" in r:
+        lines += [f"Summary writes in the churn: {sum(r['writes'].values()):,} ("
+                  + ", ".join(f"{n:,} {res}" for res, n in r["writes"].items() if n) + ").", ""]
+    lines += ["| stage | share of samples |", "|---|---|"]
     lines += [f"| {s} | {p} % |" for s, p in r["stages"].items()]
     lines += ["", "| innermost function | share |", "|---|---|"]
     lines += [f"| `{f['function']}` | {f['percent']} % |" for f in r["functions"]]
