@@ -162,8 +162,9 @@ class Settings(BaseSettings):
     identity: Name | None = Field(None, description="This replica's name in the Lease. Unset: $POD_NAME or "
                                   "the host name.")
     write_debounce: Seconds = Field(
-        WRITES.debounce, ge=0, description="Minimum seconds between two writes of one summary object (the first "
-        "change is written at once).")
+        WRITES.debounce, ge=0, description="Minimum seconds between two writes of one summary object. A "
+        "NodeSummary's first change is written at once; a WorkloadSummary's waits this long too, so a burst of pod "
+        "changes is one write.")
     writes_per_second: Rate = Field(WRITES.writes_per_second, gt=0,
                                     description="Global limit on API writes per second.")
     quota_settle: Seconds = Field(

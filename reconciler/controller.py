@@ -6,7 +6,8 @@ summarizers' status is computed in summarizers.py. The write path is a keyed wor
 (workqueue.py), client-go style:
 
 - producers only add keys: a pass every ``interval`` adds the keys of the node groups and
-  workloads that changed, the watch of our objects adds the key of every object that changed (but
+  workloads that changed (a WorkloadSummary's due a debounce after its first change: a burst is
+  one write), the watch of our objects adds the key of every object that changed (but
   not the echo of our own write: the resourceVersion our write's answer gave), a leadership gain
   adds all;
 - a worker takes a key and decides then, from the current desired and actual state, what to do:
@@ -361,7 +362,7 @@ class Reconciler:
                 for key, made in made_from(self.index, self._layout, changes.node_groups,
                                            changes.workloads).items():
                     self._redo[key] = made
-                    self.queue.add(key)
+                    self._changed(key)
         except Exception:
             self._layout = None  # what was taken is lost with this pass: the next one redoes everything
             raise
@@ -380,9 +381,16 @@ class Reconciler:
             return
         for key, d in desired.items():
             if previous.get(key) is not d:
-                self.queue.add(key)
+                self._changed(key)
         for key in previous.keys() - desired.keys():
-            self.queue.add(key)
+            self._changed(key)
+
+    def _changed(self, key: Key) -> None:
+        """Queue a summary the index changed. A NodeSummary's first change goes out at once (a node
+        group going NotReady is news); a WorkloadSummary's waits for the debounce too, so a burst of
+        pod changes (a rollout, a gang starting, a Job finishing) is one write, not a first write
+        and then the rest."""
+        self.queue.add(key, self.settings.debounce if key[0] == "workloadsummaries" else 0.0)
 
     def _summarizers_due(self) -> None:
         now = time.monotonic()

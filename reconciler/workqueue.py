@@ -4,7 +4,9 @@
   if it is added meanwhile it is queued again when the worker is done (nothing is lost).
 - Items carry no state: the worker computes what to do when it takes the key.
 - ``add`` after a write of the same key waits until ``debounce`` seconds after that write (the
-  first change goes out at once, a flapping object costs one write per debounce period).
+  first change goes out at once, a flapping object costs one write per debounce period);
+  ``add(key, delay)`` holds even the first change ``delay`` seconds, so that a burst of changes is
+  one write (the endpointslice controller's batch period). Later adds never push it further off.
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
 
@@ -66,15 +68,19 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._dirty | self._waiting_at.keys())
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, delay: float = 0.0) -> None:
+        now = self.clock.monotonic()
+        due = now + delay
         written = self._done_at.get(key)
         if written is not None:
-            ready = written + self.debounce
-            if self.clock.monotonic() < ready:
-                self._add_at(key, ready)
-                return
-            del self._done_at[key]
+            if now < written + self.debounce:
+                due = max(due, written + self.debounce)
+            else:
+                del self._done_at[key]
         if key in self._dirty:
+            return
+        if due > now:
+            self._add_at(key, due)
             return
         self._mark_dirty(key)
         if key not in self._processing:

@@ -107,12 +107,31 @@ def test_the_reconcilers_watches_are_the_sources() -> None:
     asyncio.run(main())
 
 
+DEPLOYMENTS = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
+RS = Owner("r1", "apps", "ReplicaSet", "ns", "web-1", "d1")
+
+
+def _one_deployment(monkeypatch: pytest.MonkeyPatch) -> Reconciler:
+    """A reconciler whose index holds node group pool=a (node n-1) and Deployment ns/web, whose
+    ReplicaSet's pod p runs on n-1."""
+    reconciler, _ = _reconciler(relist_timeout=30)
+    index = reconciler.index
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
+    index.upsert_node(make_node("n-1", {"pool": "a"}))
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+    index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-1", "r1", ("apps/v1", "Deployment", "d1"))
+    index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS)))
+    reconciler.sources.summarizers.node["pool"] = NodeSummarizer(ObjectMeta(name="pool", uid="uid-pool"),
+                                                                 NodeSummarizerSpec("pool"))
+    monkeypatch.setattr(reconciler, "type_infos", lambda: DEPLOYMENTS)
+    return reconciler
+
+
 def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypatch: pytest.MonkeyPatch) -> None:
     """Between full passes a pass only queues the keys of the aggregates that changed; a key's
     desired object is made when a worker takes it. A workload whose pods change in every pass, its
     key waiting for the debounce meanwhile, is made once per write, not once per pass."""
-    infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
-    rs = Owner("r1", "apps", "ReplicaSet", "ns", "web-1", "d1")
     made: list[Any] = []
     make = desired.workload_summary
 
@@ -123,32 +142,48 @@ def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypat
     monkeypatch.setattr(desired, "workload_summary", counted)
 
     async def main() -> None:
-        reconciler, _ = _reconciler(relist_timeout=30)
+        reconciler = _one_deployment(monkeypatch)
         index = reconciler.index
-        index.set_node_summarizer("pool", "pool")
-        index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
-        index.upsert_node(make_node("n-1", {"pool": "a"}))
-        index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
-        index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-1", "r1", ("apps/v1", "Deployment", "d1"))
-        index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(rs)))
-        reconciler.sources.summarizers.node["pool"] = NodeSummarizer(ObjectMeta(name="pool", uid="uid-pool"),
-                                                                     NodeSummarizerSpec("pool"))
-        monkeypatch.setattr(reconciler, "type_infos", lambda: infos)
         key = ("workloadsummaries", "ns/web")
         reconciler.queue_changes()  # the first: a full pass
         first = reconciler.desired[key]
         assert len(made) == 1 and first.status["pods"] == {"Running": 1}
-        reconciler.queue.wrote(key)  # just written: the next changes wait for the debounce
+        reconciler.queue.clear()  # taken,
+        reconciler.queue.wrote(key)  # and just written: the next changes wait for the debounce
         for phase in ("Pending", "Running", "Succeeded", "Failed", "Pending"):
-            index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(rs), phase=phase))
+            index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase=phase))
             reconciler.queue_changes()
         assert len(made) == 1 and reconciler.desired[key] is first  # no pass made it again
         assert key in reconciler.queue._waiting_at  # queued, due after the debounce
         taken = reconciler._desired_now(key)
         assert len(made) == 2 and taken is not None and taken.status["pods"] == {"Pending": 1}
         assert reconciler._desired_now(key) is taken and len(made) == 2  # taken again: nothing new to make
-        scratch = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, infos)}
+        scratch = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, DEPLOYMENTS)}
         assert (taken.body, taken.status) == (scratch["ns/web"].body, scratch["ns/web"].status)
+        await reconciler.api.close()
+
+    asyncio.run(main())
+
+
+def test_a_pod_change_writes_the_node_summary_at_once_and_batches_the_workload_summary(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a pod change the NodeSummary's key is ready at once (a node group's news goes out),
+    the WorkloadSummary's waits one debounce from that first change, and the burst's later
+    changes do not push it off: a rollout is one write of its summary, not a first and a last."""
+    async def main() -> None:
+        reconciler = _one_deployment(monkeypatch)
+        index, queue = reconciler.index, reconciler.queue
+        reconciler.queue_changes()  # the first pass: every object, at once
+        assert {("nodesummaries", "pool-a"), ("workloadsummaries", "ns/web")} <= set(queue._queue)
+        queue.clear()
+        started = time.monotonic()
+        for phase in ("Pending", "Running", "Failed"):
+            index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase=phase))
+            reconciler.queue_changes()
+            await asyncio.sleep(0.05)
+        assert list(queue._queue) == [("nodesummaries", "pool-a")]
+        due = queue._waiting_at[("workloadsummaries", "ns/web")]
+        assert started + reconciler.settings.debounce <= due < started + reconciler.settings.debounce + 0.05
         await reconciler.api.close()
 
     asyncio.run(main())

@@ -38,6 +38,28 @@ def test_debounce_holds_a_rewritten_key_and_merges_its_adds() -> None:
     assert asyncio.run(main()) == (0, 2.0, 0)
 
 
+def test_a_delayed_add_holds_the_first_change_and_later_adds_do_not_push_it_off() -> None:
+    """``add(key, delay)``: a burst of changes is one write, ``delay`` after its first change (never
+    later, however long the burst goes on), and the debounce after a write still holds."""
+    async def main() -> tuple[float, float, float, int]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=2.0, clock=clock)
+        q.add("k", 1.0)
+        for _ in range(9):  # the burst goes on for 0.9 s
+            await clock.advance(0.1)
+            q.add("k", 1.0)
+        first = round(0.9 + await _due(q, clock, "k", 2), 6)  # from the burst's first add
+        q.wrote("k")
+        q.add("k", 1.0)  # the debounce (2 s) is longer than the delay: it decides
+        second = await _due(q, clock, "k", 5)
+        await clock.advance(5)
+        q.add("k", 0.5)  # long after the debounce: the delay alone
+        third = await _due(q, clock, "k", 5)
+        return first, second, third, len(q)
+
+    assert asyncio.run(main()) == (1.0, 2.0, 0.5, 0)
+
+
 def test_failures_grow_the_next_delay_up_to_the_cap_and_forget_resets_it() -> None:
     async def main() -> list[float]:
         clock = FakeClock()
