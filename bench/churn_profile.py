@@ -3,7 +3,8 @@ StatefulSets, Jobs, some nodes not Ready, the WorkloadSummarizer), the service s
 then pod phase flips as fast as the API server takes them while py-spy samples the service. The
 samples at work (not waiting in epoll) are grouped by the stage they were in (the innermost frame
 of ours that names one) and by function; the CPU per 1,000 pod events is the service's CPU seconds
-over the churn's updates.
+over the churn's updates. Beside them: the summary writes the API server took meanwhile, per
+resource, and its own CPU.
 Writes bench/results/churn-profile.{json,md} and the raw samples (py-spy's collapsed stacks)
 beside them as .txt.
 
@@ -122,7 +123,9 @@ def run(args: argparse.Namespace) -> dict:
             spy = subprocess.Popen([args.py_spy, "record", "--pid", str(svc.proc.pid), "--rate", str(args.rate),
                                     "--format", "raw", "--output", str(raw), "--duration", str(int(args.seconds)),
                                     "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            apiserver = cluster.processes["kube-apiserver"].pid
             api0, cpu0, started = api_counters(cluster, WRITTEN), cpu_split(svc.proc.pid), time.monotonic()
+            apiserver0 = sum(cpu_split(apiserver))
 
             async def churn_pods() -> int:
                 async with ApiClient(load_connection(str(cluster.kubeconfig)), max_connections=64) as api:
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace) -> dict:
             updates = asyncio.run(churn_pods())
             user, system = (b - a for a, b in zip(cpu0, cpu_split(svc.proc.pid), strict=True))
             cpu, elapsed = user + system, time.monotonic() - started
+            apiserver_cpu = sum(cpu_split(apiserver)) - apiserver0
             api1 = api_counters(cluster, WRITTEN)
             _, err = spy.communicate(timeout=120)
             if spy.returncode != 0:
@@ -141,7 +145,8 @@ def run(args: argparse.Namespace) -> dict:
     return {"nodes": args.nodes, "pods": pods, "churn_seconds": round(elapsed, 1), "pod_updates": updates,
             "service_cpu_seconds": round(cpu, 2), "service_system_cpu_seconds": round(system, 2),
             "cpu_ms_per_1000_events": round(1000 * cpu / max(updates, 1) * 1000, 1),
-            "initial_sync": sync, "writes": patches(api0, api1), **breakdown(read_samples(raw), args.top)}
+            "initial_sync": sync, "writes": patches(api0, api1), "apiserver_cpu_seconds": round(apiserver_cpu, 2),
+            **breakdown(read_samples(raw), args.top)}
 
 
 def patches(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
@@ -159,7 +164,9 @@ def markdown(r: dict) -> str:
              f"{r['idle_samples']:,} waiting in epoll left out).", ""]
     if "writes" in r:
         lines += [f"Summary writes in the churn: {sum(r['writes'].values()):,} ("
-                  + ", ".join(f"{n:,} {res}" for res, n in r["writes"].items() if n) + ").", ""]
+                  + ", ".join(f"{n:,} {res}" for res, n in r["writes"].items() if n) + "); "
+                  f"kube-apiserver used {r['apiserver_cpu_seconds']} CPU s meanwhile (the churn's own requests "
+                  "included).", ""]
     lines += ["| stage | share of samples |", "|---|---|"]
     lines += [f"| {s} | {p} % |" for s, p in r["stages"].items()]
     lines += ["", "| innermost function | share |", "|---|---|"]
