@@ -282,15 +282,25 @@ def _placement(entry: NodeEntry) -> Placement:
     return entry.node_groups, (entry.state if entry.present and entry.state != READY else None)
 
 
+def _facts(entry: NodeEntry) -> tuple:
+    """What a node adds to its node groups besides its pods (node_into's share): equal before and
+    after an update, the update is no news for a NodeSummary."""
+    return (entry.present, entry.node_groups, entry.ready, entry.state, entry.unschedulable, entry.allocatable,
+            entry.capacity, entry.accelerators_unhealthy)
+
+
 class Changes:
     """What changed since a consumer last took it (``ClusterIndex.take_changes``): the node groups
     and workloads whose content did, or ``structure``: the sets of node groups or workloads, or
-    the configuration, changed (then the consumer redoes everything, and nothing finer is kept)."""
+    the configuration, changed (then the consumer redoes everything, and nothing finer is kept).
+    ``node_news``: the node groups one of whose nodes changed what it counts (readiness, state,
+    schedulability, resources, membership), not only their pods."""
 
-    __slots__ = ("node_groups", "structure", "workloads")
+    __slots__ = ("node_groups", "node_news", "structure", "workloads")
 
     def __init__(self, structure: bool) -> None:
         self.node_groups: set[NodeGroupKey] = set()
+        self.node_news: set[NodeGroupKey] = set()
         self.workloads: set[str] = set()
         self.structure = structure
 
@@ -335,16 +345,19 @@ class ClusterIndex:
         if changes is not None and not changes.structure:
             changes.workloads.add(uid)
 
-    def _touched_node_group(self, key: NodeGroupKey) -> None:
+    def _touched_node_group(self, key: NodeGroupKey, news: bool = False) -> None:
         changes = self._changes
         if changes is not None and not changes.structure:
             changes.node_groups.add(key)
+            if news:
+                changes.node_news.add(key)
 
     def _restructured(self) -> None:
         if self._changes is not None:
             self._changes.structure = True
             self._changes.workloads.clear()
             self._changes.node_groups.clear()
+            self._changes.node_news.clear()
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -440,7 +453,7 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
-        old_groups = entry.node_groups
+        old_groups, was = entry.node_groups, _facts(entry)
         for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
             self._node_into_node_group(entry, g, -1, prune=False)
         self.kueue.node_out(entry)
@@ -458,6 +471,9 @@ class ClusterIndex:
         entry.node_groups = self._node_groups_for(entry.labels)
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, +1)
+        if _facts(entry) != was:  # not a heartbeat, an image list: what its groups count moved
+            for g in {*old_groups, *entry.node_groups}:
+                self._touched_node_group(g, news=True)
         for g in old_groups:
             self._prune_node_group(g)
         self.kueue.node_in(entry)
@@ -469,6 +485,7 @@ class ClusterIndex:
             return
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, -1)
+            self._touched_node_group(g, news=True)
         self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present, entry.node_groups, entry.labels = False, (), {}
@@ -486,9 +503,11 @@ class ClusterIndex:
             before = _placement(entry)
             for g in entry.node_groups:
                 self._node_into_node_group(entry, g, -1)
+                self._touched_node_group(g, news=True)
             entry.node_groups = new
             for g in new:
                 self._node_into_node_group(entry, g, +1)
+                self._touched_node_group(g, news=True)
             self._move_node_workloads(entry, before, _placement(entry))
 
     def _node_into_node_group(self, entry: NodeEntry, key: NodeGroupKey, sign: int, prune: bool = True) -> None:

@@ -172,7 +172,8 @@ def build(settings: Settings) -> Service:
                 lease_namespace(settings), settings.lease_name, settings.identity or identity(),
                 settings.lease_duration, settings.renew_deadline, settings.retry_period))
         reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
-            debounce=settings.write_debounce, writes_per_second=settings.writes_per_second), ClaimSettings(
+            debounce=settings.write_debounce, pod_debounce=settings.pod_write_debounce,
+            writes_per_second=settings.writes_per_second), ClaimSettings(
             settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
             max_writes_per_hour=settings.quota_max_writes_per_hour), fleet)
         if elector is not None:

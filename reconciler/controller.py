@@ -6,10 +6,9 @@ summarizers' status is computed in summarizers.py. The write path is a keyed wor
 (workqueue.py), client-go style:
 
 - producers only add keys: a pass every ``interval`` adds the keys of the node groups and
-  workloads that changed (a WorkloadSummary's due a debounce after its first change: a burst is
-  one write), the watch of our objects adds the key of every object that changed (but
-  not the echo of our own write: the resourceVersion our write's answer gave), a leadership gain
-  adds all;
+  workloads that changed (when each is due: ``_changed``), the watch of our objects adds the key
+  of every object that changed (but not the echo of our own write: the resourceVersion our
+  write's answer gave), a leadership gain adds all;
 - a worker takes a key and decides then, from the current desired and actual state, what to do:
   nothing, a server-side apply (metadata+spec, status through the status subresource) or a delete
   (with a UID precondition). The desired object is made then too: a workload whose pods change in
@@ -129,6 +128,7 @@ def _version(answer: bytes | None) -> str | None:
 @dataclass
 class ReconcilerSettings:
     debounce: float = 1.0  # seconds between two writes of one object
+    pod_debounce: float = 5.0  # the same, for a NodeSummary whose pods alone changed
     writes_per_second: float = 50.0
     burst: int = 100
     concurrency: int = 8
@@ -362,7 +362,7 @@ class Reconciler:
                 for key, made in made_from(self.index, self._layout, changes.node_groups,
                                            changes.workloads).items():
                     self._redo[key] = made
-                    self._changed(key)
+                    self._changed(key, news=made in changes.node_news)
         except Exception:
             self._layout = None  # what was taken is lost with this pass: the next one redoes everything
             raise
@@ -385,12 +385,20 @@ class Reconciler:
         for key in previous.keys() - desired.keys():
             self._changed(key)
 
-    def _changed(self, key: Key) -> None:
-        """Queue a summary the index changed. A NodeSummary's first change goes out at once (a node
-        group going NotReady is news); a WorkloadSummary's waits for the debounce too, so a burst of
-        pod changes (a rollout, a gang starting, a Job finishing) is one write, not a first write
-        and then the rest."""
-        self.queue.add(key, self.settings.debounce if key[0] == "workloadsummaries" else 0.0)
+    def _changed(self, key: Key, news: bool = True) -> None:
+        """Queue a summary the index changed.
+
+        - A WorkloadSummary waits the debounce from its first change, so a burst of pod changes (a
+          rollout, a gang starting, a Job finishing) is one write, not a first write and the rest.
+        - A NodeSummary whose nodes changed (``news``: a node going NotReady) goes out at once,
+          the debounce after its last write.
+        - One whose pods alone changed waits ``pod_debounce`` after its last write: under churn a
+          node group's pod counts change all the time, and they need not cost a write a second.
+        """
+        if key[0] == "workloadsummaries":
+            self.queue.add(key, delay=self.settings.debounce)
+        else:
+            self.queue.add(key, debounce=None if news else max(self.settings.pod_debounce, self.settings.debounce))
 
     def _summarizers_due(self) -> None:
         now = time.monotonic()

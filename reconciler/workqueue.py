@@ -7,6 +7,7 @@
   first change goes out at once, a flapping object costs one write per debounce period);
   ``add(key, delay)`` holds even the first change ``delay`` seconds, so that a burst of changes is
   one write (the endpointslice controller's batch period). Later adds never push it further off.
+  ``add(key, debounce=...)`` asks a longer debounce of this change (a change of less weight).
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
 
@@ -51,6 +52,7 @@ class WorkQueue(Generic[K]):
         self._serial = 0
         self._failures: dict[K, int] = {}
         self._done_at: dict[K, float] = {}  # last write, for the debounce (pruned as it ages)
+        self._longest = debounce  # the longest debounce asked: marks younger than it are kept
         self._idle: deque[asyncio.Future[None]] = deque()  # workers waiting in get(), each woken alone
         self._timer: asyncio.Task[None] | None = None  # sleeps until the earliest waiting key is due
         self._timer_due = 0.0
@@ -68,20 +70,22 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._dirty | self._waiting_at.keys())
 
-    def add(self, key: K, delay: float = 0.0) -> None:
+    def add(self, key: K, delay: float = 0.0, debounce: float | None = None) -> None:
         now = self.clock.monotonic()
         due = now + delay
+        if debounce is None:
+            debounce = self.debounce
+        else:
+            self._longest = max(self._longest, debounce)
         written = self._done_at.get(key)
-        if written is not None:
-            if now < written + self.debounce:
-                due = max(due, written + self.debounce)
-            else:
-                del self._done_at[key]
+        if written is not None and now < written + debounce:
+            due = max(due, written + debounce)
         if key in self._dirty:
             return
         if due > now:
             self._add_at(key, due)
             return
+        self._waiting_at.pop(key, None)  # due now: a later time it waited for is void
         self._mark_dirty(key)
         if key not in self._processing:
             self._ready(key)
@@ -179,7 +183,7 @@ class WorkQueue(Generic[K]):
                 if key not in self._processing:
                     self._ready(key)
         if len(self._done_at) > 1024:  # drop debounce marks that no longer delay anything
-            horizon = now - self.debounce
+            horizon = now - self._longest
             self._done_at = {k: t for k, t in self._done_at.items() if t > horizon}
 
     def _arm_timer(self) -> None:

@@ -165,25 +165,31 @@ def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypat
     asyncio.run(main())
 
 
-def test_a_pod_change_writes_the_node_summary_at_once_and_batches_the_workload_summary(
+def test_pod_changes_batch_the_workload_summary_and_wait_longer_for_the_node_summary_than_node_news(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """After a pod change the NodeSummary's key is ready at once (a node group's news goes out),
-    the WorkloadSummary's waits one debounce from that first change, and the burst's later
-    changes do not push it off: a rollout is one write of its summary, not a first and a last."""
+    """After pod changes the WorkloadSummary waits one debounce from the first (a rollout is one
+    write of it, and later changes do not push it off); the NodeSummary, its pods alone changed,
+    waits ``pod_debounce`` after its last write; a node's news (a cordon) brings it to one
+    debounce after that write."""
     async def main() -> None:
         reconciler = _one_deployment(monkeypatch)
-        index, queue = reconciler.index, reconciler.queue
+        index, queue, settings = reconciler.index, reconciler.queue, reconciler.settings
+        node, work = ("nodesummaries", "pool-a"), ("workloadsummaries", "ns/web")
         reconciler.queue_changes()  # the first pass: every object, at once
-        assert {("nodesummaries", "pool-a"), ("workloadsummaries", "ns/web")} <= set(queue._queue)
+        assert {node, work} <= set(queue._queue)
         queue.clear()
-        started = time.monotonic()
+        queue.wrote(node)
+        written = queue._done_at[node]
         for phase in ("Pending", "Running", "Failed"):
             index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase=phase))
             reconciler.queue_changes()
             await asyncio.sleep(0.05)
-        assert list(queue._queue) == [("nodesummaries", "pool-a")]
-        due = queue._waiting_at[("workloadsummaries", "ns/web")]
-        assert started + reconciler.settings.debounce <= due < started + reconciler.settings.debounce + 0.05
+        assert not queue._queue
+        assert written + settings.debounce <= queue._waiting_at[work] < written + settings.debounce + 0.05
+        assert queue._waiting_at[node] == written + settings.pod_debounce
+        index.upsert_node(make_node("n-1", {"pool": "a"}, unschedulable=True))
+        reconciler.queue_changes()
+        assert queue._waiting_at[node] == written + settings.debounce
         await reconciler.api.close()
 
     asyncio.run(main())

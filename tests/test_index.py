@@ -329,7 +329,9 @@ def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
 
 def test_changes_name_what_the_summaries_are_made_of() -> None:
     """The reconciler redoes what take_changes names: the touched workloads and node groups, or
-    everything when a workload or node group appears or goes (one without a pod too)."""
+    everything when a workload or node group appears or goes (one without a pod too); and which
+    node groups had node news (a node's readiness, schedulability...: not its pods, not a label
+    no summarizer groups by)."""
     index = ClusterIndex()
     index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
     index.set_node_summarizer("pool", "pool")
@@ -341,16 +343,23 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     assert index.take_changes().structure  # node group pool=a appeared
     index.upsert_node(make_node("n1", {"pool": "a"}, ready="False"))  # its only node changed
     changes = index.take_changes()
-    assert not changes.structure and changes.node_groups == {("pool", "a")}
+    assert not changes.structure and changes.node_groups == changes.node_news == {("pool", "a")}
     index.upsert_node(make_node("n1", {"pool": "a"}))
+    assert index.take_changes().node_news == {("pool", "a")}  # Ready again: news too
+    index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}))  # a label no summarizer groups by
+    changes = index.take_changes()
+    assert changes.node_groups == {("pool", "a")} and changes.node_news == set()  # what it counts did not move
     deployment = Owner("d1", "apps", "Deployment", "ns", "idle", None)
     index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))
     changes = index.take_changes()
     assert not changes.structure and changes.workloads == {"d1"} and changes.node_groups == {("pool", "a")}
+    assert changes.node_news == set()  # its pods alone
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))  # nothing counted moved
     changes = index.take_changes()
     assert (changes.structure, changes.workloads, changes.node_groups) == (False, set(), set())
+    index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}, unschedulable=True))  # cordoned
+    assert index.take_changes().node_news == {("pool", "a")}
     index.delete_pod("ns/p")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.take_changes().structure

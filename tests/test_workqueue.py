@@ -60,6 +60,30 @@ def test_a_delayed_add_holds_the_first_change_and_later_adds_do_not_push_it_off(
     assert asyncio.run(main()) == (1.0, 2.0, 0.5, 0)
 
 
+def test_a_change_of_less_weight_asks_a_longer_debounce_and_news_still_go_out_at_once() -> None:
+    """``add(key, debounce=5)`` waits 5 s from the last write, not the queue's 1 s; a plain add
+    while it waits goes out at once (past the 1 s), and the longer wait it replaced is void."""
+    async def main() -> tuple[float, float, int, float]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=1.0, clock=clock)
+        q.wrote("k")
+        q.add("k", debounce=5.0)
+        slow = await _due(q, clock, "k", 10)  # 5 s after the write
+        q.wrote("k")
+        q.add("k", debounce=5.0)
+        await clock.advance(2)
+        q.add("k")  # news: its 1 s debounce is over
+        news = await _due(q, clock, "k", 1)
+        q.wrote("k")
+        await clock.advance(6)
+        void = len(q)  # the wait the news replaced (due 5 s after the second write) handed out nothing
+        q.add("k", debounce=5.0)  # long after the last write: at once
+        quiet = await _due(q, clock, "k", 1)
+        return slow, news, void, quiet
+
+    assert asyncio.run(main()) == (5.0, 0, 0, 0)
+
+
 def test_failures_grow_the_next_delay_up_to_the_cap_and_forget_resets_it() -> None:
     async def main() -> list[float]:
         clock = FakeClock()
