@@ -124,6 +124,7 @@ def run(args: argparse.Namespace) -> dict:
                                     "--format", "raw", "--output", str(raw), "--duration", str(int(args.seconds)),
                                     "--nonblocking"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             apiserver = cluster.processes["kube-apiserver"].pid
+            assert apiserver is not None
             api0, cpu0, started = api_counters(cluster, WRITTEN), cpu_split(svc.proc.pid), time.monotonic()
             apiserver0 = sum(cpu_split(apiserver))
 
