@@ -107,6 +107,9 @@ def test_accelerators_dropping_and_recovering(kube: LocalCluster, service: Servi
     rows = kube.kubectl("get", "nodesummaries").stdout.splitlines()
     header, gpu = rows[0].split(), next(r.split() for r in rows if r.startswith("pool-gpu"))
     assert header[-2:] == ["UNHEALTHY", "AGE"] and gpu[-2] == "1"
+    # A WorkloadSummary is written a debounce after its first change: it may trail the NodeSummary.
+    wait_for(lambda: status(kube, f"namespaces/{NS}/workloadsummaries/trainer").get("podsOnUnhealthyNodes") == 1,
+             timeout=5)
     rows = kube.kubectl("get", "workloads.ux", "-n", NS).stdout.splitlines()
     assert rows[0].split()[:5] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE", "UNHEALTHY"]
     assert next(r.split() for r in rows if r.startswith("trainer"))[4] == "1"  # the pod on gpu-1
