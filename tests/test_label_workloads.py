@@ -15,7 +15,17 @@ from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
-from tests.kube import create_node, create_pod, delete, deployment, is_leader, settled, summarized_cluster, writes
+from tests.kube import (
+    create_node,
+    create_pod,
+    delete,
+    deployment,
+    get_object,
+    is_leader,
+    settled,
+    summarized_cluster,
+    writes,
+)
 
 pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor
 
@@ -112,12 +122,8 @@ def test_an_owner_of_a_configured_kind_wins(kube: LocalCluster, leader: Service)
     gang_pod(kube, "web-0", "web-gang", owner=web)
     gang_pod(kube, "loner-0", "web-gang", "n-1")
     wait_for(lambda: pod_count(kube, "web-gang") == 1, timeout=10)
-
-    def web_pods() -> int | None:  # each WorkloadSummary is written a debounce after its own first change
-        code, body = kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web")
-        return body["status"].get("podCount") if code == 200 and isinstance(body, dict) else None
-
-    wait_for(lambda: web_pods() == 1, timeout=10)
+    summary = f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web"  # written a debounce after its change
+    wait_for(lambda: (get_object(kube, summary) or {}).get("status", {}).get("podCount") == 1, timeout=10)
     delete(kube, f"/api/v1/namespaces/{NS}/pods/loner-0")
     wait_for(lambda: "web-gang" not in summaries(kube), timeout=10)
 
