@@ -146,11 +146,11 @@ def run(args: argparse.Namespace) -> dict:
     return {"nodes": args.nodes, "pods": pods, "churn_seconds": round(elapsed, 1), "pod_updates": updates,
             "service_cpu_seconds": round(cpu, 2), "service_system_cpu_seconds": round(system, 2),
             "cpu_ms_per_1000_events": round(1000 * cpu / max(updates, 1) * 1000, 1),
-            "initial_sync": sync, "writes": patches(api0, api1), "apiserver_cpu_seconds": round(apiserver_cpu, 2),
+            "initial_sync": sync, "writes": applies(api0, api1), "apiserver_cpu_seconds": round(apiserver_cpu, 2),
             **breakdown(read_samples(raw), args.top)}
 
 
-def patches(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+def applies(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
     """The API server's count of our writes (applies and status applies: its verb APPLY) per resource
     between two readings of its counters."""
     counter = "{} apiserver_request_total APPLY".format
