@@ -334,6 +334,7 @@ class ClusterIndex:
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.on_owner_kind = on_owner_kind
         self._changes: Changes | None = None  # recorded once a consumer takes them
+        self.shape = 0  # moves on with every change to the sets of node groups or workloads, or the configuration
 
     def take_changes(self) -> Changes:
         """What changed since the last call (the first: everything), and record from now on."""
@@ -353,6 +354,7 @@ class ClusterIndex:
                 changes.node_news.add(key)
 
     def _restructured(self) -> None:
+        self.shape += 1
         if self._changes is not None:
             self._changes.structure = True
             self._changes.workloads.clear()

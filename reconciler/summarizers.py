@@ -39,6 +39,10 @@ class SummarizerStatuses:
         self.summarizers = summarizers
         self.kind_problem = kind_problem
         self._logged: set[tuple[str, str]] = set()  # (summarizer uid, message) said once in the log
+        # Workload counts by (kinds, label keys), good while the index's shape and the usable kinds
+        # are those they were counted at: the status is evaluated every second, the count is O(workloads).
+        self._counts: dict[tuple[frozenset[GroupKind], frozenset[str]], int] = {}
+        self._counted_at: tuple[int, Container[GroupKind]] | None = None
 
     def stale(self, usable: Container[GroupKind]) -> list[tuple[str, str]]:
         """(plural, name) of the summarizers whose status differs from what it should be."""
@@ -95,7 +99,15 @@ class SummarizerStatuses:
         return ("True", "Summarizing", message), {"workloadCount": count}
 
     def _workload_count(self, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> int:
-        return sum(1 for w in self.index.workloads.values() if _counts_for(w, kinds, label_keys, usable))
+        at = (self.index.shape, usable)
+        if at != self._counted_at:
+            self._counts, self._counted_at = {}, at
+        key = (frozenset(kinds), frozenset(label_keys))
+        count = self._counts.get(key)
+        if count is None:
+            count = self._counts[key] = sum(1 for w in self.index.workloads.values()
+                                            if _counts_for(w, kinds, label_keys, usable))
+        return count
 
     def _overlaps(self, obj: WorkloadSummarizer) -> str:
         """The other WorkloadSummarizers that list a kind or label key this one lists, and which."""
