@@ -198,7 +198,7 @@ class WatchSettings:
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
     initial_list: InitialList = "auto"  # see the module docstring
     encoding: Encoding = "protobuf"  # of pods and nodes (other kinds are JSON): kubeindex/protobuf.py
-    gather: float = 0.02  # seconds a watch leaves its socket unread after reading events (watchstream.py)
+    gather: float = 0.05  # seconds a watch leaves its socket unread after reading events (watchstream.py)
 
 
 class Reflector(Generic[T]):

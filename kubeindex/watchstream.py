@@ -190,6 +190,12 @@ class ChunkedBody:
                 if not left:
                     self.done, self.trailer = True, data[pos:]  # the last chunk
                     break
+                if pos + left + 2 <= end:  # the whole chunk is here (gathered reads): in one step
+                    if data[pos + left:pos + left + 2] != b"\r\n":
+                        raise StreamError("bad chunk", "a chunk's data not followed by CRLF")
+                    parts.append(data[pos:pos + left])
+                    pos += left + 2
+                    left, crlf = 0, False
             elif data.find(b"\r\n", pos) >= 0:
                 raise StreamError("bad chunk", f"not a chunk size line: {data[pos:pos + 40]!r}")
             elif end - pos > MAX_LINE:
@@ -485,14 +491,53 @@ class Stream:
     def _readable(self) -> None:
         if self._done.done():
             return  # ended (or cancelled) by another callback of this loop turn
-        sock, handed, gather = self._sock, 0, self._gather()
+        gather = self._gather()
+        if gather > 0:
+            self._read_gathered(gather)
+        else:
+            self._read_each()
+
+    def _read_gathered(self, gather: float) -> None:
+        """Under churn: every read this turn has (up to READ_SIZE bytes), cut and handed in one go,
+        then the socket left for ``gather`` seconds. The server flushes each event as a chunk or
+        two (Go's net/http chunks an event over 2 KiB in two), each a TLS record of its own: one
+        pass over their bytes costs less than a pass per record."""
+        sock, size, rest = self._sock, 0, True
+        parts: list[bytes] = []
+        try:
+            while size < READ_SIZE:
+                data = recv_now(sock)
+                if data is None:
+                    break  # all read
+                if not data:
+                    if parts:
+                        self._take(b"".join(parts))
+                    if not self._done.done():
+                        self._finish(self._eof())
+                    return
+                parts.append(data)
+                size += len(data)
+            else:
+                rest = False  # a turn's worth: the rest in the next turn, without a rest
+                if isinstance(sock, ssl.SSLSocket) and sock.pending():  # held by OpenSSL: no selector wakes
+                    self._loop.call_soon(self._readable)
+            if not parts:
+                return
+            self._last_read = self._loop.time()
+            handed = self._take(parts[0] if len(parts) == 1 else b"".join(parts))
+            if rest and handed and not self._done.done():  # all read: leave the socket for a while
+                self._stop_reading()
+                self._resume = self._loop.call_later(gather, self._start_reading)
+        except Exception as err:  # a reset, a TLS alert, a bad chunk, what on_frame raised
+            self._finish(err)
+
+    def _read_each(self) -> None:
+        """Each read's events handed as it comes: a WatchList's initial state, node events."""
+        sock, handed = self._sock, 0
         try:
             for _ in range(READS_PER_TURN):
                 data = recv_now(sock)
                 if data is None:
-                    if handed and gather > 0:  # all read: leave the socket for a while
-                        self._stop_reading()
-                        self._resume = self._loop.call_later(gather, self._start_reading)
                     break
                 self._last_read = self._loop.time()
                 if not data:
@@ -508,9 +553,8 @@ class Stream:
                 handed += took
                 if self._done.done() or handed >= FRAMES_PER_TURN:
                     break  # enough for one turn
-                if len(data) < BULK_READ and took and not gather:
-                    break  # an event or a few: a read more would find nothing (gathering reads on: it
-                    # rests only once a read found nothing)
+                if len(data) < BULK_READ and took:
+                    break  # an event or a few: a read more would find nothing
                 # A bulk transfer, or the start of an event: the server writes one larger than 2 KiB
                 # as two chunks (Go's net/http buffers 2 KiB before chunking), each a TLS record of
                 # its own, and the second is most often here already: read on in this turn.

@@ -137,8 +137,9 @@ class Settings(BaseSettings):
         "considered dead and replaced (an idle watch gets a bookmark at most about 2 minutes apart).")
     watch_gather: Seconds = Field(
         WATCH.gather, ge=0, le=1, description="Seconds a watch leaves its connection unread after reading events, "
-        "so that under churn one wake-up reads every event of that time (a quarter less CPU per pod event at "
-        "0.02). An event after a quiet spell is read at once, and every node event. 0: each event as it comes.")
+        "so that under churn one wake-up reads every event of that time in one pass. What the service shows "
+        "lags by at most this much. An event after a quiet spell is read at once, and every node event. 0: each "
+        "event as it comes.")
     sync_loss_grace: Seconds = Field(
         SYNC_GRACE, gt=0, description="Seconds a watch may stay unable to reach the API server before /readyz "
         "fails and the replica gives up the Lease.")

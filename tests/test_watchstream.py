@@ -55,8 +55,9 @@ def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLCo
 
 
 
+@pytest.mark.parametrize("gather", [0.0, 0.01], ids=["each-read", "gathered"])
 def test_events_over_tls_come_out_whole_in_order_however_they_are_written(
-        tls: tuple[ssl.SSLContext, ssl.SSLContext]) -> None:
+        tls: tuple[ssl.SSLContext, ssl.SSLContext], gather: float) -> None:
     events = [b"e%d-" % i * (1 + i * 37 % 900) for i in range(300)]  # up to 5 KB
     body = b"".join(frame(e) for e in events)
 
@@ -75,7 +76,7 @@ def test_events_over_tls_come_out_whole_in_order_however_they_are_written(
         await writer.drain()
         await reader.read()  # until the client closes
 
-    got, failure, api = watch(serve, *tls)
+    got, failure, api = watch(serve, *tls, gather=gather)
     assert failure is None and got == events
     assert api.metrics.requests == {("200", "GET"): 1}
 
@@ -97,14 +98,15 @@ def test_a_silent_connection_is_noticed_by_the_read_timeout() -> None:
     WATCH_HEAD + chunk(frame(b"one")),  # closed between chunks, without the last one
     WATCH_HEAD + chunk(frame(b"one") + frame(b"two")[:5]) + b"0\r\n\r\n",  # last chunk inside an event
 ])
-def test_an_answer_cut_short_is_a_transport_error_after_what_came_whole(wire: bytes) -> None:
+@pytest.mark.parametrize("gather", [0.0, 0.01], ids=["each-read", "gathered"])
+def test_an_answer_cut_short_is_a_transport_error_after_what_came_whole(wire: bytes, gather: float) -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await answer_head(reader)
         writer.write(wire)
         await writer.drain()
         writer.close()
 
-    got, failure, _ = watch(serve)
+    got, failure, _ = watch(serve, gather=gather)
     assert got == [b"one"]
     assert isinstance(failure, Transient) and failure.reason == "truncated"
 

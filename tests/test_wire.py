@@ -95,6 +95,7 @@ def test_chunked_body_ends_at_its_last_chunk_and_not_before() -> None:
     (b"-5\r\nhello\r\n", "not a chunk size"),
     (b"0x5\r\nhello\r\n", "not a chunk size"),
     (b"5\r\nhelloXX", "not followed by CRLF"),
+    (b"5\r\nhello\r\n5\r\nworldXX\r\n0\r\n\r\n", "not followed by CRLF"),  # inside gathered reads
     (b"5" * 5000, "longer than 4 KiB"),
 ])
 def test_bytes_that_are_not_chunks_are_a_broken_stream(wire: bytes, problem: str) -> None:
