@@ -448,7 +448,8 @@ class Stream:
 
         Called in the selector's callback, ``on_frame`` costs no task wake-up and no turn of the
         event loop of its own; the loop gets its turn between reads (READS_PER_TURN reads or about
-        FRAMES_PER_TURN events at most). What on_frame raised comes out as ``Raised``.
+        FRAMES_PER_TURN events at most; gathering, READ_SIZE bytes at most). What on_frame raised
+        comes out as ``Raised``.
 
         ``gather`` (asked after each turn that handed events and read all there was): seconds to
         leave the socket unread, so the events meanwhile are read in one turn. Under churn events
