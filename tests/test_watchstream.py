@@ -169,10 +169,6 @@ def test_a_body_whole_with_the_head_ends_the_watch_at_once() -> None:
     assert got == [] and failure is None
 
 
-def open_descriptors() -> int:
-    return len(list(Path("/proc/self/fd").iterdir()))
-
-
 def connections(port: int) -> int:
     """This process's TCP sockets to or from ``port`` (its listener left out): other tests' sockets
     closing meanwhile do not count."""
@@ -196,7 +192,8 @@ def test_a_failed_handshake_leaves_no_connection_open(tls: tuple[ssl.SSLContext,
 
     async def main() -> tuple[list[BaseException], int, int]:
         server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls[0])
-        endpoint = watchstream.Endpoint(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}", untrusted)
+        port = server.sockets[0].getsockname()[1]
+        endpoint = watchstream.Endpoint(f"https://127.0.0.1:{port}", untrusted)
         kept: list[BaseException] = []
         async with server:
             counts = []
@@ -206,7 +203,7 @@ def test_a_failed_handshake_leaves_no_connection_open(tls: tuple[ssl.SSLContext,
                 except ssl.SSLError as err:
                     kept.append(err)
                 await asyncio.sleep(0.05)  # the server's side of it closed too
-                counts.append(open_descriptors())
+                counts.append(connections(port))
             return kept, counts[0], counts[-1]
 
     kept, before, after = asyncio.run(main())
