@@ -294,14 +294,16 @@ class Changes:
     and workloads whose content did, or ``structure``: the sets of node groups or workloads, or
     the configuration, changed (then the consumer redoes everything, and nothing finer is kept).
     ``node_news``: the node groups one of whose nodes changed what it counts (readiness, state,
-    schedulability, resources, membership), not only their pods."""
+    schedulability, resources, membership), not only their pods. ``workload_news``: the workloads
+    one of whose nodes did (its state, its node groups), not only their pods."""
 
-    __slots__ = ("node_groups", "node_news", "structure", "workloads")
+    __slots__ = ("node_groups", "node_news", "structure", "workload_news", "workloads")
 
     def __init__(self, structure: bool) -> None:
         self.node_groups: set[NodeGroupKey] = set()
         self.node_news: set[NodeGroupKey] = set()
         self.workloads: set[str] = set()
+        self.workload_news: set[str] = set()
         self.structure = structure
 
 
@@ -341,10 +343,12 @@ class ClusterIndex:
         taken, self._changes = self._changes or Changes(structure=True), Changes(structure=False)
         return taken
 
-    def _touched_workload(self, uid: str) -> None:
+    def _touched_workload(self, uid: str, news: bool = False) -> None:
         changes = self._changes
         if changes is not None and not changes.structure:
             changes.workloads.add(uid)
+            if news:
+                changes.workload_news.add(uid)
 
     def _touched_node_group(self, key: NodeGroupKey, news: bool = False) -> None:
         changes = self._changes
@@ -360,6 +364,7 @@ class ClusterIndex:
             self._changes.workloads.clear()
             self._changes.node_groups.clear()
             self._changes.node_news.clear()
+            self._changes.workload_news.clear()
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -540,7 +545,7 @@ class ClusterIndex:
             _node_in_workload(agg, old, pods, True, -1)
             _node_in_workload(agg, new, pods, True, +1)
             agg.generation = next(generation)
-            self._touched_workload(uid)
+            self._touched_workload(uid, news=True)
 
     # ---------------------------------------------------------------------------- pods
 

@@ -167,9 +167,10 @@ class Settings(BaseSettings):
         "NodeSummary's first change is written at once; a WorkloadSummary's waits this long too, so a burst of pod "
         "changes is one write.")
     pod_write_debounce: Seconds = Field(
-        WRITES.pod_debounce, ge=0, description="Minimum seconds between two writes of a NodeSummary whose pods alone "
-        "changed (its pod counts and requests: under churn they change all the time); never less than "
-        "--write-debounce. A node change waits --write-debounce only.")
+        WRITES.pod_debounce, ge=0, description="Minimum seconds between two writes of a summary whose pods alone "
+        "changed (a NodeSummary's pod counts and requests, a WorkloadSummary's pod counts: under churn they change "
+        "all the time); never less than --write-debounce. A node's change (a WorkloadSummary's: a node of its pods "
+        "changing state) waits --write-debounce only.")
     writes_per_second: Rate = Field(WRITES.writes_per_second, gt=0,
                                     description="Global limit on API writes per second.")
     quota_settle: Seconds = Field(

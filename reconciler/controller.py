@@ -128,7 +128,7 @@ def _version(answer: bytes | None) -> str | None:
 @dataclass
 class ReconcilerSettings:
     debounce: float = 1.0  # seconds between two writes of one object
-    pod_debounce: float = 5.0  # the same, for a NodeSummary whose pods alone changed
+    pod_debounce: float = 5.0  # the same, for a summary whose pods alone changed
     writes_per_second: float = 50.0
     burst: int = 100
     concurrency: int = 8
@@ -362,7 +362,8 @@ class Reconciler:
                 for key, made in made_from(self.index, self._layout, changes.node_groups,
                                            changes.workloads).items():
                     self._redo[key] = made
-                    self._changed(key, news=made in changes.node_news)
+                    news = changes.workload_news if isinstance(made, str) else changes.node_news
+                    self._changed(key, news=made in news)
         except Exception:
             self._layout = None  # what was taken is lost with this pass: the next one redoes everything
             raise
@@ -391,14 +392,16 @@ class Reconciler:
         - A WorkloadSummary waits the debounce from its first change, so a burst of pod changes (a
           rollout, a gang starting, a Job finishing) is one write, not a first write and the rest.
         - A NodeSummary whose nodes changed (``news``: a node going NotReady) goes out at once,
-          the debounce after its last write.
-        - One whose pods alone changed waits ``pod_debounce`` after its last write: under churn a
-          node group's pod counts change all the time, and they need not cost a write a second.
+          the debounce after its last write; a WorkloadSummary whose nodes did, the debounce
+          after its last write too.
+        - Either, its pods alone changed, waits ``pod_debounce`` after its last write: under churn
+          the pod counts change all the time, and they need not cost a write a second.
         """
+        debounce = None if news else max(self.settings.pod_debounce, self.settings.debounce)
         if key[0] == "workloadsummaries":
-            self.queue.add(key, delay=self.settings.debounce)
+            self.queue.add(key, delay=self.settings.debounce, debounce=debounce)
         else:
-            self.queue.add(key, debounce=None if news else max(self.settings.pod_debounce, self.settings.debounce))
+            self.queue.add(key, debounce=debounce)
 
     def _summarizers_due(self) -> None:
         now = time.monotonic()

@@ -195,6 +195,35 @@ def test_pod_changes_batch_the_workload_summary_and_wait_longer_for_the_node_sum
     asyncio.run(main())
 
 
+def test_a_written_workload_summary_whose_pods_alone_changed_waits_the_pod_debounce(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once written, a WorkloadSummary whose pods alone changed (phases, pods come and gone) waits
+    ``pod_debounce`` after that write, as a NodeSummary does; one of its nodes going NotReady (its
+    podsOnUnhealthyNodes) brings it to one debounce after the write."""
+    async def main() -> None:
+        reconciler = _one_deployment(monkeypatch)
+        index, queue, settings = reconciler.index, reconciler.queue, reconciler.settings
+        work = ("workloadsummaries", "ns/web")
+        reconciler.queue_changes()
+        queue.clear()
+        queue.wrote(work)
+        written = queue._done_at[work]
+        index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase="Running"))
+        index.upsert_pod(make_pod("q", "q", node="n-1", owner=ref(RS)))
+        reconciler.queue_changes()
+        assert queue._waiting_at[work] == written + settings.pod_debounce
+        more = {"cpu": "8", "memory": "16Gi", "pods": "110"}  # news for its NodeSummary, not for it
+        index.upsert_node(make_node("n-1", {"pool": "a"}, allocatable=more))
+        reconciler.queue_changes()
+        assert queue._waiting_at[work] == written + settings.pod_debounce
+        index.upsert_node(make_node("n-1", {"pool": "a"}, ready="False", allocatable=more))
+        reconciler.queue_changes()
+        assert written + settings.debounce <= queue._waiting_at[work] < written + settings.pod_debounce
+        await reconciler.api.close()
+
+    asyncio.run(main())
+
+
 def test_an_object_at_the_version_our_last_sync_left_is_compared_with_what_that_sync_applied() -> None:
     """Most syncs find the object as the last one left it (its echo, at the version the write's
     answer gave): it is compared with what that sync applied, without projecting its

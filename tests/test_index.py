@@ -331,7 +331,7 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     """The reconciler redoes what take_changes names: the touched workloads and node groups, or
     everything when a workload or node group appears or goes (one without a pod too); and which
     node groups had node news (a node's readiness, schedulability...: not its pods, not a label
-    no summarizer groups by)."""
+    no summarizer groups by), and which workloads (a node of theirs changed state)."""
     index = ClusterIndex()
     index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
     index.set_node_summarizer("pool", "pool")
@@ -354,12 +354,13 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))
     changes = index.take_changes()
     assert not changes.structure and changes.workloads == {"d1"} and changes.node_groups == {("pool", "a")}
-    assert changes.node_news == set()  # its pods alone
+    assert changes.node_news == changes.workload_news == set()  # its pods alone
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))  # nothing counted moved
     changes = index.take_changes()
     assert (changes.structure, changes.workloads, changes.node_groups) == (False, set(), set())
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}, unschedulable=True))  # cordoned
-    assert index.take_changes().node_news == {("pool", "a")}
+    changes = index.take_changes()
+    assert changes.node_news == {("pool", "a")} and changes.workload_news == {"d1"}  # its pod's node: cordoned
     index.delete_pod("ns/p")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.take_changes().structure
