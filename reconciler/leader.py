@@ -2,6 +2,7 @@
 taken over only when its record has not changed for leaseDurationSeconds as measured on OUR clock
 (no trust in other clocks); the holder renews every retry period and steps down when it could not
 renew within the renew deadline. Updates carry the resourceVersion, so two candidates never both win.
+The leader renews the record its last write left without reading it first, as client-go does.
 
 Two rules of our own:
 - a replica whose view of the cluster is not current (``may_lead`` says why not: initial sync
@@ -82,6 +83,7 @@ class LeaderElector:
         self._fields = path_fields(f"{self.path}/{settings.name}")  # the log lines' resource, namespace, name
         self.last_error = ""  # why the last attempt failed ("" after a success)
         self._stopped = False  # released for good (shutdown): never take the lease again
+        self._held: dict | None = None  # the lease as our last write left it (renewed without a read)
 
     @property
     def is_leader(self) -> bool:
@@ -151,6 +153,7 @@ class LeaderElector:
         if not self._is_leader:
             return
         self._set(False)
+        self._held = None
         try:
             lease = json.loads(await self.api.request("GET", f"{self.path}/{self.settings.name}", timeout=5))
             if lease.get("spec", {}).get("holderIdentity") == self.settings.identity:
@@ -177,6 +180,9 @@ class LeaderElector:
             raise LeaseError(f"{method} lease: {err}") from err
 
     async def _try_acquire_or_renew(self) -> bool:
+        if self._is_leader and self._held is not None and await self._renew_held():
+            return True
+        self._held = None
         try:
             lease = json.loads(await self._request("GET", f"{self.path}/{self.settings.name}"))
         except NotFound:
@@ -197,17 +203,41 @@ class LeaderElector:
         else:
             lease["spec"] = self._spec(transitions + 1)
         try:
-            await self._request("PUT", f"{self.path}/{self.settings.name}", lease)
+            self._keep(await self._request("PUT", f"{self.path}/{self.settings.name}", lease))
         except Conflict:
             return False  # someone else updated it since our GET
         return True
+
+    async def _renew_held(self) -> bool:
+        """client-go's fast path: the leader renews the record its last write left, at that
+        resourceVersion, without reading the lease first (one request a renewal, not two). Any
+        failure (a 409: someone wrote it since) leaves it to the read and write of the slow path."""
+        lease = self._held
+        assert lease is not None
+        spec = lease.get("spec") or {}
+        lease["spec"] = self._spec(int(spec.get("leaseTransitions") or 0), spec.get("acquireTime"))
+        try:
+            self._keep(await self._request("PUT", f"{self.path}/{self.settings.name}", lease))
+        except (ApiError, LeaseError) as err:
+            log.debug("renewing lease %s/%s at the version we wrote: %s; reading it", self.settings.namespace,
+                      self.settings.name, err, extra=self._fields)
+            return False
+        return True
+
+    def _keep(self, answer: bytes) -> None:
+        """The lease as our write left it, for the next renewal."""
+        try:
+            lease = json.loads(answer)
+        except ValueError:
+            lease = None
+        self._held = lease if isinstance(lease, dict) and lease.get("metadata", {}).get("resourceVersion") else None
 
     async def _create(self) -> bool:
         lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                  "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                  "spec": self._spec(0)}
         try:
-            await self._request("POST", self.path, lease)
+            self._keep(await self._request("POST", self.path, lease))
         except Conflict:
             return False  # another replica created it first
         return True

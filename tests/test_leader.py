@@ -28,8 +28,10 @@ class LeaseStore:
         self.leases: dict[str, dict] = {}
         self.version = 0
         self.down = False
+        self.requests: list[str] = []  # each request's method
 
     async def request(self, method: str, path: str, body: object = None, timeout: float = 30) -> bytes:
+        self.requests.append(method)
         if self.down:
             raise Transient(0, "ClientConnectorError", "connection refused")
         name = path.removeprefix(PATH).strip("/")
@@ -74,6 +76,41 @@ def test_the_first_candidate_takes_a_free_lease_and_renews_it() -> None:
         await a._step()
         assert a.is_leader and changes == [True]  # renewed: no new transition
         assert store.leases["node-workload-summary"]["spec"]["leaseTransitions"] == transitions
+
+    asyncio.run(main())
+
+
+def test_the_leader_renews_with_one_request_and_reads_the_lease_when_someone_else_wrote_it() -> None:
+    """client-go's fast path: the leader renews the record its last write left (a PUT alone). A
+    write by someone else since (an edit with kubectl) makes that PUT a 409: the leader reads the
+    lease and renews what it read, in the same step."""
+    async def main() -> None:
+        store, clock = LeaseStore(), FakeClock()
+        a = elector(store, clock, "a")
+        await a._step()
+        assert store.requests == ["GET", "POST"]
+        for _ in range(3):
+            store.requests.clear()
+            await clock.advance(2)
+            await a._step()
+            assert store.requests == ["PUT"] and a.is_leader
+        lease = store.leases["node-workload-summary"]
+        renewed = lease["spec"]["renewTime"]
+        assert lease["spec"]["holderIdentity"] == "a" and lease["spec"]["leaseTransitions"] == 0
+        edited = copy.deepcopy(lease)
+        edited["metadata"]["labels"] = {"edited": "yes"}
+        await store.request("PUT", f"{PATH}/node-workload-summary", edited)
+        store.requests.clear()
+        await clock.advance(2)
+        await a._step()
+        assert store.requests == ["PUT", "GET", "PUT"] and a.is_leader
+        lease = store.leases["node-workload-summary"]
+        assert lease["metadata"]["labels"] == {"edited": "yes"} and lease["spec"]["renewTime"] > renewed
+        assert lease["spec"]["leaseTransitions"] == 0
+        store.requests.clear()
+        await clock.advance(2)
+        await a._step()
+        assert store.requests == ["PUT"]
 
     asyncio.run(main())
 
