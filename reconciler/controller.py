@@ -395,13 +395,18 @@ class Reconciler:
           the debounce after its last write; a WorkloadSummary whose nodes did, the debounce
           after its last write too.
         - Either, its pods alone changed, waits ``pod_debounce`` after its last write: under churn
-          the pod counts change all the time, and they need not cost a write a second.
+          the pod counts change all the time, and they need not cost a write a second. Such writes
+          go out on the debounce's beat (whole seconds, by default), many objects in one burst:
+          a trickle of writes cost the service a wake-up (the timer, the answer, the echo) each.
         """
-        debounce = None if news else max(self.settings.pod_debounce, self.settings.debounce)
+        if news:
+            debounce, beat = None, 0.0
+        else:  # on the debounce's beat: the pod changes of many objects go out in one burst
+            debounce, beat = max(self.settings.pod_debounce, self.settings.debounce), self.settings.debounce
         if key[0] == "workloadsummaries":
-            self.queue.add(key, delay=self.settings.debounce, debounce=debounce)
+            self.queue.add(key, delay=self.settings.debounce, debounce=debounce, beat=beat)
         else:
-            self.queue.add(key, debounce=debounce)
+            self.queue.add(key, debounce=debounce, beat=beat)
 
     def _summarizers_due(self) -> None:
         now = time.monotonic()

@@ -7,7 +7,9 @@
   first change goes out at once, a flapping object costs one write per debounce period);
   ``add(key, delay)`` holds even the first change ``delay`` seconds, so that a burst of changes is
   one write (the endpointslice controller's batch period). Later adds never push it further off.
-  ``add(key, debounce=...)`` asks a longer debounce of this change (a change of less weight).
+  ``add(key, debounce=...)`` asks a longer debounce of this change (a change of less weight);
+  ``add(key, beat=...)`` rounds its time up to a whole multiple of ``beat`` on the queue's clock,
+  so that such changes of many keys fall due together (one burst of writes, not a trickle).
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import math
 from collections import deque
 from collections.abc import Hashable
 from typing import Generic, TypeVar
@@ -70,7 +73,7 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._dirty | self._waiting_at.keys())
 
-    def add(self, key: K, delay: float = 0.0, debounce: float | None = None) -> None:
+    def add(self, key: K, delay: float = 0.0, debounce: float | None = None, beat: float = 0.0) -> None:
         now = self.clock.monotonic()
         due = now + delay
         if debounce is None:
@@ -80,6 +83,8 @@ class WorkQueue(Generic[K]):
         written = self._done_at.get(key)
         if written is not None and now < written + debounce:
             due = max(due, written + debounce)
+        if beat > 0:
+            due = math.ceil(due / beat) * beat
         if key in self._dirty:
             return
         if due > now:

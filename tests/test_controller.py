@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import time
 from typing import Any
 
@@ -185,8 +186,10 @@ def test_pod_changes_batch_the_workload_summary_and_wait_longer_for_the_node_sum
             reconciler.queue_changes()
             await asyncio.sleep(0.05)
         assert not queue._queue
-        assert written + settings.debounce <= queue._waiting_at[work] < written + settings.debounce + 0.05
-        assert queue._waiting_at[node] == written + settings.pod_debounce
+        # On the debounce's beat (whole seconds of the queue's clock): a second later at most.
+        assert written + settings.debounce <= queue._waiting_at[work] <= written + 2 * settings.debounce + 0.05
+        assert queue._waiting_at[work] % settings.debounce == 0
+        assert queue._waiting_at[node] == math.ceil(written + settings.pod_debounce)
         index.upsert_node(make_node("n-1", {"pool": "a"}, unschedulable=True))
         reconciler.queue_changes()
         assert queue._waiting_at[node] == written + settings.debounce
@@ -211,11 +214,11 @@ def test_a_written_workload_summary_whose_pods_alone_changed_waits_the_pod_debou
         index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase="Running"))
         index.upsert_pod(make_pod("q", "q", node="n-1", owner=ref(RS)))
         reconciler.queue_changes()
-        assert queue._waiting_at[work] == written + settings.pod_debounce
+        assert queue._waiting_at[work] == math.ceil(written + settings.pod_debounce)  # on the 1 s beat
         more = {"cpu": "8", "memory": "16Gi", "pods": "110"}  # news for its NodeSummary, not for it
         index.upsert_node(make_node("n-1", {"pool": "a"}, allocatable=more))
         reconciler.queue_changes()
-        assert queue._waiting_at[work] == written + settings.pod_debounce
+        assert queue._waiting_at[work] == math.ceil(written + settings.pod_debounce)
         index.upsert_node(make_node("n-1", {"pool": "a"}, ready="False", allocatable=more))
         reconciler.queue_changes()
         assert written + settings.debounce <= queue._waiting_at[work] < written + settings.pod_debounce

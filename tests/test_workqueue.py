@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from kubeindex.histogram import Histogram
 from reconciler.workqueue import WorkQueue
 from tests.clock import FakeClock, settle
@@ -82,6 +84,34 @@ def test_a_change_of_less_weight_asks_a_longer_debounce_and_news_still_go_out_at
         return slow, news, void, quiet
 
     assert asyncio.run(main()) == (5.0, 0, 0, 0)
+
+
+def test_changes_on_a_beat_fall_due_together_and_never_before_their_debounce() -> None:
+    """``beat``: a key's time is rounded up to a whole multiple of the beat, so keys written at
+    different times and changed at different times go out in one burst; the debounce still holds
+    (rounding only ever waits longer). Without a beat each keeps its own time."""
+    async def main() -> tuple[list[float], list[float]]:
+        clock = FakeClock(start=1000.1)
+        q: WorkQueue[str] = WorkQueue(debounce=1.0, clock=clock)
+        q.wrote("a")
+        await clock.advance(0.3)
+        q.wrote("b")
+        await clock.advance(0.4)
+        q.wrote("c")
+        for key in "abc":
+            q.add(key, debounce=5.0, beat=1.0)
+        beat = sorted(q._waiting_at.values())
+        q.clear()
+        for key in "abc":
+            q.wrote(key)  # at 1000.8, all three
+        await clock.advance(0.2)
+        q.add("a", debounce=5.0)
+        q.add("b", delay=1.0, debounce=5.0)
+        return beat, sorted(q._waiting_at.values())
+
+    beat, own = asyncio.run(main())
+    assert beat == [1006.0, 1006.0, 1006.0]  # written at 1000.1, 1000.4 and 1000.8: due at 1005.1 to 1005.8
+    assert own == pytest.approx([1005.8, 1005.8])
 
 
 def test_failures_grow_the_next_delay_up_to_the_cap_and_forget_resets_it() -> None:
