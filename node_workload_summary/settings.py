@@ -165,7 +165,7 @@ class Settings(BaseSettings):
     write_debounce: Seconds = Field(
         WRITES.debounce, ge=0, description="Minimum seconds between two writes of one summary object. A "
         "NodeSummary's first change is written at once; a WorkloadSummary's waits this long too, so a burst of pod "
-        "changes is one write.")
+        "changes is one write. Writes for pod changes alone fall on whole multiples of it, many in one burst.")
     pod_write_debounce: Seconds = Field(
         WRITES.pod_debounce, ge=0, description="Minimum seconds between two writes of a summary whose pods alone "
         "changed (a NodeSummary's pod counts and requests, a WorkloadSummary's pod counts: under churn they change "
