@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
-from kubeindex.api import load_connection
+from kubeindex.api import ApiClient, load_connection
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION
 from kubeindex.sources import Sources
@@ -24,6 +24,7 @@ from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import Service, select, wait_for
 from reconciler.controller import Reconciler, ReconcilerSettings, Summary
+from reconciler.leader import LeaderElector, LeaseSettings
 from tests.kube import (
     RecordingApi,
     create_node,
@@ -359,3 +360,51 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
         proxy.close()
         leader.stop()
         leader.start()
+
+
+def test_the_leader_renews_in_one_request_and_gives_way_to_another_writer_of_the_lease(kube: LocalCluster) -> None:
+    """The leader renews the lease as its last write left it (a PUT alone). Someone else writing the
+    lease meanwhile (kubectl annotating it) moves its resourceVersion: the API server refuses that
+    PUT (409), the leader reads the lease and renews what it read, keeping the other's annotation;
+    then one PUT a renewal again. A lease of its own: the replicas of this module keep theirs."""
+    name = "renew-fast-path"
+
+    class Counted:
+        def __init__(self, api: ApiClient) -> None:
+            self.api = api
+            self.methods: list[str] = []
+
+        async def request(self, method: str, path: str, body: object = None, *, timeout: float = 30) -> bytes:
+            self.methods.append(method)
+            return await self.api.request(method, path, body, timeout=timeout)
+
+    def lease() -> dict[str, Any]:
+        return found(get_object(kube, f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{name}"))
+
+    async def main() -> None:
+        async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+            counted = Counted(api)
+            elector = LeaderElector(counted, LeaseSettings("default", name=name, identity="fast"))
+            await elector._step()
+            assert elector.is_leader and counted.methods == ["GET", "POST"], elector.last_error
+            for _ in range(2):
+                counted.methods.clear()
+                await elector._step()
+                assert elector.is_leader and counted.methods == ["PUT"], elector.last_error
+            renewed = lease()["spec"]["renewTime"]
+            kube.kubectl("annotate", "lease", name, "-n", "default", "team=platform")
+            counted.methods.clear()
+            await elector._step()
+            assert elector.is_leader and counted.methods == ["PUT", "GET", "PUT"], elector.last_error
+            after = lease()
+            assert after["metadata"]["annotations"]["team"] == "platform"
+            assert after["spec"]["holderIdentity"] == "fast" and after["spec"]["renewTime"] > renewed
+            assert after["spec"]["leaseTransitions"] == 0
+            counted.methods.clear()
+            await elector._step()
+            assert counted.methods == ["PUT"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        kube.request(f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{name}", "DELETE")
