@@ -7,7 +7,10 @@ or its state change); an owner event costs O(depth) plus the pods whose root wor
 changed (see owners.py).
 
 Each node has one state (NODE_STATES, see node_state for the precedence); workloads count their
-pods and distinct nodes on nodes in a state other than Ready.
+pods and distinct nodes on nodes in a state other than Ready. A pod in phase Succeeded or Failed
+holds no node: it counts in its node's and its workload's phase counts, never in a workload's
+nodes (placement, pods and nodes on unhealthy nodes), so a finished Job on a lost pool is not
+"on unhealthy nodes". A Pending pod bound to a node holds it.
 
 Node groups and Kueue flavors are both node sets, summed by one arithmetic (nodeset.py). The
 flavors, with the nominal quota of the ClusterQueues that name them, are an aggregate of their own
@@ -48,7 +51,7 @@ from .quantity import parse_or_zero
 NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
 _PHASE = {phase: phase for phase in PHASES}  # one string object per phase, not one per pod
-TERMINATED = frozenset({"Succeeded", "Failed"})
+TERMINATED = frozenset({"Succeeded", "Failed"})  # hold no node: no requests, no place in a workload's nodes
 READY_STATES = ("Ready", "NotReady", "Unknown")
 READY = "Ready"
 NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
@@ -84,7 +87,7 @@ class WorkloadAgg:
     kind: str  # an owner's kind; "" for a label workload
     label_key: str = ""  # a label workload's pod label key; "" for an owner
     pods: dict[str, int] = field(default_factory=dict)  # phase -> pods
-    node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound pods of this workload
+    node_pods: dict[str, int] = field(default_factory=dict)  # node -> bound, non-terminated pods of this workload
     nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # distinct nodes per node group
     pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
     unhealthy_nodes: int = 0  # distinct nodes not Ready
@@ -537,7 +540,7 @@ class ClusterIndex:
         """The node's node groups or state changed: every workload with pods on it moves its counts."""
         if old == new:
             return
-        for uid in {self.pods[k].workload for k in entry.pods}:
+        for uid in {p.workload for k in entry.pods if (p := self.pods[k]).phase not in TERMINATED}:
             if uid is None:
                 continue
             agg = self.workloads[uid]
@@ -559,8 +562,9 @@ class ClusterIndex:
         requests = () if phase in TERMINATED else pod_requests(pod.spec)
         labels = self._label_matches(meta.labels)
         old = self.pods.get(key)
-        if old is not None and self._alike_but_phase(old, meta.uid, pod.spec.nodeName, requests, labels, parent):
-            if old.phase != phase:  # a phase change alone (requests stay: neither phase is terminated)
+        if old is not None and self._alike_but_phase(old, meta.uid, pod.spec.nodeName, requests, labels, parent,
+                                                     phase):
+            if old.phase != phase:  # a phase change alone (it neither starts nor stops holding its node)
                 self._move_phase(old, phase)
             return key  # most pod updates: conditions, container states, IPs
         entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels)
@@ -578,12 +582,13 @@ class ClusterIndex:
         return key
 
     def _alike_but_phase(self, old: PodEntry, uid: str, node: str, requests: Vector, labels: LabelMatches,
-                         parent: str | None) -> bool:
+                         parent: str | None, phase: str) -> bool:
         """Everything an aggregate counts of the pod but its phase is as it was: the same pod (UID)
         under the same controller owner, on the same node, with the same requests and label values
-        (its workload follows from the owner and the labels)."""
+        (its workload follows from the owner and the labels), still holding its node or not."""
         vertex = self.graph.vertices.get(old.uid)
         return (old.uid == uid and old.node == node and old.requests == requests
+                and (old.phase in TERMINATED) == (phase in TERMINATED)
                 and old.labels == labels and vertex is not None and vertex.parent == parent)
 
     def _move_phase(self, entry: PodEntry, phase: str) -> None:
@@ -667,7 +672,7 @@ class ClusterIndex:
             bump(self.chain_broken, entry.status, sign)
         agg = self.workloads[entry.workload]
         bump(agg.pods, entry.phase, sign)
-        if entry.node:
+        if entry.node and entry.phase not in TERMINATED:
             before = agg.node_pods.get(entry.node, 0)
             bump(agg.node_pods, entry.node, sign)
             distinct = (before == 0) != (before + sign == 0)  # the workload starts or stops using this node

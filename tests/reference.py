@@ -144,7 +144,7 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             workload(top, o.namespace, o.name, o.group, o.kind)
         w = workloads[top]
         w["pods"][phase] += 1
-        if node_name:
+        if node_name and phase not in TERMINATED:  # a finished pod holds no node
             for key in node_groups.get(node_name, []):
                 w["nodes"].setdefault(key, set()).add(node_name)
     norm_groups = {
@@ -218,6 +218,8 @@ def recompute_health(world: World) -> tuple[dict, dict]:
     for pod in world.pods.values():
         node_name = pod.spec.nodeName
         if states.get(node_name, "Ready") == "Ready":  # unbound, on a node not seen, or on a Ready node
+            continue
+        if pod.status.phase in TERMINATED:  # finished: on no node
             continue
         top, status = walk(world, pod.metadata.uid)
         label = _label(world, pod) if top is None and status == NONE else None

@@ -305,6 +305,38 @@ def test_node_state_reaches_groups_and_workloads() -> None:
     assert gpu.states == {"Ready": 1, "NotReady": 1}
 
 
+def test_a_finished_pod_holds_no_node() -> None:
+    """Pods in phase Succeeded or Failed count in their workload's phases, never on its nodes: a
+    finished Job on a pool gone NotReady is not "on unhealthy nodes"; a Pending pod bound to a node
+    is. Also for a pod without requests, whose phase change alone would otherwise take the short path."""
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.set_workload_summarizer("w", configured(("batch", "Job")))
+    add_owner(index, Owner("job", "batch", "Job", "ns", "report", None))
+    index.upsert_node(make_node("n1", {"pool": "gpu"}, ready="False"))
+    index.upsert_node(make_node("n2", {"pool": "gpu"}, ready="False"))
+    job = ref(("batch", "Job", "job"))
+    bare = PodSpec(nodeName="n2", containers=[Container(Resources({}))])  # requests nothing
+    index.upsert_pod(make_pod("p1", "p1", node="n1", owner=job))
+    index.upsert_pod(Pod(make_pod("p2", "p2", owner=job).metadata, bare, make_pod("p2", "p2").status))
+    agg = index.workloads["job"]
+    assert (agg.pods_by_node_state, agg.unhealthy_nodes, agg.nodes_by_node_group) == (
+        {"NotReady": 2}, 2, {("pool", "gpu"): 2})
+    index.upsert_pod(make_pod("p1", "p1", node="n1", phase="Succeeded", owner=job))
+    index.upsert_pod(Pod(make_pod("p2", "p2", owner=job).metadata, bare, make_pod("p2", "p2", phase="Failed").status))
+    assert agg.pods == {"Succeeded": 1, "Failed": 1}
+    assert (agg.pods_by_node_state, agg.unhealthy_nodes, agg.unhealthy_nodes_by_node_group, agg.nodes_by_node_group
+            ) == ({}, 0, {}, {})
+    assert index.node_groups[("pool", "gpu")].pods == {"Succeeded": 1, "Failed": 1}  # still bound there
+    index.upsert_node(make_node("n1", {"pool": "gpu"}))  # a node of finished pods alone: no workload news
+    assert index.take_changes().workload_news == set()
+    index.upsert_pod(make_pod("p3", "p3", node="n2", phase="Pending", owner=job))  # bound, not started: holds n2
+    assert (agg.pods_by_node_state, agg.unhealthy_nodes) == ({"NotReady": 1}, 1)
+    index.upsert_pod(Pod(make_pod("p2", "p2", owner=job).metadata, bare, make_pod("p2", "p2").status))  # retried
+    assert (agg.pods_by_node_state, agg.unhealthy_nodes) == ({"NotReady": 2}, 1)
+    assert health_snapshot(index)[1]["job"] == (agg.pods_by_node_state, 1, {("pool", "gpu"): 1})
+
+
 # -- incremental == from scratch --------------------------------------------------------------
 
 
@@ -360,7 +392,12 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     assert (changes.structure, changes.workloads, changes.node_groups) == (False, set(), set())
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}, unschedulable=True))  # cordoned
     changes = index.take_changes()
-    assert changes.node_news == {("pool", "a")} and changes.workload_news == {"d1"}  # its pod's node: cordoned
+    assert changes.node_news == {("pool", "a")} and changes.workload_news == set()  # its pod Failed: on no node
+    index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))  # Running again (restartPolicy aside)
+    index.take_changes()
+    index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}))  # uncordoned
+    changes = index.take_changes()
+    assert changes.node_news == {("pool", "a")} and changes.workload_news == {"d1"}  # its pod's node changed
     index.delete_pod("ns/p")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.take_changes().structure
