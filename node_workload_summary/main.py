@@ -39,7 +39,7 @@ from reconciler.metrics import ReconcilerCollector
 
 from .gcfreeze import Freezer
 from .logs import configure as configure_logs
-from .settings import InvalidSettings, Settings, load
+from .settings import InvalidSettings, Settings, UsageError, load
 from .version import build_info
 
 log = logging.getLogger("node-workload-summary")
@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidSettings as err:
         for problem in err.problems:
             print(f"error: {problem}", file=sys.stderr)
+        if isinstance(err, UsageError):  # one line pointing to the usage, not the usage itself
+            print("See 'node-workload-summary --help' for usage.", file=sys.stderr)
         return 2
     if settings.version:
         print(build_info())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_core import ErrorDetails
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 from typing_extensions import TypeAliasType
 
 from exporter.auth import CACHE_SIZE, CACHE_TTL
@@ -80,6 +80,7 @@ class Settings(BaseSettings):
         cli_enforce_required=False,
         cli_hide_none_type=True,
         cli_show_env_vars=True,
+        cli_exit_on_error=False,  # a command line it cannot parse: load() says so in one line, not the usage
         extra="ignore",
     )
 
@@ -337,13 +338,33 @@ class InvalidSettings(Exception):
         self.problems = problems
 
 
+class UsageError(InvalidSettings):
+    """A command line that does not parse: an unknown flag, a flag without its value, an argument
+    that is no flag. One problem, said as kubectl says it (``unknown flag: --foo``)."""
+
+
 def load(argv: Sequence[str]) -> Settings:
-    """Settings from these arguments and the environment, or InvalidSettings."""
+    """Settings from these arguments and the environment, or InvalidSettings (UsageError: the
+    command line itself does not parse)."""
     try:
         # A BaseSettings argument, not a field: mypy's view of a model's __init__ has the fields only.
         return Settings(_cli_parse_args=list(argv))  # type: ignore[call-arg]
     except ValidationError as err:
         raise InvalidSettings([_problem(error, argv) for error in err.errors()]) from None
+    except SettingsError as err:
+        raise UsageError([_usage_problem(str(err))]) from None
+
+
+def _usage_problem(message: str) -> str:
+    """argparse's complaint (through pydantic-settings), in kubectl's words."""
+    message = message.removeprefix("error parsing CLI: ")
+    if message.startswith("unrecognized arguments: "):
+        words = message.removeprefix("unrecognized arguments: ").split()
+        flags = [word.split("=", 1)[0] for word in words if word.startswith("-")]
+        if not flags:
+            return f"unexpected argument {words[0]!r}: every setting is a flag (--name=value)"
+        return f"unknown flag{'s' if len(flags) > 1 else ''}: {', '.join(flags)}"
+    return message.removeprefix("argument ")
 
 
 def _problem(error: ErrorDetails, argv: Sequence[str]) -> str:

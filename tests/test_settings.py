@@ -128,3 +128,21 @@ def test_metrics_certificate_and_key_go_together_and_only_when_secure(capsys: py
         "--metrics-cert-file)"]
     assert refused(capsys, "--metrics-cert-file=/c", "--metrics-key-file=/k") == [
         "error: --metrics-key-file: a certificate is only used with --metrics-secure"]
+
+
+SEE_HELP = "See 'node-workload-summary --help' for usage."
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--foo"], "error: unknown flag: --foo"),
+    (["--foo=1", "--bar"], "error: unknown flags: --foo, --bar"),
+    (["--po", "3"], "error: unknown flag: --po"),  # no abbreviations: --port or --probe-port?
+    (["extra"], "error: unexpected argument 'extra': every setting is a flag (--name=value)"),
+    (["--port"], "error: --port: expected one argument"),
+], ids=["unknown", "two-unknown", "abbreviated", "positional", "no-value"])
+def test_a_bad_command_line_says_so_in_one_line_and_points_to_help(capsys: pytest.CaptureFixture[str],
+                                                                    args: list[str], error: str) -> None:
+    """As kubectl: the error, then where the usage is; not the 40 lines of usage first."""
+    assert main([NO_CLUSTER, *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.splitlines() == [error, SEE_HELP] and captured.out == ""
