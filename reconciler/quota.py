@@ -19,6 +19,7 @@ The rules:
   ``Scale`` shrinks the share-based amounts proportionally (down to 0) into what the absolutes
   leave; if the absolutes alone exceed capacity, shares go to 0 and the absolutes shrink
   proportionally. Every amount is rounded down as above, so the total never exceeds capacity.
+  The OverAllocated message names each amount shrunk: resource, queue, old -> new, and why.
   ``Hold`` contributes the quota last applied for the claim (an input) for the flavor it claims,
   unchanged (nothing, if nothing was applied for that flavor).
 - **Held**, whatever the flavor last applied: an invalid claim, and a claim whose capacity is not
@@ -43,13 +44,14 @@ The rules:
   from the one in effect continuously for ``settle`` seconds (the value of that moment is taken).
   A decrease waits ``decrease_settle``, by default the same: Kueue does not evict when quota falls,
   so acting sooner on a loss gains little, and a node that reboots would cost two writes.
-- **Status.** nominalResources (live), settledResources, assigned (shares resolved at the settled
-  capacity), unassigned, shortfall, queues (the claim's contribution), assignedPercent (the highest
-  assigned/settled ratio, rounded down, over resources with capacity; a resource assigned with no
-  capacity shows in the shortfall), and the conditions Ready, OverAllocated, QueueMissing and
-  Duplicate. Ready is False with the first reason that applies: InvalidSpec, Duplicate,
-  CapacityUnknown, OverAllocated, QueueMissing, LendingLimitAbove. Each message names the numbers
-  or names at fault. observedGeneration and the conditions' times are the controller's.
+- **Status.** nominalResources (live), settledResources (each with 0 for a resource the claim's
+  assignments name and the capacity lacks: a pool at zero shows 0, an unknown capacity nothing),
+  assigned (shares resolved at the settled capacity), unassigned, shortfall, queues (the claim's
+  contribution), assignedPercent (the highest assigned/settled ratio, rounded down, over resources
+  with capacity; a resource assigned with no capacity shows in the shortfall), and the conditions
+  Ready, OverAllocated, QueueMissing and Duplicate. Ready is False with the first reason that
+  applies: InvalidSpec, Duplicate, CapacityUnknown, OverAllocated, QueueMissing, LendingLimitAbove.
+  Each message names the numbers or names at fault. observedGeneration and the conditions' times are the controller's.
 """
 
 from __future__ import annotations
@@ -274,6 +276,11 @@ def share_amount(resource: str, capacity: int, permille: int) -> int:
     return floor_to_granule(resource, capacity * permille // PERMILLE)
 
 
+def governed(spec: ClaimSpec) -> set[str]:
+    """The resources whose quota the claim sets: those its assignments name."""
+    return {r for a in spec.assignments for r in (*a.resources, *a.shares)}
+
+
 def asked(spec: ClaimSpec, capacity: Capacity) -> Amounts:
     """What each queue asks, shares resolved at ``capacity``: before any policy."""
     out: Amounts = {}
@@ -296,15 +303,20 @@ def shortfall(assigned: Capacity, capacity: Capacity) -> dict[str, int]:
     return {r: v - capacity.get(r, 0) for r, v in sorted(assigned.items()) if v > capacity.get(r, 0)}
 
 
+def _asked_of(spec: ClaimSpec, resource: str, cap: int) -> tuple[dict[str, int], dict[str, int]]:
+    """What the queues ask of one resource: the absolute amounts, and the shares resolved at ``cap``."""
+    absolute = {a.queue: a.resources[resource] for a in spec.assignments if resource in a.resources}
+    shares = {a.queue: share_amount(resource, cap, a.shares[resource])
+              for a in spec.assignments if resource in a.shares}
+    return absolute, shares
+
+
 def scale(spec: ClaimSpec, capacity: Capacity) -> Amounts:
     """The Scale policy: every resource fitted into its capacity, shares shrunk before absolutes."""
     out: Amounts = {a.queue: {} for a in spec.assignments}
-    for resource in sorted({r for a in spec.assignments for r in (*a.resources, *a.shares)}):
+    for resource in sorted(governed(spec)):
         cap = capacity.get(resource, 0)
-        absolute = {a.queue: a.resources[resource] for a in spec.assignments if resource in a.resources}
-        shares = {a.queue: share_amount(resource, cap, a.shares[resource])
-                  for a in spec.assignments if resource in a.shares}
-        for queue, value in _fit(resource, absolute, shares, cap).items():
+        for queue, value in _fit(resource, *_asked_of(spec, resource, cap), cap).items():
             out[queue][resource] = value
     return out
 
@@ -316,6 +328,33 @@ def _fit(resource: str, absolute: dict[str, int], shares: dict[str, int], cap: i
     if used <= cap:
         return absolute | _shrink(resource, shares, cap - used)
     return _shrink(resource, absolute, cap) | dict.fromkeys(shares, 0)
+
+
+def scale_text(spec: ClaimSpec, capacity: Capacity) -> str:
+    """What Scale shrank, by how much and for which queue, one phrase per queue and resource
+    (those that fit are not named), e.g. ``nvidia.com/gpu of queue prod 8 -> 4 (50% share of
+    capacity 16, shrunk into the 4 the absolute amounts leave)``."""
+    phrases = []
+    for resource in sorted(governed(spec)):
+        cap = capacity.get(resource, 0)
+        absolute, shares = _asked_of(spec, resource, cap)
+        fitted = _fit(resource, absolute, shares, cap)
+        left = cap - sum(absolute.values())
+        for a in sorted(spec.assignments, key=lambda a: a.queue):
+            old = absolute.get(a.queue, shares.get(a.queue))
+            if old is None or fitted[a.queue] >= old:
+                continue
+            if a.queue in absolute:
+                why = f"absolute amount, shrunk in proportion into capacity {format_quantity(resource, cap)}"
+            elif left >= 0:
+                why = (f"{_percent_text(a.shares[resource])} share of capacity {format_quantity(resource, cap)},"
+                       f" shrunk into the {format_quantity(resource, left)} the absolute amounts leave")
+            else:
+                why = (f"{_percent_text(a.shares[resource])} share of capacity {format_quantity(resource, cap)}:"
+                       " the absolute amounts alone exceed it")
+            phrases.append(f"{resource} of queue {a.queue} {format_quantity(resource, old)} ->"
+                           f" {format_quantity(resource, fitted[a.queue])} ({why})")
+    return "Scale shrank " + ("; ".join(phrases) if phrases else "nothing")
 
 
 def _shrink(resource: str, amounts: dict[str, int], budget: int) -> dict[str, int]:
@@ -410,17 +449,18 @@ class Settler:
     decrease_settle: float | None = None
 
     def observe(self, state: SettleState, live: Capacity | None, now: float) -> SettleState:
+        effective = None if state.effective is None else _nonzero(state.effective)  # a status lists zeros
         if live is None:
-            return SettleState(state.effective)
+            return SettleState(effective)
         current = _nonzero(live)
-        if state.effective is None:
+        if effective is None:
             return SettleState(current)  # the first value takes effect at once
-        if current == state.effective:
-            return SettleState(state.effective)
+        if current == effective:
+            return SettleState(effective)
         since = now if state.since is None else state.since
-        if now - since >= self.wait(state.effective, current):
+        if now - since >= self.wait(effective, current):
             return SettleState(current)
-        return SettleState(state.effective, since)
+        return SettleState(effective, since)
 
     def wait(self, effective: Capacity, live: Capacity) -> float:
         falls = any(live.get(r, 0) < v for r, v in effective.items())
@@ -430,8 +470,8 @@ class Settler:
         """When ``live`` would take effect if it stays as it is (None: nothing pending)."""
         if live is None or state.effective is None or state.since is None:
             return None
-        current = _nonzero(live)
-        return None if current == state.effective else state.since + self.wait(state.effective, current)
+        current, effective = _nonzero(live), _nonzero(state.effective)
+        return None if current == effective else state.since + self.wait(effective, current)
 
 
 def _nonzero(capacity: Capacity) -> dict[str, int]:
@@ -632,7 +672,7 @@ def _over_allocated(s: _Claim) -> dict[str, str]:
     if not s.shortfall:
         return _condition("OverAllocated", False, "WithinCapacity", "the assignments fit the settled capacity")
     if s.mode == "Scale":
-        action = "Scale shrank the share-based, then the absolute amounts to fit"
+        action = scale_text(s.claim.spec, s.settled)
     elif s.mode in ("Hold", "held"):
         action = "the quota last applied for this claim is kept"
     else:
@@ -678,13 +718,20 @@ def _ready(s: _Claim) -> dict[str, str]:
     return _condition("Ready", True, "AssignmentsFit", f"the assignments fit; {queues} get quota of flavor {flavor}")
 
 
+def _shown(capacity: Capacity | None, resources: set[str]) -> dict[str, int]:
+    """A known capacity as the status shows it: every resource it has, and 0 for each governed
+    resource it lacks (a pool at zero shows 0, not nothing); nothing when it is not known."""
+    return {} if capacity is None else {**dict.fromkeys(resources, 0), **_nonzero(capacity)}
+
+
 def _status(s: _Claim) -> dict[str, Any]:
     """The claim's status (without observedGeneration and the conditions' times: the controller's)."""
     settled = s.settled or {}
     assigned = s.assigned if s.settled is not None else {}  # shares mean nothing without a capacity
+    resources = governed(s.claim.spec)
     status = {
-        "nominalResources": _quantities(_nonzero(s.live or {})),
-        "settledResources": _quantities(_nonzero(settled)),
+        "nominalResources": _quantities(_shown(s.live, resources)),
+        "settledResources": _quantities(_shown(s.settled, resources)),
         "assigned": _quantities(assigned),
         "unassigned": _quantities({r: max(0, settled.get(r, 0) - assigned.get(r, 0))
                                    for r in {*_nonzero(settled), *assigned}}) if s.settled is not None else {},

@@ -221,6 +221,20 @@ def test_status_of_a_claim_that_fits() -> None:
     }
 
 
+def test_a_capacity_of_zero_shows_zero_for_each_resource_the_claim_names() -> None:
+    """A pool with no Ready node left: nominalResources and settledResources say 0 for the cpu and
+    GPUs the assignments name (kubectl's CPU and GPU columns print 0, not nothing), beside what the
+    capacity still has; an unknown capacity shows nothing."""
+    c = claim("c", absolute("research", {GPU: "4"}), shares("prod", {"cpu": "50%"}))
+    for capacity, shown in (({}, {"cpu": "0", GPU: "0"}), (cap(cpu=0, gpu=0), {"cpu": "0", GPU: "0"}),
+                            (cap(memory=GI), {"cpu": "0", "memory": "1Gi", GPU: "0"})):
+        status = evaluate([c], {}, {KEY: capacity}, {KEY: capacity}).claims["c"].status
+        assert status["nominalResources"] == status["settledResources"] == shown, capacity
+        assert status["shortfall"] == {GPU: "4"} and status["unassigned"] == {"cpu": "0", **shown, GPU: "0"}
+    unknown = evaluate([c], {}, {KEY: None}).claims["c"].status
+    assert "nominalResources" not in unknown and "settledResources" not in unknown
+
+
 def test_assigned_percent_is_the_highest_ratio() -> None:
     c = claim("c", absolute("research", {"cpu": "96", GPU: "8"}))
     status = evaluate([c], {}, {KEY: cap(cpu=128 * G, gpu=32 * G)}).claims["c"].status
@@ -240,7 +254,24 @@ def test_scale_shrinks_the_shares_first() -> None:
     assert status["shortfall"] == {"cpu": "35"} and status["assigned"] == {"cpu": "135"}
     over = condition(plan, "c", "OverAllocated")
     assert over["status"] == "True"
-    assert over["message"].startswith("cpu short by 35 (assigned 135, capacity 100); Scale shrank")
+    assert over["message"] == (
+        "cpu short by 35 (assigned 135, capacity 100); Scale shrank"
+        " cpu of queue dev 25 -> 13333m (25% share of capacity 100, shrunk into the 40 the absolute amounts leave);"
+        " cpu of queue prod 50 -> 26666m (50% share of capacity 100, shrunk into the 40 the absolute amounts leave)"
+        ": lower the assignments or add capacity")
+
+
+def test_scale_says_which_amounts_it_shrank_and_leaves_the_others_out() -> None:
+    """One share shrunk (the demo's pool after losing half its nodes): the message names that one
+    share, its queue and resource, old and new, and not the absolute amount or the cpu that fit."""
+    c = claim("c", absolute("research", {"cpu": "32", GPU: "12"}), shares("prod", {"cpu": "50%", GPU: "50%"}))
+    plan = evaluate([c], {}, {KEY: cap(cpu=64 * G, gpu=16 * G)})
+    assert plan.claims["c"].contribution.queues == {"research": {"cpu": 32 * G, GPU: 12 * G},
+                                                    "prod": {"cpu": 32 * G, GPU: 4 * G}}
+    assert condition(plan, "c", "OverAllocated")["message"] == (
+        "nvidia.com/gpu short by 4 (assigned 20, capacity 16); Scale shrank nvidia.com/gpu of queue prod 8 -> 4"
+        " (50% share of capacity 16, shrunk into the 4 the absolute amounts leave): lower the assignments or add"
+        " capacity")
 
 
 def test_scale_then_shrinks_the_absolutes() -> None:
@@ -249,6 +280,12 @@ def test_scale_then_shrinks_the_absolutes() -> None:
     plan = evaluate([c], {}, {KEY: cap(cpu=40 * G)})
     assert plan.claims["c"].contribution.queues == {
         "research": {"cpu": 30 * G}, "ops": {"cpu": 10 * G}, "prod": {"cpu": 0}}
+    assert condition(plan, "c", "OverAllocated")["message"] == (
+        "cpu short by 60 (assigned 100, capacity 40); Scale shrank"
+        " cpu of queue ops 20 -> 10 (absolute amount, shrunk in proportion into capacity 40);"
+        " cpu of queue prod 20 -> 0 (50% share of capacity 40: the absolute amounts alone exceed it);"
+        " cpu of queue research 60 -> 30 (absolute amount, shrunk in proportion into capacity 40)"
+        ": lower the assignments or add capacity")
 
 
 def test_scaled_gpus_are_whole_and_other_resources_are_left_alone() -> None:
@@ -405,6 +442,16 @@ def settle_run(settler: Settler, observations: list[tuple[float, dict[str, int] 
 
 def test_the_first_capacity_takes_effect_at_once() -> None:
     assert settle_run(Settler(120), [(0, None), (5, {"cpu": G})]) == [None, {"cpu": G}]
+
+
+def test_zeros_kept_in_a_status_are_no_change_of_capacity() -> None:
+    """settledResources lists 0 for the resources a claim names: read back, it is the capacity
+    without them, and nothing is pending."""
+    settler = Settler(10)
+    kept = SettleState({"cpu": 8 * G, GPU: 0}, None)
+    assert settler.observe(kept, {"cpu": 8 * G}, 100.0) == SettleState({"cpu": 8 * G})
+    assert settler.due(kept, {"cpu": 8 * G}) is None
+    assert settler.observe(SettleState({"cpu": 0}), {}, 100.0) == SettleState({})
 
 
 def test_a_flap_shorter_than_settle_changes_nothing() -> None:
