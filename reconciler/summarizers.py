@@ -1,10 +1,14 @@
-"""The status of each NodeSummarizer and WorkloadSummarizer: a Ready condition and a count.
+"""The status of each NodeSummarizer and WorkloadSummarizer: a Ready condition and a count, and a
+WorkloadSummarizer's KindsServed condition.
 
 Computed from the index and from what the sources can read (``Sources.kind_problem``); the
 reconciler queues the summarizers whose status is not what it should be (``stale``) and writes
-``status_to_write``. A configured kind that cannot be summarized makes a WorkloadSummarizer
-``Ready=False`` with the reason (KindNotServed, KindNotNamespaced, KindForbidden), said once in the
-log per summarizer and message.
+``status_to_write``. Ready says whether the summarizer works for the kinds the API server serves:
+a configured kind that is served but cannot be summarized makes a WorkloadSummarizer
+``Ready=False`` with the reason (KindForbidden, KindNotNamespaced). A kind not served (its CRD not
+installed, or not at the listed version) is a warning, not a failure: ``KindsServed=False``, reason
+KindNotServed, naming the kinds, while Ready stays True for the others. Each problem is said once in
+the log per summarizer and message.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ log = logging.getLogger(__name__)
 
 Summarizer = NodeSummarizer | WorkloadSummarizer
 Condition = tuple[str, str, str]  # (status, reason, message) of the Ready condition
+NOT_SERVED = "KindNotServed"  # a warning (KindsServed), not a failure (Ready)
 # Why a configured kind cannot be summarized, as (reason, message); None when it can.
 KindProblem = Callable[[str, str, str | None], tuple[str, str] | None]
 
@@ -65,12 +70,13 @@ class SummarizerStatuses:
     def _status(self, obj: Summarizer, usable: Container[GroupKind]) -> dict[str, Any]:
         if isinstance(obj, NodeSummarizer):
             cond, counts = self._node_condition(obj)
+            conds = {"Ready": cond}
         else:
-            cond, counts = self._workload_condition(obj, usable)
-        status_value, reason, message = cond
+            conds, counts = self._workload_conditions(obj, usable)
         generation = obj.metadata.generation
-        ready = {"type": "Ready", "status": status_value, "reason": reason, "message": message}
-        conditions = with_times([ready], obj.status.get("conditions"), generation, time.time())
+        conditions = [{"type": type_, "status": status_value, "reason": reason, "message": message}
+                      for type_, (status_value, reason, message) in conds.items()]
+        conditions = with_times(conditions, obj.status.get("conditions"), generation, time.time())
         return {"observedGeneration": generation, "conditions": conditions, **counts}
 
     def _node_condition(self, obj: NodeSummarizer) -> tuple[Condition, dict[str, int]]:
@@ -81,22 +87,31 @@ class SummarizerStatuses:
                 {"groupCount": count}
         return ("True", "NoMatchingNodes", f"no node carries the label {label}"), {"groupCount": 0}
 
-    def _workload_condition(self, obj: WorkloadSummarizer,
-                            usable: Container[GroupKind]) -> tuple[Condition, dict[str, int]]:
+    def _workload_conditions(self, obj: WorkloadSummarizer,
+                             usable: Container[GroupKind]) -> tuple[dict[str, Condition], dict[str, int]]:
+        """Ready and KindsServed, and the workload count."""
         types, labels = obj.spec.workloadTypes, obj.spec.podLabelWorkloads
         problems = [p for t in types if (p := self.kind_problem(t.group, t.kind, t.version)) is not None]
         count = self._workload_count({(t.group, t.kind) for t in types}, {p.labelKey for p in labels}, usable)
         if problems:
             self._log_once(obj, problems)
-            reasons = dict.fromkeys(reason for reason, _ in problems)
-            return ("False", next(iter(reasons)), "; ".join(message for _, message in problems)), \
-                {"workloadCount": count}
-        message = f"{count} root workloads of the configured types" + (" and pod labels" if labels else "")
+        not_served = [message for reason, message in problems if reason == NOT_SERVED]
+        failing = [(reason, message) for reason, message in problems if reason != NOT_SERVED]
+        served: Condition = (("False", NOT_SERVED, "; ".join(not_served) + "; their workloads are summarized once"
+                              " the API server serves them") if not_served
+                             else ("True", "AllKindsServed", "every listed kind is served") if types
+                             else ("True", "AllKindsServed", "no workload kinds listed"))
+        if failing:
+            reasons = dict.fromkeys(reason for reason, _ in failing)
+            ready: Condition = ("False", next(iter(reasons)), "; ".join(message for _, message in failing))
+            return {"Ready": ready, "KindsServed": served}, {"workloadCount": count}
+        message = (f"{count} root workloads of the configured types" + (" that are served" if not_served else "")
+                   + (" and pod labels" if labels else ""))
         overlaps = self._overlaps(obj)
         if overlaps:
             message += (f"; also listed by {overlaps} (a workload counts for each summarizer that lists its kind "
                         f"or label key)")
-        return ("True", "Summarizing", message), {"workloadCount": count}
+        return {"Ready": ("True", "Summarizing", message), "KindsServed": served}, {"workloadCount": count}
 
     def _workload_count(self, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> int:
         at = (self.index.shape, usable)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import ObjectMeta, PodLabelWorkload, WorkloadSummarizer, WorkloadSummarizerSpec
+from kubeindex.objects import ObjectMeta, PodLabelWorkload, WorkloadSummarizer, WorkloadSummarizerSpec, WorkloadType
 from kubeindex.sources import Summarizers
 from reconciler.summarizers import SummarizerStatuses
 from tests.builders import make_pod
@@ -57,3 +57,50 @@ def test_the_workload_count_follows_workloads_coming_and_going_and_is_counted_on
     index.delete_pod("ns/p1")  # its workload goes with its last pod
     assert _count(statuses) == 3
     assert walks == 2
+
+
+DEPLOYMENT, JOBSET, LWS = (WorkloadType("Deployment", "apps"), WorkloadType("JobSet", "jobset.x-k8s.io"),
+                           WorkloadType("LeaderWorkerSet", "leaderworkerset.x-k8s.io"))
+
+
+def _conditions(types: list[WorkloadType], problems: dict[str, tuple[str, str]]) -> dict[str, dict[str, Any]]:
+    """The conditions of summarizer ``workloads`` listing ``types``, with ``problems`` by kind."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("workloads", types)
+    summarizer = WorkloadSummarizer(ObjectMeta(name="workloads", uid="u1", generation=2),
+                                    WorkloadSummarizerSpec(workloadTypes=types))
+    statuses = SummarizerStatuses(index, Summarizers(workload={"workloads": summarizer}),
+                                  lambda group, kind, version: problems.get(kind))
+    status = statuses.status_to_write("workloadsummarizers", "workloads", {("apps", "Deployment")})
+    assert status is not None
+    return {c["type"]: c for c in status["conditions"]}
+
+
+def test_a_kind_not_installed_is_a_warning_of_its_own_and_ready_says_the_rest_works() -> None:
+    """deploy/summarizers.yaml's sample on a cluster without JobSet or LWS: its Deployments are
+    summarized, so Ready is True; KindsServed is False and names the missing kinds."""
+    missing = {"JobSet": ("KindNotServed", "jobset.jobset.x-k8s.io is not served by the API server"),
+               "LeaderWorkerSet": ("KindNotServed", "leaderworkerset.leaderworkerset.x-k8s.io is not served by the"
+                                                     " API server")}
+    conditions = _conditions([DEPLOYMENT, JOBSET, LWS], missing)
+    ready, served = conditions["Ready"], conditions["KindsServed"]
+    assert (ready["status"], ready["reason"]) == ("True", "Summarizing")
+    assert ready["message"] == "0 root workloads of the configured types that are served"
+    assert (served["status"], served["reason"]) == ("False", "KindNotServed")
+    assert "jobset.jobset.x-k8s.io" in served["message"] and "leaderworkerset.leaderworkerset.x-k8s.io" in \
+        served["message"]
+    assert ready["observedGeneration"] == served["observedGeneration"] == 2
+
+    every = _conditions([DEPLOYMENT], {})
+    assert (every["Ready"]["status"], every["KindsServed"]["status"], every["KindsServed"]["reason"]) == (
+        "True", "True", "AllKindsServed")
+
+
+def test_a_kind_served_but_not_summarizable_still_fails_ready() -> None:
+    """Forbidden (RBAC) or cluster-scoped: the summarizer does not work for a kind that is there."""
+    problems = {"Deployment": ("KindForbidden", "list/watch of deployments.apps is denied"),
+                "JobSet": ("KindNotServed", "jobset.jobset.x-k8s.io is not served by the API server")}
+    conditions = _conditions([DEPLOYMENT, JOBSET], problems)
+    assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "KindForbidden")
+    assert conditions["Ready"]["message"] == "list/watch of deployments.apps is denied"
+    assert (conditions["KindsServed"]["status"], conditions["KindsServed"]["reason"]) == ("False", "KindNotServed")
