@@ -146,6 +146,10 @@ FLAVOR_FAMILIES: tuple[FamilyGenerator[FlavorAgg], ...] = (
                            "Sum of the allocatable of the nodes matching the Kueue ResourceFlavor's nodeLabels, "
                            "per resource."),
                     lambda f: _flavor_resources(f, f.allocatable)),
+    FamilyGenerator(Family("flavor_ready_allocatable", "gauge",
+                           "Sum of the allocatable of the flavor's nodes whose Ready condition is True, per resource: "
+                           "the capacity ClusterResourceClaims and the quota alerts measure."),
+                    lambda f: _flavor_resources(f, f.ready_allocatable)),
     FamilyGenerator(Family("flavor_nodes_by_state", "gauge",
                            "Nodes matching the Kueue ResourceFlavor by state, as nws_nodegroup_nodes_by_state."),
                     lambda f: ((_labels(state=s), f.states.get(s, 0)) for s in NODE_STATES) if f.defined else ()),
@@ -201,7 +205,20 @@ def _status_resources(claim: ClusterResourceClaim, name: str) -> Iterator[Sample
     return _resources({str(r): parse_or_zero(v) for r, v in values.items()} if isinstance(values, dict) else {})
 
 
+def _claim_info(claim: ClusterResourceClaim) -> Iterator[Sample]:
+    """The flavor a claim governs and its policy, as written (an invalid spec is the claim's
+    status's to report; its flavor is still governed by it, not by the quota-drift alerts)."""
+    spec = claim.spec
+    yield _labels(flavor=str(spec.get("flavor", "")), member=str(spec.get("clusterName") or "local"),
+                  over_allocation=str(spec.get("overAllocation") or "Scale")), 1
+
+
 CLAIM_FAMILIES: tuple[FamilyGenerator[ClusterResourceClaim], ...] = (
+    FamilyGenerator(Family("claim_info", "gauge",
+                           "1 per ClusterResourceClaim: the flavor whose quota it governs, the cluster whose capacity "
+                           "it reads and its overAllocation policy (spec.flavor, spec.clusterName, "
+                           "spec.overAllocation)."),
+                    _claim_info),
     FamilyGenerator(Family("claim_nominal", "gauge",
                            "Live capacity of a ClusterResourceClaim's flavor (allocatable of its Ready nodes), "
                            "per resource (status.nominalResources)."),
