@@ -27,7 +27,10 @@ leadership checks, its token bucket).
   (``replace /metadata/resourceVersion`` first, then the changed nominalQuota paths); 409 Conflict
   (the queue changed since it was read) goes back to the queue with backoff. At most
   ``max_writes_per_hour`` writes per queue per hour (per replica: a new leader starts a fresh
-  count); every attempt is counted by queue and result.
+  count); every attempt is counted by queue and result. Each write is logged (the queue, and per
+  nominalQuota changed its flavor, resource, old -> new and the claims that make it) and recorded
+  as an Event (reason QuotaWritten) on each claim whose quota it wrote, the ClusterQueue its related
+  object (reconciler/events.py: rate-limited and deduplicated as client-go does).
 - **Dry run** (actuation off, the default): the same evaluation and status, and the metrics of
   what each queue would get; no ClusterQueue is written. Quota changes admission cluster-wide, so
   an administrator opts in, after reading what the dry run reports.
@@ -35,6 +38,7 @@ leadership checks, its token bucket).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
@@ -46,17 +50,20 @@ import msgspec
 from kubeindex.api import ApiError, Conflict
 from kubeindex.fleet import Fleet
 from kubeindex.kueue import KueueIndex
+from kubeindex.logfields import fields
 from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
 from kubeindex.quantity import parse_nano
 
 from .conditions import rfc3339, with_times
 from .desired import MANAGER
+from .events import Event, EventRecorder, Ref
 from .names import hashed_name, is_dns1123_subdomain
 from .quota import (
     LOCAL,
     Capacity,
     Contribution,
     Plan,
+    QuotaChange,
     ResourceClaim,
     Settler,
     SettleState,
@@ -65,6 +72,7 @@ from .quota import (
     parse_time,
 )
 
+log = logging.getLogger(__name__)
 CLAIMS = "clusterresourceclaims"
 QUEUES = "clusterqueues"
 JSON_PATCH = "application/json-patch+json"
@@ -72,6 +80,7 @@ HOUR = 3600.0
 UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown")  # a Ready reason under which no capacity was in effect
 Key = tuple[str, str]
 MEMBER_LABEL = f"{GROUP}/member"  # on the claims made for a member's flavors
+QUOTA_WRITTEN, WRITE_QUOTA = "QuotaWritten", "WriteQuota"  # the Event of a quota write: reason, action
 
 
 class Request(Protocol):
@@ -218,9 +227,11 @@ class Claims:
     """The claims' evaluation and writes; the Reconciler owns the queue and calls ``sync``."""
 
     def __init__(self, kueue: KueueIndex, settings: ClaimSettings | None = None,
-                 clock: Callable[[], float] = time.time, fleet: Fleet | None = None) -> None:
+                 clock: Callable[[], float] = time.time, fleet: Fleet | None = None,
+                 recorder: EventRecorder | None = None) -> None:
         self.kueue = kueue
         self.fleet = fleet
+        self.recorder = recorder  # None: quota writes are logged, no Event recorded
         self.settings = settings or ClaimSettings()
         self.clock = clock  # wall time: pendingSince is kept in the claims and read by the next leader
         self.settler = Settler(self.settings.settle)
@@ -351,12 +362,13 @@ class Claims:
         ev = self.evaluate()
         queue = ev.queues.get(name)
         patch = ev.plan.patch(queue) if queue is not None else []
-        if not patch or not self.settings.actuation:
+        if queue is None or not patch or not self.settings.actuation:
             return None
         allowed = self.writes.next_allowed(name, ev.now, self.settings.max_writes_per_hour)
         if allowed > ev.now:
             self.writes.count(name, "throttled")
             return allowed - ev.now
+        changes = ev.plan.changes(queue)
         try:
             await request("patch_quota", "PATCH", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{QUEUES}/{name}", patch,
                           {"fieldManager": MANAGER}, content_type=JSON_PATCH)
@@ -366,4 +378,35 @@ class Claims:
             raise
         self.writes.times[name].append(ev.now)
         self.writes.count(name, "applied")
+        await self._written(name, queue, changes, ev.plan, request)
         return None
+
+    async def _written(self, name: str, queue: Mapping[str, Any], changes: list[QuotaChange], plan: Plan,
+                       request: Request) -> None:
+        """A ClusterQueue's quota was written: a log line with every change and its claims, and an
+        Event on each claim whose quota changed."""
+        mine: dict[str, list[QuotaChange]] = {}
+        parts = []
+        for change in changes:
+            claims = plan.claims_of(name, change.flavor, change.resource)
+            for claim in claims:
+                mine.setdefault(claim, []).append(change)
+            parts.append(f"flavor {change.flavor} {change.text()} (claim{'s' if len(claims) > 1 else ''}"
+                         f" {', '.join(claims)})")
+        log.info("ClusterQueue %s nominalQuota written: %s", name, "; ".join(parts),
+                 extra=fields(f"{QUEUES}.{KUEUE_GROUP}", name=name, claim=",".join(sorted(mine))))
+        if self.recorder is None:
+            return
+        meta = queue.get("metadata")
+        uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
+        related = Ref(f"{KUEUE_GROUP}/{KUEUE_VERSION}", "ClusterQueue", name, uid)
+        for claim, written in sorted(mine.items()):
+            obj = self.kueue.claims.get(claim)
+            if obj is None:
+                continue
+            others = sorted({c for w in written for c in plan.claims_of(name, w.flavor, w.resource)} - {claim})
+            note = (f"ClusterQueue {name} nominalQuota written: "
+                    + "; ".join(f"flavor {w.flavor} {w.text()}" for w in written)
+                    + (f" (summed with claims {', '.join(others)})" if others else ""))
+            regarding = Ref(API_VERSION, "ClusterResourceClaim", claim, obj.metadata.uid)
+            await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), request)

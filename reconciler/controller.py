@@ -61,7 +61,8 @@ from .desired import (
     short_type,
     workload_claim,
 )
-from .leader import LeaderElector
+from .events import EventRecorder
+from .leader import LeaderElector, identity
 from .names import Claim, NameAllocator
 from .ratelimit import TokenBucket
 from .summarizers import SummarizerStatuses
@@ -194,7 +195,8 @@ class Reconciler:
         self.elector = elector
         self.settings = settings or ReconcilerSettings()
         self.stats = WriteStats()
-        self.claims = Claims(index.kueue, claims, fleet=fleet)
+        instance = elector.settings.identity if elector is not None else identity()
+        self.claims = Claims(index.kueue, claims, fleet=fleet, recorder=EventRecorder(MANAGER, instance))
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
@@ -546,6 +548,8 @@ class Reconciler:
                 return None  # 404: already gone; 409: the UID precondition failed (replaced since)
             if verb == "create" and isinstance(err, Conflict):
                 return None  # 409 AlreadyExists: made meanwhile
+            if verb == "patch_event" and isinstance(err, NotFound):
+                return None  # the Event expired (--event-ttl): the recorder creates it again
             if verb == "apply_status" and isinstance(err, NotFound):
                 raise Missing from None
             self._failed(method, path, err)

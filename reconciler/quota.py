@@ -409,14 +409,36 @@ def written_value(desired: int, slot: Slot) -> int:
     return max(desired, min(slot.lending, current))
 
 
+@dataclass(frozen=True)
+class QuotaChange:
+    """One nominalQuota a write changes: where, and from what to what."""
+
+    flavor: str
+    resource: str
+    path: str  # JSON pointer
+    old: int | None  # None: missing or not a quantity
+    new: int
+
+    def text(self) -> str:
+        old = "none" if self.old is None else format_quantity(self.resource, self.old)
+        return f"{self.resource} {old} -> {format_quantity(self.resource, self.new)}"
+
+
+def quota_changes(queue: Mapping[str, Any], quota: Mapping[QuotaKey, int]) -> list[QuotaChange]:
+    """The nominalQuota values of ``quota``'s (flavor, resource) pairs that differ on this
+    ClusterQueue, in the order of their paths."""
+    slots = queue_slots(queue)
+    return [QuotaChange(key[0], key[1], slot.path, slot.nominal, quota[key])
+            for key, slot in sorted(slots.items(), key=lambda kv: _path_order(kv[1].path))
+            if key in quota and slot.nominal != quota[key]]
+
+
 def queue_patch(queue: Mapping[str, Any], quota: Mapping[QuotaKey, int]) -> list[dict[str, Any]]:
     """The RFC 6902 patch that sets the nominalQuota of ``quota``'s (flavor, resource) pairs on this
     ClusterQueue, and nothing else; [] when nothing changes. A queue object without a
     resourceVersion (never one from the API server) gets no patch: it could not be made conditional."""
-    slots = queue_slots(queue)
-    ops = [{"op": "replace", "path": slot.path, "value": format_quantity(key[1], quota[key])}
-           for key, slot in sorted(slots.items(), key=lambda kv: _path_order(kv[1].path))
-           if key in quota and slot.nominal != quota[key]]
+    ops = [{"op": "replace", "path": c.path, "value": format_quantity(c.resource, c.new)}
+           for c in quota_changes(queue, quota)]
     meta = queue.get("metadata")
     version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
     if not ops or not version:
@@ -514,6 +536,17 @@ class Plan:
         meta = queue.get("metadata")
         name = meta.get("name", "") if isinstance(meta, Mapping) else ""
         return queue_patch(queue, self.quota.get(name, {}))
+
+    def changes(self, queue: Mapping[str, Any]) -> list[QuotaChange]:
+        """What the patch of this ClusterQueue changes."""
+        meta = queue.get("metadata")
+        name = meta.get("name", "") if isinstance(meta, Mapping) else ""
+        return quota_changes(queue, self.quota.get(name, {}))
+
+    def claims_of(self, queue: str, flavor: str, resource: str) -> list[str]:
+        """The claims whose contributions make the quota of (queue, flavor, resource), by name."""
+        return sorted(name for name, result in self.claims.items()
+                      if (queue, flavor, resource) in result.contribution.triples())
 
 
 @dataclass

@@ -1,14 +1,16 @@
 """ClusterResourceClaims against a real kube-apiserver with Kueue's real CRDs (no Kueue controller):
 the real service, a flavor's nodes failing and coming back, the ClusterQueues' quota following
 after the settle time; an edit of a claim changing exactly the named queue fields; a dry run
-writing nothing; two replicas, only the leader writing, and a leader killed in mid-settle."""
+writing nothing; two replicas, only the leader writing, and a leader killed in mid-settle; a pool
+at zero showing 0; each quota write logged and an Event on its claim, a burst of them rate-limited."""
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -217,3 +219,105 @@ def test_only_the_leader_writes_and_a_leader_killed_in_mid_settle_applies_the_ch
     finally:
         a.stop()
         b.stop()
+
+
+def test_a_pool_at_zero_shows_zero_cpu_and_gpu(pool: tuple[LocalCluster, str]) -> None:
+    """Every node of the flavor NotReady: the claim's CPU and GPU columns print 0, not nothing."""
+    kube, tag = pool
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: condition(kube, tag, "Ready").get("status") == "True", timeout=20)
+        for n in (1, 2):
+            set_node_status(kube, f"{tag}-{n}", "False")
+
+        def columns() -> dict[str, str]:
+            header, row = kube.kubectl("get", "clusterresourceclaims", tag, "-o", "wide").stdout.splitlines()
+            return dict(zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip()), strict=True))
+
+        wait_for(lambda: (columns()["CPU"], columns()["GPU"]) == ("0", "0"), timeout=10)
+        wait_for(lambda: get(kube, "clusterresourceclaims", tag)["status"].get("settledResources") ==
+                 {"cpu": "0", "nvidia.com/gpu": "0"}, timeout=20)
+        assert get(kube, "clusterresourceclaims", tag)["status"]["nominalResources"] == {"cpu": "0",
+                                                                                        "nvidia.com/gpu": "0"}
+        assert "pendingSince" not in get(kube, "clusterresourceclaims", tag)["status"]  # the zeros are settled
+    finally:
+        svc.stop()
+
+
+def quota_events(kube: LocalCluster, claim_name: str) -> list[dict[str, Any]]:
+    """The QuotaWritten Events on a claim (cluster-scoped: in namespace default)."""
+    items = json.loads(kube.kubectl("get", "events.events.k8s.io", "-n", "default", "-o", "json").stdout)["items"]
+    return [e for e in items if e.get("regarding", {}).get("name") == claim_name and e["reason"] == "QuotaWritten"]
+
+
+def test_a_quota_write_is_logged_and_recorded_as_an_event_on_the_claim(pool: tuple[LocalCluster, str]) -> None:
+    kube, tag = pool
+    research, prod = f"{tag}-research", f"{tag}-prod"
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}", "--quota-actuation=on")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+        wait_for(lambda: len(quota_events(kube, tag)) == 2, timeout=10)
+        log = svc.log_text()
+        assert (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8 (claim {tag});"
+                f" flavor a100 nvidia.com/gpu 0 -> 4 (claim {tag})") in log, log
+        assert f"ClusterQueue {research} nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 4 (claim {tag})" in log
+        events = {e["related"]["name"]: e for e in quota_events(kube, tag)}
+        assert events[prod]["note"] == (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8;"
+                                        " flavor a100 nvidia.com/gpu 0 -> 4")
+        assert events[research]["note"] == (f"ClusterQueue {research} nominalQuota written:"
+                                            " flavor a100 nvidia.com/gpu 0 -> 4")
+        uid = get(kube, "clusterresourceclaims", tag)["metadata"]["uid"]
+        for event in events.values():
+            assert event["regarding"] == {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "name": tag,
+                                          "uid": uid}
+            assert (event["type"], event["action"], event["reportingController"], event["reportingInstance"]) == (
+                "Normal", "WriteQuota", "node-workload-summary", "a")
+            assert event["related"]["kind"] == "ClusterQueue" and "series" not in event
+        described = kube.kubectl("describe", "clusterresourceclaims", tag).stdout  # core v1's view of them
+        assert re.search(rf"Normal\s+QuotaWritten\s+.*ClusterQueue {prod} nominalQuota written", described), described
+    finally:
+        svc.stop()
+
+
+def test_a_burst_of_quota_writes_is_logged_in_full_and_rate_limited_in_events(pool: tuple[LocalCluster, str]) -> None:
+    """32 writes on one claim, the same two changes of research's GPUs again and again: every write
+    logged; its Events are 4 (identical ones counted on one series), and what they count stops at
+    client-go's spam burst of 25 (one more every 5 minutes)."""
+    kube, tag = pool
+    research = f"{tag}-research"
+    svc = Service(kube, ("--identity=a", f"--quota-settle={SETTLE}", "--quota-actuation=on")).start()
+    try:
+        claim(kube, tag, assignments(tag))
+        wait_for(lambda: quota(kube, research)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
+
+        def research_has(gpus: str) -> Callable[[], bool]:
+            return lambda: quota(kube, research)[("a100", "nvidia.com/gpu")] == gpus
+
+        started = time.monotonic()
+        for gpus in ("3", "4") * 15:
+            kube.kubectl("patch", "clusterresourceclaims", tag, "--type=merge", "-p", json.dumps(
+                {"spec": {"resourceAssignments": assignments(tag, research_gpu=gpus)}}))
+            wait_for(research_has(gpus), timeout=20)
+        wait_for(lambda: applied(svc) == 32, timeout=10)  # research 31, prod 1
+        log = svc.log_text()
+        assert log.count(f"ClusterQueue {research} nominalQuota written") == 31, log
+        assert log.count(f"flavor a100 nvidia.com/gpu 4 -> 3 (claim {tag})") == 15
+
+        def counted() -> int:
+            return sum(e.get("series", {}).get("count", 1) for e in quota_events(kube, tag))
+
+        refilled = int((time.monotonic() - started) // 300)  # the spam filter's token every 5 minutes
+        wait_for(lambda: counted() >= 25, timeout=10)
+        time.sleep(1)
+        assert 25 <= counted() <= 25 + refilled
+        assert sorted(e["note"].rsplit(": ", 1)[1] for e in quota_events(kube, tag)) == [
+            "flavor a100 cpu 0 -> 8; flavor a100 nvidia.com/gpu 0 -> 4", "flavor a100 nvidia.com/gpu 0 -> 4",
+            "flavor a100 nvidia.com/gpu 3 -> 4", "flavor a100 nvidia.com/gpu 4 -> 3"]
+        samples = svc.scrape()
+        made = {verb: select(samples, "nws_reconciler_writes_total", verb=verb) for verb in ("create_event",
+                                                                                               "patch_event")}
+        assert [sum(made["create_event"].values()), sum(made["patch_event"].values())] == [4, 21 + refilled]
+    finally:
+        svc.stop()

@@ -12,8 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from kubeindex.api import Conflict
+from kubeindex.api import Conflict, Forbidden
 from kubeindex.index import ClusterIndex
+from kubeindex.logfields import FIELDS
 from kubeindex.objects import (
     ClaimMeta,
     ClusterQueue,
@@ -27,6 +28,7 @@ from kubeindex.objects import (
     ResourceQuota,
 )
 from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, settle_state
+from reconciler.events import EventRecorder
 from reconciler.quota import evaluate, parse_claim, queue_patch
 from tests.builders import GPU, make_node
 
@@ -223,6 +225,44 @@ def test_hold_keeps_the_contribution_kept_in_the_status(index: ClusterIndex) -> 
                                                                             ("a100", GPU): 4 * 10**9}
 
 
+def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote_for(
+        index: ClusterIndex, caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    recorder = EventRecorder("node-workload-summary", "replica-a", clock)
+    claims, request = Claims(index.kueue, ClaimSettings(actuation=True), clock, recorder=recorder), Recorder()
+    index.kueue.upsert_claim(claim())
+    caplog.set_level("INFO", logger="reconciler.claims")
+    run(claims, (QUEUES, "prod"), request)
+    assert [c[0] for c in request.calls] == ["patch_quota", "create_event"]
+    [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
+    assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8 (claim pool);"
+                                 " flavor a100 nvidia.com/gpu 0 -> 4 (claim pool)")
+    assert getattr(line, FIELDS) == {"resource": "clusterqueues.kueue.x-k8s.io", "name": "prod", "claim": "pool"}
+    _, path, event = request.calls[1]
+    assert path == "/apis/events.k8s.io/v1/namespaces/default/events"
+    assert event["regarding"] == {"apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim",
+                                  "name": "pool"}
+    assert event["related"] == {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "name": "prod"}
+    assert (event["reason"], event["action"], event["type"]) == ("QuotaWritten", "WriteQuota", "Normal")
+    assert event["note"] == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8;"
+                             " flavor a100 nvidia.com/gpu 0 -> 4")
+    assert event["reportingController"] == "node-workload-summary" and event["reportingInstance"] == "replica-a"
+
+    # A failed Event leaves the write as it was: counted applied, nothing retried.
+    index.kueue.upsert_cluster_queue(queue("research"))
+    request.calls.clear()
+
+    async def refuse_events(verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                            content_type: str = "") -> bool:
+        if verb == "create_event":
+            raise RuntimeError("retry") from Forbidden(403, "Forbidden", "events is forbidden")
+        return await request(verb, method, path, body, params, content_type)
+
+    assert asyncio.run(claims.sync((QUEUES, "research"), refuse_events)) is None
+    assert claims.writes.counts[("research", "applied")] == 1 and recorder.counts["failed"] == 1
+    assert "ClusterQueue research nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 3 (claim pool)" in caplog.text
+
+
 def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: ClusterIndex) -> None:
     index.kueue.upsert_flavor(ResourceFlavor(ObjectMeta(name="h100"), ResourceFlavorSpec({"pool": "h100"})))
     index.upsert_node(make_node("h1", {"pool": "h100"}, allocatable=NODE))
@@ -258,6 +298,8 @@ class Cluster:
         if verb == "apply_status":
             old = self.index.kueue.claims[body["metadata"]["name"]]
             self.index.kueue.upsert_claim(ClusterResourceClaim(old.metadata, old.spec, body["status"]))
+            return True
+        if verb in ("create_event", "patch_event"):
             return True
         assert verb == "patch_quota", verb
         name = path.rsplit("/", 1)[1]
@@ -304,7 +346,8 @@ def test_random_capacity_and_edits_converge_to_the_quota_computed_from_scratch(s
     for name in ("research", "prod", "dev"):
         index.kueue.upsert_cluster_queue(queue(name))
     clock = Clock()
-    claims = Claims(index.kueue, ClaimSettings(settle=SETTLE, actuation=True), clock)
+    claims = Claims(index.kueue, ClaimSettings(settle=SETTLE, actuation=True), clock,
+                    recorder=EventRecorder("node-workload-summary", "a", clock))
     cluster = Cluster(index)
     due: dict[tuple[str, str], float] = {}
 

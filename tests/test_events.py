@@ -1,0 +1,137 @@
+"""The Event recorder (reconciler/events.py) without a cluster, on a fake clock: the events.k8s.io/v1
+body, the spam filter's token bucket per object, identical Events counted on one series, an Event
+gone created again, and a failed write dropped without raising."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from kubeindex.api import Forbidden
+from reconciler.events import Event, EventRecorder, Ref
+
+CLAIM = Ref("ux.sean.example.com/v1alpha1", "ClusterResourceClaim", "gpu", "uid-1")
+QUEUE = Ref("kueue.x-k8s.io/v1beta1", "ClusterQueue", "prod", "uid-2")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_800_000_000.25
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Server:
+    """The reconciler's request as the API server answers Events: each create stored, a patch of
+    one that is not there False (as the reconciler's request answers a 404 on patch_event)."""
+
+    def __init__(self) -> None:
+        self.events: dict[str, dict[str, Any]] = {}
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail: Exception | None = None
+
+    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
+                       content_type: str = "") -> bool:
+        self.calls.append((verb, method, content_type))
+        if self.fail is not None:
+            raise RuntimeError("retry") from self.fail
+        if verb == "create_event":
+            assert path == f"/apis/events.k8s.io/v1/namespaces/{body['metadata']['namespace']}/events"
+            assert body["metadata"]["name"] not in self.events
+            self.events[body["metadata"]["name"]] = body
+            return True
+        assert verb == "patch_event" and content_type == "application/merge-patch+json", verb
+        name = path.rsplit("/", 1)[1]
+        if name not in self.events:
+            return False
+        self.events[name] = {**self.events[name], **body}
+        return True
+
+
+def record(recorder: EventRecorder, server: Server, note: str = "prod cpu 64 -> 32",
+           regarding: Ref = CLAIM) -> str:
+    return asyncio.run(recorder.record(Event(regarding, "QuotaWritten", "WriteQuota", note, related=QUEUE), server))
+
+
+def test_an_event_is_an_events_k8s_io_v1_event_in_default_for_a_cluster_scoped_object() -> None:
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("node-workload-summary", "replica-a", clock)
+    assert record(recorder, server) == "created"
+    [(name, body)] = server.events.items()
+    assert name == f"gpu.{int(clock.now * 1e9):x}"
+    assert body == {
+        "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": name, "namespace": "default"},
+        "eventTime": "2027-01-15T08:00:00.250000Z", "reportingController": "node-workload-summary",
+        "reportingInstance": "replica-a", "action": "WriteQuota", "reason": "QuotaWritten",
+        "regarding": {"apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim", "name": "gpu",
+                      "uid": "uid-1"},
+        "related": {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "name": "prod", "uid": "uid-2"},
+        "note": "prod cpu 64 -> 32", "type": "Normal"}
+    # Another at the same instant: another name. A namespaced object's Event is in its namespace.
+    assert record(recorder, server, "prod cpu 32 -> 16") == "created"
+    assert record(recorder, server, regarding=Ref("v1", "Pod", "p", namespace="ml")) == "created"
+    assert len(server.events) == 3
+    assert {b["metadata"]["namespace"] for b in server.events.values()} == {"default", "ml"}
+
+
+def test_a_note_is_cut_to_what_the_api_server_takes() -> None:
+    server = Server()
+    record(EventRecorder("c", "i", Clock()), server, "é" * 700)
+    [body] = server.events.values()
+    assert len(body["note"].encode()) <= 1024 and body["note"] == "é" * 512
+
+
+def test_identical_events_are_one_event_whose_series_counts_them() -> None:
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("c", "i", clock)
+    assert record(recorder, server) == "created"
+    clock.now += 10
+    assert record(recorder, server) == "patched"
+    clock.now += 10
+    assert record(recorder, server) == "patched"
+    [body] = server.events.values()
+    assert body["series"] == {"count": 3, "lastObservedTime": "2027-01-15T08:00:20.250000Z"}
+    assert record(recorder, server, "prod cpu 32 -> 64") == "created"  # another note: another Event
+    assert len(server.events) == 2
+
+
+def test_the_spam_filter_lets_25_through_then_one_every_5_minutes_per_object() -> None:
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("c", "i", clock)
+    results = [record(recorder, server, f"prod cpu {n} -> {n + 1}") for n in range(40)]
+    assert results == ["created"] * 25 + ["throttled"] * 15
+    assert record(recorder, server, regarding=Ref("v", "K", "other")) == "created"  # a bucket per object
+    clock.now += 299
+    assert record(recorder, server, "late") == "throttled"
+    clock.now += 2
+    assert record(recorder, server, "late") == "created"
+    assert record(recorder, server, "later") == "throttled"
+    assert recorder.counts == {"created": 27, "throttled": 17}
+
+
+def test_repeats_dropped_by_the_filter_are_counted_on_the_next_patch() -> None:
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("c", "i", clock, burst=2)
+    assert [record(recorder, server) for _ in range(5)] == ["created", "patched", "throttled", "throttled",
+                                                            "throttled"]
+    clock.now += 300
+    assert record(recorder, server) == "patched"
+    [body] = server.events.values()
+    assert body["series"]["count"] == 6
+
+
+def test_an_event_gone_is_created_again_and_a_failure_is_dropped() -> None:
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("c", "i", clock)
+    record(recorder, server)
+    server.events.clear()  # expired: the API server's --event-ttl
+    clock.now += 1
+    assert record(recorder, server) == "created"
+    assert len(server.events) == 1 and "series" not in next(iter(server.events.values()))
+    server.fail = Forbidden(403, "Forbidden", 'events.events.k8s.io is forbidden: cannot create')
+    assert record(recorder, server, "another") == "failed"  # no exception: the write it reports stands
+    server.fail = None
+    assert record(recorder, server, "another") == "created"  # not cached as recorded
+    assert [c[0] for c in server.calls] == ["create_event", "patch_event", "create_event", "create_event",
+                                            "create_event"]
