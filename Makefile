@@ -95,8 +95,11 @@ lint: install  ## ruff, then mypy (both silent when all is well)
 	$(BIN)/ruff check --quiet .
 	$(BIN)/mypy --no-error-summary
 
+# DEMO_ARGS: e.g. --quota-story, --pods, --nodes-per-pool 2, --duration 60 (DEMO_ARGS=--help lists them)
+DEMO_ARGS ?=
+
 demo: binaries tools  ## the local demo: node pools, workloads, the service and Prometheus (Ctrl-C stops it)
-	$(BIN)/python -m demo
+	$(BIN)/python -m demo $(DEMO_ARGS)
 
 cluster: binaries  ## start a bare local control plane for debugging (prints the kubeconfig path)
 	$(BIN)/localkube up

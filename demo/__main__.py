@@ -3,19 +3,24 @@ and LeaderWorkerSet controllers, example workloads, Kueue's CRDs with a ClusterR
 gpu pool, node-workload-summary (exporter + reconciler, quota actuation on) and Prometheus with the
 alert rules.
 
-    python -m demo                # until Ctrl-C
-    python -m demo --duration 60 --nodes-per-pool 2
-    python -m demo --quota-story  # also play the claim's story: the gpu pool loses nodes, the quota follows
-    python -m demo --pods         # the service as the chart's pods on a real node (root; builds the image)
+    make demo                              # until Ctrl-C (python -m demo, with the binaries built first)
+    make demo DEMO_ARGS="--duration 60 --nodes-per-pool 2"
+    make demo DEMO_ARGS=--quota-story      # also play the claim's story: the gpu pool loses nodes, the quota follows
+    make demo DEMO_ARGS=--pods             # the service as the chart's pods on a real node (root; builds the image)
+
+The logs (the service's, the control plane's, Prometheus') are written under the control plane's
+working directory while it runs and copied to /tmp/nws-demo-<date>-<time>/ when it stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -44,6 +49,44 @@ POOLS = {"cpu": CPU, "gpu": CPU | {claims.GPU: "8"}, "tpu": CPU | {"google.com/t
 
 def say(msg: str) -> None:
     print(f"[demo] {msg}", file=sys.stderr, flush=True)
+
+
+def expected_pods(per_pool: int) -> dict[str, int]:
+    """Each example workload's pods once all are made (populate): the Job's 4 complete two at a time."""
+    return {"web": 2 * per_pool, "nightly-report": 4, "train": 2 * per_pool, "llm": max(1, per_pool - 1) + 1}
+
+
+def pod_counts(cluster: LocalCluster) -> dict[str, int]:
+    """WorkloadSummary name -> its podCount, as the service wrote them."""
+    rows = cluster.kubectl("get", "wls", "-n", NS, "--no-headers", "-o",
+                           "custom-columns=NAME:.metadata.name,PODS:.status.podCount").stdout.split("\n")
+    return {name: int(pods) for name, pods in (row.split() for row in rows if row.strip()) if pods.isdigit()}
+
+
+def logs_dir() -> Path:
+    """Where the logs are kept when the demo stops: the control plane's working directory goes then."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = Path(tempfile.gettempdir()) / f"nws-demo-{stamp}"
+    return path if not path.exists() else Path(tempfile.mkdtemp(prefix=f"nws-demo-{stamp}-"))
+
+
+def keep_logs(cluster: LocalCluster, kept: Path) -> None:
+    """Copy the logs out of the cluster's working directory (every process stopped), then remove it."""
+    if cluster.workdir == Path():
+        return
+    kept.mkdir(parents=True, exist_ok=True)
+    for log in (*(cluster.workdir / "logs").glob("*.log"), *(cluster.workdir / "prometheus").glob("*.log")):
+        shutil.copy2(log, kept / log.name)
+    shutil.rmtree(cluster.workdir, ignore_errors=True)
+    say(f"logs kept in {kept}/ ({', '.join(sorted(p.name for p in kept.iterdir()))})")
+
+
+def stop_all(parts: tuple[Service | Prometheus | Pods | None, ...], cluster: LocalCluster, kept: Path) -> None:
+    for part in parts:
+        if part is not None:
+            part.stop()
+    cluster.stop()
+    keep_logs(cluster, kept)
 
 
 def populate(cluster: LocalCluster, per_pool: int) -> None:
@@ -122,9 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     set_parent_death_signal(signal.SIGTERM)  # if whatever started us dies, shut down as on Ctrl-C
     started = time.monotonic()
-    cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True,
+    # The working directory stays when the processes stop: keep_logs copies the logs out, then removes it.
+    cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True, keep_workdir=True,
                                    node_address=NODE_ADDRESS if args.pods else None))
-    service = prometheus = pods = None
+    kept = logs_dir()
+    service: Service | None = None
+    prometheus: Prometheus | None = None
+    pods: Pods | None = None
     try:
         say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
@@ -166,42 +213,46 @@ def main(argv: list[str] | None = None) -> int:
             say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
             prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
                                     interval="5s").start()
-        wait_for(lambda: len(cluster.kubectl("get", "workloads.ux", "-A", "--no-headers").stdout.splitlines()) >= 4,
-                 timeout=90)
+        # Ready: every example workload has all its pods in its WorkloadSummary, and the claim's
+        # first quota is in the queues.
+        wanted = expected_pods(args.nodes_per_pool)
+        wait_for(lambda: pod_counts(cluster) == wanted, timeout=120)
         wait_for(lambda: claims.applied(cluster), timeout=60)
     except (ClusterError, BuildError, AssertionError, NodeError, ImageError, subprocess.CalledProcessError) as err:
         say(f"error: {err}")
-        for part in (prometheus, service, pods):
-            if part is not None:
-                part.stop()
-        cluster.stop()
+        stop_all((prometheus, service, pods), cluster, kept)
         return 1
 
     kubectl = f"{cluster.kubectl_path} --kubeconfig {cluster.kubeconfig}"
+    if service is not None and service.log is not None:
+        log = f"  tail -n 20 {service.log}"
+    else:  # the chart's pods
+        log = f"  {kubectl} logs -n node-workload-summary deploy/node-workload-summary --tail 20"
     print(f"""
 Ready in {time.monotonic() - started:.0f}s.
 
 $ kubectl get nodesummaries
 {cluster.kubectl("get", "nodesummaries").stdout}
-$ kubectl get workloads.ux -A
-{cluster.kubectl("get", "workloads.ux", "-A").stdout}
-Look around:
-  export KUBECONFIG={cluster.kubeconfig}
-  alias kubectl={cluster.kubectl_path}
+$ kubectl get wls -A
+{cluster.kubectl("get", "wls", "-A").stdout}
+Look around, in a shell of your own (Prometheus: {prometheus.url}/alerts):
+  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.kubectl_path.parent}:$PATH
   kubectl get nodesummaries -o wide
-  kubectl get workloads.ux -A -o wide          (`kubectl get workloads` is Kueue's here)
+  kubectl get wls -A -o wide      # with or without Kueue; `kubectl get workloads` is Kueue's here
   kubectl get nodesummarizers,workloadsummarizers -o wide
   {metrics} | grep ^nws_nodegroup
-  Prometheus: {prometheus.url}/alerts
+
+The service's log, and the control plane's beside it (kept in {kept}/ when the demo stops):
+{log}
 
 Make the gpu pool NotReady (KWOK's chaos stage) and watch NodeGroupNotReady fire in about a minute:
   {kubectl} label nodes -l {POOL_LABEL}=gpu node-not-ready.stage.kwok.x-k8s.io=true
   curl -s {prometheus.url}/api/v1/alerts
 
-Taint the tpu pool as Karpenter does before it removes nodes, and watch the workload columns change
-(UNHEALTHY: pods on nodes that are not Ready; here Disrupting):
-  {kubectl} taint nodes -l {POOL_LABEL}=tpu karpenter.sh/disrupted:NoSchedule
-  {kubectl} get workloads.ux -A -o wide
+Taint the cpu pool as Karpenter does before it removes nodes, and watch the workload columns change
+(UNHEALTHY: pods on nodes that are not Ready, here Disrupting; the Jobs' finished pods hold no node):
+  {kubectl} taint nodes -l {POOL_LABEL}=cpu karpenter.sh/disrupted:NoSchedule
+  {kubectl} get wls -A -o wide
   {metrics} | grep ^nws_workload_pods_by_node_state
 
 {claims.instructions(kubectl, args.nodes_per_pool, args.quota_settle, fast.claim_over_allocated_for)}""",
@@ -220,10 +271,7 @@ Taint the tpu pool as Karpenter does before it removes nodes, and watch the work
         return 1
     finally:
         say("stopping ...")
-        for part in (prometheus, service, pods):
-            if part is not None:
-                part.stop()
-        cluster.stop()
+        stop_all((prometheus, service, pods), cluster, kept)
     return 0
 
 

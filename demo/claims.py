@@ -115,9 +115,9 @@ def instructions(kubectl: str, per_pool: int, settle: float, alert_after: str) -
              "shows the live capacity at",
              f"once and, after the settle time (--quota-settle={settle:g}), the shortfall; the ClusterQueues' "
              "quota follows",
-             f"then, and ClusterResourceClaimOverAllocated fires {alert_after} later (`python -m demo --quota-story` "
-             "plays it",
-             "all and prints the output):",
+             f"then, and ClusterResourceClaimOverAllocated fires {alert_after} later (`make demo "
+             "DEMO_ARGS=--quota-story`",
+             "plays it all and prints the output):",
              *(f"  {shown(args, kubectl)}" for args in (c.lose, c.claims, c.shortfall, c.quota)))
     return "\n".join(lines)
 

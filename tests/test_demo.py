@@ -1,13 +1,16 @@
-"""The README's main command, small and time-boxed: it starts, shows NodeSummaries and workloads,
-its NotReady instructions work, its ClusterResourceClaim story plays (the gpu pool loses a node, the
-claim shows the shortfall, the ClusterQueues' quota follows after the settle time), and it exits
-leaving nothing behind."""
+"""The README's main command, time-boxed: it starts, shows NodeSummaries and workloads, its
+ClusterResourceClaim story plays (the gpu pool loses half its nodes, the claim shows the shortfall,
+the ClusterQueues' quota follows after the settle time), every command block it prints works pasted
+into a fresh shell, its printout is the one README.md and docs/localkube.md show (modulo seconds,
+ports and paths), and it exits leaving nothing behind but its logs, where it said."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -15,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from demo import printout
 from demo.claims import NOT_READY, commands, shown
 from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KUEUE, KWOK, LWS_CONTROLLER, ensure_binaries
 from localkube.controllers import BUILD
@@ -57,40 +61,57 @@ def _outputs(step: str) -> dict[str, list[list[str]]]:
 
 
 def _story_checks(lines: list[tuple[float, str]], settle: float) -> None:
-    """--quota-story on 2 gpu nodes of 32 cpu and 8 GPUs: claim gpu gives research 16 cpu and 6 GPUs,
-    prod 50%; gpu-1 goes NotReady. Each step's real kubectl output, and the time between them."""
+    """--quota-story on the demo's 4 gpu nodes of 32 cpu and 8 GPUs: claim gpu gives research 32 cpu
+    and 12 GPUs, prod 50%; gpu-2 and gpu-3 go NotReady. Each step's real kubectl output (docs/kueue.md
+    shows the same), and the time between them."""
     out = "".join(line for _, line in lines)
     story = out[out.index("\n### claim gpu"):out.index("\nPress Ctrl-C")]
     steps = [_outputs(step) for step in re.split(r"^### ", story, flags=re.M)[1:]]
     assert len(steps) == 5, out
-    c = commands(2)
+    c = commands(4)
     claims, quota, shortfall = shown(c.claims), shown(c.quota), shown(c.shortfall)
-    assert steps[0][claims][1][:8] == ["gpu", "local", "gpu", "64", "16", "87%", "True", "AssignmentsFit"]
-    assert steps[0][quota] == [["NAME", "CPU", "GPU"], ["prod", "32", "8"], ["research", "16", "6"]]
-    assert steps[1] == {shown(c.lose): [["node/gpu-1", "labeled"]]} and c.lose[2:] == ("gpu-1", f"{NOT_READY}=true")
+    assert steps[0][claims][1][:8] == ["gpu", "local", "gpu", "128", "32", "87%", "True", "AssignmentsFit"]
+    assert steps[0][quota] == [["NAME", "CPU", "GPU"], ["prod", "64", "16"], ["research", "32", "12"]]
+    assert steps[1] == {shown(c.lose): [["node/gpu-2", "labeled"], ["node/gpu-3", "labeled"]]}
+    assert c.lose[2:] == ("gpu-2", "gpu-3", f"{NOT_READY}=true")
     # At once: CPU and GPU show the live capacity, the assignments still the settled one, the quota as it was.
-    assert steps[2][claims][1][:8] == ["gpu", "local", "gpu", "32", "8", "87%", "True", "AssignmentsFit"]
+    assert steps[2][claims][1][:8] == ["gpu", "local", "gpu", "64", "16", "87%", "True", "AssignmentsFit"]
     assert steps[2][quota] == steps[0][quota]
-    # After the settle time: the shortfall (research's 6 and prod's 50% ask 10 GPUs of 8) ...
-    assert steps[3][claims][1][:8] == ["gpu", "local", "gpu", "32", "8", "125%", "False", "OverAllocated"]
+    # After the settle time: the shortfall (research's 12 and prod's 50% ask 20 GPUs of 16) ...
+    assert steps[3][claims][1][:8] == ["gpu", "local", "gpu", "64", "16", "125%", "False", "OverAllocated"]
     short, message = steps[3][shortfall]
-    assert short == ['{"nvidia.com/gpu":"2"}'] and " ".join(message).startswith(
-        "nvidia.com/gpu short by 2 (assigned 10, capacity 8)"), steps[3]
-    # ... and the quota followed: prod gets half the cpu left and the 2 GPUs that research's 6 leave.
-    assert steps[4][quota] == [["NAME", "CPU", "GPU"], ["prod", "16", "2"], ["research", "16", "6"]]
+    assert short == ['{"nvidia.com/gpu":"4"}'] and " ".join(message).startswith(
+        "nvidia.com/gpu short by 4 (assigned 20, capacity 16)"), steps[3]
+    # ... and the quota followed: prod gets half the cpu left and the 4 GPUs that research's 12 leave.
+    assert steps[4][quota] == [["NAME", "CPU", "GPU"], ["prod", "32", "4"], ["research", "32", "12"]]
     # Not before the settle time (the demo prints each line as it happens; pendingSince is kept to the second).
-    labeled = next(t for t, line in lines if line.startswith("node/gpu-1 labeled"))
+    labeled = next(t for t, line in lines if line.startswith("node/gpu-2 labeled"))
     settled = next(t for t, line in lines if line.startswith("### 2. after the settle time"))
     assert settled - labeled >= settle - 1, (settled - labeled, out)
 
 
+def _command_blocks(out: str) -> list[str]:
+    """The command blocks the demo printed: each run of indented lines (tables and story are not)."""
+    return [block.replace("\n  ", "\n").strip() for block in re.findall(r"(?:^  \S.*\n)+", out, re.M)]
+
+
+def _fresh_shell(script: str) -> subprocess.CompletedProcess[str]:
+    """``script`` pasted into a fresh shell: `env -i`, HOME and the system's PATH, nothing else."""
+    return subprocess.run(["env", "-i", f"HOME={Path.home()}", "PATH=/usr/bin:/bin", "bash", "-euo", "pipefail",
+                           "-c", script], capture_output=True, text=True, timeout=60)
+
+
 def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
+    """The demo as `make demo` runs it (4 nodes per pool), with --quota-story and a settle time of 5 s
+    in place of 20 (a number of seconds, normalized in the comparison with the docs, as the story's
+    lines are left out of it)."""
     ensure_binaries()
     ensure_binaries((*BUILD, KUEUE))  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
     settle = 5.0
-    demo = subprocess.Popen([sys.executable, "-m", "demo", "--nodes-per-pool", "2", "--duration", "120",
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--duration", "240",
                              "--quota-story", f"--quota-settle={settle:g}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    kept = None
     timed: list[tuple[float, str]] = []
     try:
         assert demo.stdout is not None
@@ -104,9 +125,11 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
         summaries = _group(r"\$ kubectl get nodesummaries\n(.*?)\n\n", out).splitlines()
         assert summaries[0].split()[:4] == ["NAME", "NODES", "READY", "NOT"]
         assert {row.split()[0] for row in summaries[1:]} == {"gke-nodepool-cpu", "gke-nodepool-gpu", "gke-nodepool-tpu"}
-        workloads = _group(r"\$ kubectl get workloads.ux -A\n(.*?)\n\n", out).splitlines()
+        workloads = _group(r"\$ kubectl get wls -A\n(.*?)\n\n", out).splitlines()
         names = {row.split()[1]: row.split()[3] for row in workloads[1:]}
         assert names == {"web": "deploy", "nightly-report": "job", "train": "js", "llm": "lws"}, workloads
+        pods = {row.split()[1]: int(row.split()[2]) for row in workloads[1:]}
+        assert pods == {"web": 8, "nightly-report": 4, "train": 8, "llm": 4}, workloads  # all of them: Ready
 
         # The printed NotReady instruction: the whole gpu pool.
         not_ready = f"-l cloud.google.com/gke-nodepool=gpu {NOT_READY}=true"
@@ -117,29 +140,57 @@ def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
         # show where it ended.
         _story_checks(timed, settle)
         assert f"--quota-actuation=on --quota-settle={settle:g}" in out
-        lose, claims, _, queues = _group(r"\nTake 1 of the gpu pool's 2 nodes away.*?\n(  /.*?)\n\n", out).splitlines()
-        assert lose.strip() == " ".join(kubectl) + f" label nodes gpu-1 {NOT_READY}=true"
-        assert _run(claims)[1][:8] == ["gpu", "local", "gpu", "32", "8", "125%", "False", "OverAllocated"]
-        assert _run(queues) == [["NAME", "CPU", "GPU"], ["prod", "16", "2"], ["research", "16", "6"]]
+        lose, claims, _, queues = _group(r"\nTake 2 of the gpu pool's 4 nodes away.*?\n(  /.*?)\n\n", out).splitlines()
+        assert lose.strip() == " ".join(kubectl) + f" label nodes gpu-2 gpu-3 {NOT_READY}=true"
+        assert _run(claims)[1][:8] == ["gpu", "local", "gpu", "64", "16", "125%", "False", "OverAllocated"]
+        assert _run(queues) == [["NAME", "CPU", "GPU"], ["prod", "32", "4"], ["research", "32", "12"]]
 
-        # The printed NotReady instruction works: the gpu pool's NodeSummary shows it.
-        subprocess.run(command.split(), check=True, capture_output=True)
+        # Every command block it printed, pasted into a fresh shell, in order: the first names
+        # KUBECONFIG and kubectl's directory, the others give both in full.
+        blocks = _command_blocks(out)
+        assert blocks[0].startswith("export KUBECONFIG=") and len(blocks) == 5, blocks
+        for block in blocks:
+            proc = _fresh_shell(block)
+            assert proc.returncode == 0 and proc.stdout.strip(), f"{block}\n{proc.stdout}\n{proc.stderr}"
+        look = _fresh_shell(blocks[0]).stdout
+        assert "gke-nodepool-gpu" in look and "nightly-report" in look and "nws_nodegroup_nodes{" in look, look
+        # The service's log was named: its last lines.
+        workdir = _group(r"export KUBECONFIG=(\S+)/kubeconfig", out)
+        assert blocks[1].startswith(f"tail -n 20 {workdir}/logs/node-workload-summary-")
+        assert " INFO " in _fresh_shell(blocks[1]).stdout
+
+        # The printed NotReady instruction (one of those blocks) worked: the gpu pool's NodeSummary shows it.
         wait_for(lambda: subprocess.run([*kubectl, "get", "nodesummary", "gke-nodepool-gpu", "-o",
                                          "jsonpath={.status.conditions[?(@.type=='NotReady')].count}"],
-                                        capture_output=True, text=True).stdout == "2", timeout=30)
-        workdir = _group(r"export KUBECONFIG=(\S+)/kubeconfig", out)
+                                        capture_output=True, text=True).stdout == "4", timeout=30)
         assert _processes_mentioning(workdir)  # the demo's control plane is running
 
         demo.send_signal(2)  # Ctrl-C
-        demo.wait(timeout=60)
-        assert demo.returncode == 0
+        rest, _ = demo.communicate(timeout=60)
+        assert demo.returncode == 0, rest
         time.sleep(0.5)
         assert _processes_mentioning(workdir) == []
         assert not Path(workdir).exists()
+
+        # The logs stay, where it said they would, the service's among them.
+        kept = Path(_group(r"\[demo\] logs kept in (\S+)/ \(", rest))
+        assert f"(kept in {kept}/ when the demo stops)" in out
+        [log] = kept.glob("node-workload-summary-*.log")
+        assert "serving on http://127.0.0.1:" in log.read_text() and (kept / "kube-apiserver.log").is_file()
+
+        # The printout is the one the docs show (python -m demo.printout wrote it from a run).
+        whole = printout.without_story(out + rest)
+        for path, text in printout.samples(whole).items():
+            shown_ = printout.normalized(printout.sample(path.read_text(), printout.HEADINGS[path]))
+            ran = printout.normalized(text)
+            assert shown_ == ran, f"{path.name}: run `.venv/bin/python -m demo.printout`\n" + "\n".join(
+                difflib.unified_diff(shown_.splitlines(), ran.splitlines(), "docs", "this run", lineterm=""))
     finally:
         if demo.poll() is None:
             demo.kill()
             demo.wait()
+        if kept is not None:
+            shutil.rmtree(kept, ignore_errors=True)
 
 
 @pytest.mark.node
