@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import groupby
 from typing import Any, Protocol
 
 import msgspec
@@ -215,6 +216,18 @@ def _member_ready(conditions: list[dict[str, Any]], fleet: Fleet, cluster: str, 
     return [ready if c["type"] == "Ready" else c for c in conditions]
 
 
+def changes_text(changes: Iterable[QuotaChange], claims_of: Mapping[tuple[str, str], tuple[str, ...]] | None = None,
+                 ) -> str:
+    """``flavor a100 cpu 64 -> 32, nvidia.com/gpu 16 -> 4 (claim a100); flavor h100 ...``: the
+    changes of one write, by flavor, each group with the claims that make it (``claims_of``)."""
+    parts = []
+    for (flavor, claims), group in groupby(changes, key=lambda c: (
+            c.flavor, claims_of.get((c.flavor, c.resource), ()) if claims_of is not None else ())):
+        claimed = f" (claim{'s' if len(claims) > 1 else ''} {', '.join(claims)})" if claims else ""
+        parts.append(f"flavor {flavor} {', '.join(c.text() for c in group)}{claimed}")
+    return "; ".join(parts)
+
+
 def member_claim_name(member: str, flavor: str, taken: Container[str]) -> str:
     """`<member>-<flavor>`, or a hashed name when that is no valid name or another claim's."""
     plain = f"{member}-{flavor}"
@@ -385,15 +398,12 @@ class Claims:
                        request: Request) -> None:
         """A ClusterQueue's quota was written: a log line with every change and its claims, and an
         Event on each claim whose quota changed."""
+        claims_of = {(c.flavor, c.resource): tuple(plan.claims_of(name, c.flavor, c.resource)) for c in changes}
         mine: dict[str, list[QuotaChange]] = {}
-        parts = []
         for change in changes:
-            claims = plan.claims_of(name, change.flavor, change.resource)
-            for claim in claims:
+            for claim in claims_of[(change.flavor, change.resource)]:
                 mine.setdefault(claim, []).append(change)
-            parts.append(f"flavor {change.flavor} {change.text()} (claim{'s' if len(claims) > 1 else ''}"
-                         f" {', '.join(claims)})")
-        log.info("ClusterQueue %s nominalQuota written: %s", name, "; ".join(parts),
+        log.info("ClusterQueue %s nominalQuota written: %s", name, changes_text(changes, claims_of),
                  extra=fields(f"{QUEUES}.{KUEUE_GROUP}", name=name, claim=",".join(sorted(mine))))
         if self.recorder is None:
             return
@@ -405,8 +415,7 @@ class Claims:
             if obj is None:
                 continue
             others = sorted({c for w in written for c in plan.claims_of(name, w.flavor, w.resource)} - {claim})
-            note = (f"ClusterQueue {name} nominalQuota written: "
-                    + "; ".join(f"flavor {w.flavor} {w.text()}" for w in written)
+            note = (f"ClusterQueue {name} nominalQuota written: {changes_text(written)}"
                     + (f" (summed with claims {', '.join(others)})" if others else ""))
             regarding = Ref(API_VERSION, "ClusterResourceClaim", claim, obj.metadata.uid)
             await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), request)

@@ -260,12 +260,12 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_the_claim(pool: tup
         wait_for(lambda: quota(kube, prod)[("a100", "nvidia.com/gpu")] == "4", timeout=20)
         wait_for(lambda: len(quota_events(kube, tag)) == 2, timeout=10)
         log = svc.log_text()
-        assert (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8 (claim {tag});"
-                f" flavor a100 nvidia.com/gpu 0 -> 4 (claim {tag})") in log, log
+        assert (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8, nvidia.com/gpu 0 -> 4"
+                f" (claim {tag})") in log, log
         assert f"ClusterQueue {research} nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 4 (claim {tag})" in log
         events = {e["related"]["name"]: e for e in quota_events(kube, tag)}
-        assert events[prod]["note"] == (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8;"
-                                        " flavor a100 nvidia.com/gpu 0 -> 4")
+        assert events[prod]["note"] == (f"ClusterQueue {prod} nominalQuota written: flavor a100 cpu 0 -> 8,"
+                                        " nvidia.com/gpu 0 -> 4")
         assert events[research]["note"] == (f"ClusterQueue {research} nominalQuota written:"
                                             " flavor a100 nvidia.com/gpu 0 -> 4")
         uid = get(kube, "clusterresourceclaims", tag)["metadata"]["uid"]
@@ -275,8 +275,13 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_the_claim(pool: tup
             assert (event["type"], event["action"], event["reportingController"], event["reportingInstance"]) == (
                 "Normal", "WriteQuota", "node-workload-summary", "a")
             assert event["related"]["kind"] == "ClusterQueue" and "series" not in event
-        described = kube.kubectl("describe", "clusterresourceclaims", tag).stdout  # core v1's view of them
-        assert re.search(rf"Normal\s+QuotaWritten\s+.*ClusterQueue {prod} nominalQuota written", described), described
+
+        def described() -> bool:  # core v1's view of them
+            text = kube.kubectl("describe", "clusterresourceclaims", tag).stdout
+            return all(re.search(rf"Normal\s+QuotaWritten\s+.*ClusterQueue {q} nominalQuota written", text)
+                       for q in (prod, research))
+
+        wait_for(described, timeout=10)
     finally:
         svc.stop()
 
@@ -313,7 +318,7 @@ def test_a_burst_of_quota_writes_is_logged_in_full_and_rate_limited_in_events(po
         time.sleep(1)
         assert 25 <= counted() <= 25 + refilled
         assert sorted(e["note"].rsplit(": ", 1)[1] for e in quota_events(kube, tag)) == [
-            "flavor a100 cpu 0 -> 8; flavor a100 nvidia.com/gpu 0 -> 4", "flavor a100 nvidia.com/gpu 0 -> 4",
+            "flavor a100 cpu 0 -> 8, nvidia.com/gpu 0 -> 4", "flavor a100 nvidia.com/gpu 0 -> 4",
             "flavor a100 nvidia.com/gpu 3 -> 4", "flavor a100 nvidia.com/gpu 4 -> 3"]
         samples = svc.scrape()
         made = {verb: select(samples, "nws_reconciler_writes_total", verb=verb) for verb in ("create_event",

@@ -27,9 +27,9 @@ from kubeindex.objects import (
     ResourceGroup,
     ResourceQuota,
 )
-from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, settle_state
+from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, changes_text, settle_state
 from reconciler.events import EventRecorder
-from reconciler.quota import evaluate, parse_claim, queue_patch
+from reconciler.quota import QuotaChange, evaluate, parse_claim, queue_patch
 from tests.builders import GPU, make_node
 
 NODE = {"cpu": "8", GPU: "4"}
@@ -235,8 +235,8 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     run(claims, (QUEUES, "prod"), request)
     assert [c[0] for c in request.calls] == ["patch_quota", "create_event"]
     [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
-    assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8 (claim pool);"
-                                 " flavor a100 nvidia.com/gpu 0 -> 4 (claim pool)")
+    assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8,"
+                                 " nvidia.com/gpu 0 -> 4 (claim pool)")
     assert getattr(line, FIELDS) == {"resource": "clusterqueues.kueue.x-k8s.io", "name": "prod", "claim": "pool"}
     _, path, event = request.calls[1]
     assert path == "/apis/events.k8s.io/v1/namespaces/default/events"
@@ -244,8 +244,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
                                   "name": "pool"}
     assert event["related"] == {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "name": "prod"}
     assert (event["reason"], event["action"], event["type"]) == ("QuotaWritten", "WriteQuota", "Normal")
-    assert event["note"] == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8;"
-                             " flavor a100 nvidia.com/gpu 0 -> 4")
+    assert event["note"] == "ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8, nvidia.com/gpu 0 -> 4"
     assert event["reportingController"] == "node-workload-summary" and event["reportingInstance"] == "replica-a"
 
     # A failed Event leaves the write as it was: counted applied, nothing retried.
@@ -261,6 +260,16 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     assert asyncio.run(claims.sync((QUEUES, "research"), refuse_events)) is None
     assert claims.writes.counts[("research", "applied")] == 1 and recorder.counts["failed"] == 1
     assert "ClusterQueue research nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 3 (claim pool)" in caplog.text
+
+
+def test_the_changes_of_a_write_are_told_by_flavor_with_the_claims_that_make_them() -> None:
+    g = 10**9
+    changes = [QuotaChange("a100", "cpu", "/0", 64 * g, 32 * g), QuotaChange("a100", GPU, "/1", 16 * g, 4 * g),
+               QuotaChange("h100", GPU, "/2", None, 8 * g)]
+    claims_of = {("a100", "cpu"): ("a100",), ("a100", GPU): ("a100",), ("h100", GPU): ("east-h100", "west-h100")}
+    assert changes_text(changes, claims_of) == ("flavor a100 cpu 64 -> 32, nvidia.com/gpu 16 -> 4 (claim a100);"
+                                                " flavor h100 nvidia.com/gpu none -> 8 (claims east-h100, west-h100)")
+    assert changes_text(changes[:1]) == "flavor a100 cpu 64 -> 32"
 
 
 def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: ClusterIndex) -> None:
