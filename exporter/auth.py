@@ -3,8 +3,18 @@ authorized with a SubjectAccessReview for `get` on the nonResourceURL /metrics, 
 API server's delegated authentication and authorization do (controller-runtime's
 `--metrics-secure`).
 
-Decisions are cached per token, bounded in time and in number, and concurrent requests with the
-same token share one review: a scrape storm stays one pair of API calls per token and TTL."""
+Anyone who reaches the port can send tokens, so what a request may cost the API server is bounded:
+
+- Decisions are cached per token (its SHA-256, never the token), bounded in time and in number,
+  allowed and denied ones apart: denied ones live at most DENIED_TTL, and a flood of bad tokens
+  evicts only other denials, never a reader.
+- Concurrent requests with the same token share one review.
+- A review for a token not cached takes a token from a bucket (``--metrics-auth-reviews-per-second``
+  and ``--metrics-auth-review-burst``, as a client's QPS and burst); none left: 429 at once, with
+  Retry-After, and no review is sent. A cached decision is never limited, and neither is the
+  review of a token allowed before whose decision expired: an allowed decision is kept past its
+  TTL (until the least recently used is dropped), so only tokens that passed a review go around
+  the bound, and a reader is never refused because others flood the port."""
 
 from __future__ import annotations
 
@@ -12,23 +22,38 @@ import asyncio
 import hashlib
 import json
 import logging
+import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from kubeindex.ratelimit import TokenBucket
+from kubeindex.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
-CACHE_TTL = 60.0  # seconds a decision for a token is reused (--metrics-auth-cache-ttl)
-CACHE_SIZE = 1024  # tokens whose decision is cached (--metrics-auth-cache-size)
+CACHE_TTL = 60.0  # seconds an allowed decision for a token is reused (--metrics-auth-cache-ttl)
+CACHE_SIZE = 1024  # tokens whose decision is cached, allowed and denied each (--metrics-auth-cache-size)
+# A denial (401, 403) is reused at most this long: a binding made for a refused reader works soon.
+# The API server's delegated authentication and authorization (kube-rbac-proxy's, controller-runtime's)
+# keep both 10 s; its webhook authorizer keeps denials 30 s against 5 min for allowed ones.
+DENIED_TTL = 10.0
+REVIEWS_PER_SECOND = 10.0  # reviews of new tokens a second (--metrics-auth-reviews-per-second)
+REVIEW_BURST = 20  # reviews saved up for a burst (--metrics-auth-review-burst)
 REVIEW_TIMEOUT = 10.0
 
 
 @dataclass(frozen=True)
 class Decision:
-    status: int  # 200 allowed, 401 unauthenticated, 403 forbidden, 503 could not ask
+    status: int  # 200 allowed, 401 unauthenticated, 403 forbidden, 429 beyond the bound, 503 could not ask
     reason: str
+    retry_after: int = 0  # with 429: whole seconds until a review may be sent
 
     @property
     def allowed(self) -> bool:
@@ -43,6 +68,34 @@ def bearer_token(authorization: str) -> str:
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
+class Decisions:
+    """Decisions by token digest, each with its expiry; at most ``size``, the least recently used
+    dropped beyond that. An expired entry stays until it is dropped or replaced: the caller decides
+    what an expired one is worth."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[bytes, tuple[float, Decision]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: bytes) -> tuple[float, Decision] | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._entries.move_to_end(key)
+        return entry
+
+    def put(self, key: bytes, expiry: float, decision: Decision) -> None:
+        self._entries[key] = (expiry, decision)
+        self._entries.move_to_end(key)
+        while len(self._entries) > self.size:
+            self._entries.popitem(last=False)
+
+    def pop(self, key: bytes) -> None:
+        self._entries.pop(key, None)
+
+
 class ReviewApi(Protocol):
     """What the authorizer needs of the API client (ApiClient; a fake reviewer in tests)."""
 
@@ -50,63 +103,84 @@ class ReviewApi(Protocol):
 
 
 class Authorizer:
-    """Decides whether a bearer token may `get` ``path``, through the service's API client."""
+    """Decides whether a bearer token may `get` ``path``, through the service's API client.
+
+    ``reviews`` (by outcome: allowed, denied, error), ``refused`` and ``hits`` (allowed, denied)
+    count what became of the requests that carried a token."""
 
     def __init__(self, api: ReviewApi, path: str = "/metrics", ttl: float = CACHE_TTL,
-                 max_entries: int = CACHE_SIZE) -> None:
-        self.api, self.path, self.ttl, self.max_entries = api, path, ttl, max_entries
-        self._cache: OrderedDict[str, tuple[float, Decision]] = OrderedDict()  # token digest -> (expiry, decision)
-        self._pending: dict[str, asyncio.Task[Decision]] = {}
+                 max_entries: int = CACHE_SIZE, rate: float = REVIEWS_PER_SECOND, burst: int = REVIEW_BURST,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.api, self.path, self.ttl, self.clock = api, path, ttl, clock
+        self.denied_ttl = min(ttl, DENIED_TTL)
+        self.allowed = Decisions(max_entries)  # kept past the TTL: a token that passed a review
+        self.denied = Decisions(max_entries)  # apart: denials never push a reader out
+        self.bucket = TokenBucket(rate, burst, clock)
+        self._pending: dict[bytes, asyncio.Task[Decision]] = {}
+        self.reviews = {"allowed": 0, "denied": 0, "error": 0}
+        self.hits = {"allowed": 0, "denied": 0}
+        self.refused = 0
+        self._say = ThrottledLog(log, clock=clock)
 
     async def decide(self, authorization: str) -> Decision:
         token = bearer_token(authorization)
         if not token:
             return NO_TOKEN
-        key = hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept
-        cached = self._cached(key)
-        if cached is not None:
-            return cached
+        key = hashlib.sha256(token.encode()).digest()  # the token itself is never kept
+        now = self.clock()
+        known = self.allowed.get(key)
+        if known is not None and known[0] > now:
+            self.hits["allowed"] += 1
+            return known[1]
+        denied = self.denied.get(key)
+        if denied is not None:
+            if denied[0] > now:
+                self.hits["denied"] += 1
+                return denied[1]
+            self.denied.pop(key)
         task = self._pending.get(key)
         if task is None:  # else the same token is being reviewed: share that answer
+            if known is None and not self.bucket.try_take():  # a reader seen before is never refused
+                return self._refuse()
             # A task of its own: a caller that hangs up does not cancel the others' review.
             task = asyncio.create_task(self._review(token))
             self._pending[key] = task
             task.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(task)
 
-    def _settle(self, key: str, task: asyncio.Task[Decision]) -> None:
+    def _refuse(self) -> Decision:
+        self.refused += 1
+        wait = max(1, math.ceil(self.bucket.delay()))
+        self._say("bound", "refused", logging.WARNING, "metrics authentication: new tokens beyond %g reviews/s "
+                  "(burst %d, --metrics-auth-reviews-per-second): answering 429 without a review; %d so far",
+                  self.bucket.rate, self.bucket.burst, self.refused)
+        return Decision(429, f"too many new tokens to review; retry in {wait} s", wait)
+
+    def _settle(self, key: bytes, task: asyncio.Task[Decision]) -> None:
         del self._pending[key]
-        if not task.cancelled() and task.result().status != 503:  # a failure to ask is not remembered
-            self._remember(key, task.result())
-
-    def _cached(self, key: str) -> Decision | None:
-        entry = self._cache.get(key)
-        if entry is None:
-            return None
-        expiry, decision = entry
-        if expiry <= time.monotonic():
-            del self._cache[key]
-            return None
-        self._cache.move_to_end(key)
-        return decision
-
-    def _remember(self, key: str, decision: Decision) -> None:
-        if self.ttl <= 0:
+        if task.cancelled():
             return
-        self._cache[key] = (time.monotonic() + self.ttl, decision)
-        self._cache.move_to_end(key)
-        while len(self._cache) > self.max_entries:
-            self._cache.popitem(last=False)
+        decision = task.result()
+        if decision.status == 503:  # a failure to ask is not remembered
+            return
+        now = self.clock()
+        if decision.allowed:
+            self.allowed.put(key, now + self.ttl, decision)
+        else:
+            self.allowed.pop(key)  # refused now (an expired token, a binding removed): reviewed within the bound
+            if self.denied_ttl > 0:
+                self.denied.put(key, now + self.denied_ttl, decision)
 
     async def _review(self, token: str) -> Decision:
         try:
             user = await self._authenticate(token)
-            if isinstance(user, Decision):
-                return user
-            return await self._authorize(user)
+            decision = user if isinstance(user, Decision) else await self._authorize(user)
         except Exception as err:  # the API server cannot be asked: refuse now, ask again next time
             log.warning("metrics authentication: cannot ask the API server: %r", err)
+            self.reviews["error"] += 1
             return Decision(503, "cannot verify the token now")
+        self.reviews["allowed" if decision.allowed else "denied"] += 1
+        return decision
 
     async def _authenticate(self, token: str) -> dict | Decision:
         body = await self._create(TOKEN_REVIEWS, "authentication.k8s.io/v1", "TokenReview", {"token": token})
@@ -127,3 +201,32 @@ class Authorizer:
         body = await self.api.request("POST", path, {"apiVersion": api_version, "kind": kind, "spec": spec},
                                       timeout=REVIEW_TIMEOUT)
         return json.loads(body)
+
+
+class AuthCollector(Collector):
+    """The Authorizer's reviews, refusals, cache hits and cache sizes (``nws_metrics_auth_*``)."""
+
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
+
+    def collect(self) -> Iterator[Metric]:
+        auth = self.authorizer
+        reviews = CounterMetricFamily(
+            "nws_metrics_auth_reviews", "Token reviews sent to the API server for /metrics (a TokenReview, then a "
+            "SubjectAccessReview when authenticated), by outcome: allowed, denied (401, 403), error (no answer).",
+            labels=["decision"])
+        for decision, n in auth.reviews.items():
+            reviews.add_metric([decision], n)
+        refused = CounterMetricFamily(
+            "nws_metrics_auth_reviews_refused", "Requests to /metrics answered 429 because their token would "
+            "need a review beyond --metrics-auth-reviews-per-second and its burst; no review was sent.",
+            value=auth.refused)
+        hits = CounterMetricFamily("nws_metrics_auth_cache_hits", "Requests to /metrics answered from a cached "
+                                   "decision, without a review, by decision: allowed, denied.", labels=["decision"])
+        entries = GaugeMetricFamily("nws_metrics_auth_cache_entries", "Token decisions cached, by decision: "
+                                    "allowed (expired ones included, kept until dropped), denied; each at most "
+                                    "--metrics-auth-cache-size.", labels=["decision"])
+        for decision, cache in (("allowed", auth.allowed), ("denied", auth.denied)):
+            hits.add_metric([decision], auth.hits[decision])
+            entries.add_metric([decision], len(cache))
+        yield from (reviews, refused, hits, entries)

@@ -23,6 +23,8 @@ def make_app(renderer: Renderer | None, sources: Sources | None, authorizer: Aut
             decision = await authorizer.decide(request.headers.get("Authorization", ""))
             if not decision.allowed:
                 headers = {"WWW-Authenticate": 'Bearer realm="metrics"'} if decision.status == 401 else {}
+                if decision.retry_after:  # 429: the bound on reviews; no review was sent
+                    headers["Retry-After"] = str(decision.retry_after)
                 return web.Response(status=decision.status, text=f"{decision.reason}\n", headers=headers)
         openmetrics = "application/openmetrics-text" in request.headers.get("Accept", "")
         body = renderer.render(openmetrics)

@@ -21,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from exporter.auth import Authorizer
+from exporter.auth import AuthCollector, Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, CertificateError, self_signed_hosts, self_signed_pem, server_context
@@ -187,8 +187,11 @@ def build(settings: Settings) -> Service:
     if reconciler is not None:
         renderer.registry.register(ReconcilerCollector(reconciler, elector))
     tls, cert_files = metrics_tls(settings)
-    authorizer = Authorizer(api, "/metrics", settings.metrics_auth_cache_ttl,
-                            settings.metrics_auth_cache_size) if settings.metrics_secure else None
+    authorizer = Authorizer(api, "/metrics", settings.metrics_auth_cache_ttl, settings.metrics_auth_cache_size,
+                            settings.metrics_auth_reviews_per_second,
+                            settings.metrics_auth_review_burst) if settings.metrics_secure else None
+    if authorizer is not None:
+        renderer.registry.register(AuthCollector(authorizer))
     apart = settings.probe_port is not None
     runner = web.AppRunner(make_app(renderer if settings.exporter else None, sources, authorizer, probes=not apart),
                            access_log=None)
@@ -222,9 +225,11 @@ async def start(service: Service, crashed: Callable[[asyncio.Task], None]) -> No
     if probe_site is not None:
         log.info("probes (/healthz, /readyz) on %s", probe_site.name)
     if service.tls is not None:
-        log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s",
+        log.info("/metrics: HTTPS (%s), TokenReview + SubjectAccessReview, decisions cached %g s, "
+                 "reviews of new tokens at most %g/s (burst %d)",
                  f"certificate from {settings.metrics_cert_file}" if service.cert_files else "self-signed certificate",
-                 settings.metrics_auth_cache_ttl)
+                 settings.metrics_auth_cache_ttl, settings.metrics_auth_reviews_per_second,
+                 settings.metrics_auth_review_burst)
     loops: list[tuple[str, Awaitable[None]]] = []
     if service.cert_files is not None:
         loops.append(("certificate reload", service.cert_files.watch()))

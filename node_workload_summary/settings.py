@@ -14,7 +14,7 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 from typing_extensions import TypeAliasType
 
-from exporter.auth import CACHE_SIZE, CACHE_TTL
+from exporter.auth import CACHE_SIZE, CACHE_TTL, DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND
 from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
 from kubeindex.fleet import MEMBER_GRACE
 from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
@@ -202,10 +202,20 @@ class Settings(BaseSettings):
                                                "made at start (needs the openssl command).")
     metrics_key_file: FilePath | None = Field(None, description="PEM private key of --metrics-cert-file.")
     metrics_auth_cache_ttl: Seconds = Field(CACHE_TTL, ge=0, description="Seconds an authentication and "
-                                            "authorization decision for a token is reused (0: not cached; "
-                                            "concurrent requests with one token still share one review).")
-    metrics_auth_cache_size: Count = Field(CACHE_SIZE, ge=1, description="Tokens whose decision is cached; the least "
-                                           "recently used is dropped beyond this.")
+                                            "authorization decision for a token is reused, a denial at most "
+                                            f"{DENIED_TTL:g} s (0: not cached; concurrent requests with one token "
+                                            "still share one review).")
+    metrics_auth_cache_size: Count = Field(CACHE_SIZE, ge=1, description="Tokens whose decision is cached, allowed "
+                                           "and denied ones apart (up to this many each, so denials never push a "
+                                           "reader out); the least recently used is dropped beyond this.")
+    metrics_auth_reviews_per_second: Rate = Field(
+        REVIEWS_PER_SECOND, gt=0, description="Token reviews (a TokenReview, then a SubjectAccessReview) a second "
+        "for tokens /metrics has no decision for; beyond it and its burst a request is answered 429 with "
+        "Retry-After and no review is sent. A cached decision is never limited, nor a token allowed before "
+        "whose decision expired, so a flood of made-up tokens refuses no reader.")
+    metrics_auth_review_burst: Count = Field(REVIEW_BURST, ge=1, description="Token reviews that may be sent at "
+                                             "once after a quiet spell (the burst of "
+                                             "--metrics-auth-reviews-per-second).")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level (any case).")
     log_format: LogFormat = Field("text", description="text: a line a person reads; json: one JSON object per "
                                   "line (ts, level, logger, msg and the line's fields: resource, namespace, "

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import prometheus_client
 
+from exporter.auth import AuthCollector, Authorizer
 from exporter.metrics import Renderer
 from kubeindex.api import RequestMetrics
 from kubeindex.index import ClusterIndex
@@ -23,8 +24,8 @@ SETTINGS = (ROOT / "docs" / "settings.md").read_text()
 
 def exposed_families() -> set[str]:
     """Every nws_ family a scrape shows: the renderer's tables and its own families, and the
-    collectors main.py registers (sources, API requests, fleet, reconciler and its write queue),
-    each fed enough to show everything."""
+    collectors main.py registers (sources, API requests, fleet, reconciler and its write queue,
+    the /metrics authorizer), each fed enough to show everything."""
     registry = prometheus_client.CollectorRegistry()
     sources = SimpleNamespace(stats={"pods": SourceStats()}, sync_seconds=1.0, missing_kinds={("x.io", "X")},
                               forbidden_kinds={("y.io", "Y")})
@@ -38,6 +39,7 @@ def exposed_families() -> set[str]:
     registry.register(RequestCollector(requests))
     registry.register(FleetCollector(SimpleNamespace(specs={"a": None}, problem=lambda name: None)))
     registry.register(ReconcilerCollector(reconciler, None))
+    registry.register(AuthCollector(Authorizer(SimpleNamespace())))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()
     return set(re.findall(r"^# TYPE (nws_\w+) ", text, re.M))
 

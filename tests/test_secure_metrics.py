@@ -2,36 +2,51 @@
 user may `get /metrics` (TokenReview + SubjectAccessReview, as the shipped reader ClusterRole
 grants); the probes stay plain HTTP on a port of their own; a real Prometheus scrapes it with a
 token file and a CA file and the NotReady alert still fires; a scrape storm costs a handful of
-TokenReviews (counted in the API server's audit log). The Authorizer's cache and the certificate
-reload are also checked without a cluster."""
+TokenReviews (counted in the API server's audit log); a flood of made-up tokens costs the API
+server no more reviews than the bound, while a reader scrapes from cache as fast as before. The
+Authorizer's bound and caches (on a fake clock) and the certificate reload are also checked
+without a cluster."""
 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
+import re
 import shutil
 import ssl
 import statistics
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
+from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
 
 from alerts.rules import Thresholds, rules_file
 from demo.workloads import node_summarizer
-from exporter.auth import Authorizer
+from exporter.auth import DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND, Authorizer
+from exporter.metrics import Renderer
+from exporter.server import make_app
 from exporter.tls import CertFiles, server_context
 from kubeindex.api import error_from_body
+from kubeindex.index import ClusterIndex
+from kubeindex.ratelimit import TokenBucket
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
-from localkube.service import Service, metrics_reader_token, wait_for
+from localkube.service import Samples, Service, metrics_reader_token, parse, value, wait_for
+from tests.clock import FakeClock
 from tests.kube import AuditedCluster, create_node, set_node_status
 from tests.paths import CRDS
 
@@ -134,6 +149,138 @@ def test_scrape_storm_costs_a_handful_of_token_reviews(kube: AuditedCluster, sec
     assert 1 <= reviews <= HANDFUL, reviews
 
 
+FLOOD_CONNECTIONS = 50  # TLS connections of the flood, each sending requests back to back
+FLOOD_ROUND = 2000  # requests per round, each with a token never sent before
+READER_SCRAPES = 4  # one a second, during the flood
+
+
+def apiserver_token_reviews(kube: LocalCluster) -> float:
+    """TokenReviews the API server served, from its own apiserver_request_total."""
+    text = kube.kubectl("get", "--raw", "/metrics").stdout
+    return sum(float(n) for n in re.findall(r'^apiserver_request_total\{[^}]*resource="tokenreviews"[^}]*\} (\S+)$',
+                                            text, re.M))
+
+
+def rss_kib(service: Service) -> int:
+    assert service.proc is not None
+    status = Path(f"/proc/{service.proc.pid}/status").read_text()
+    return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1))  # type: ignore[union-attr]
+
+
+class Flood:
+    """Made-up tokens, each new, from FLOOD_CONNECTIONS TLS connections in rounds of FLOOD_ROUND
+    requests, in a thread of its own until stopped; ``codes`` counts the answers."""
+
+    def __init__(self, service: Service) -> None:
+        self.url, self.ca_file = service.metrics_url, str(service.ca_file)
+        self.codes: Counter[int] = Counter()
+        self.retry_after: set[str] = set()
+        self.stop = threading.Event()
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="flood")
+
+    async def _run(self) -> None:
+        prefix = uuid.uuid4().hex
+        connector = aiohttp.TCPConnector(limit=FLOOD_CONNECTIONS, ssl=ssl.create_default_context(cafile=self.ca_file))
+        async with aiohttp.ClientSession(connector=connector) as session:
+            async def one(n: int) -> None:
+                async with session.get(self.url, headers={"Authorization": f"Bearer made-up-{prefix}-{n}"}) as resp:
+                    await resp.read()
+                    self.codes[resp.status] += 1
+                    if resp.status == 429:
+                        self.retry_after.add(resp.headers.get("Retry-After", ""))
+
+            started, sent = time.monotonic(), 0
+            while not self.stop.is_set():
+                await asyncio.gather(*(one(sent + i) for i in range(FLOOD_ROUND)))
+                sent += FLOOD_ROUND
+            self.seconds = time.monotonic() - started
+
+    def __enter__(self) -> Flood:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+class Reader:
+    """Scrapes as Prometheus does: one HTTPS connection kept open, a bearer token."""
+
+    def __init__(self, service: Service, token: str) -> None:
+        self.token = token
+        self.conn = http.client.HTTPSConnection("127.0.0.1", service.port, context=service.tls_context(), timeout=10)
+
+    def scrape(self) -> tuple[float, Samples]:
+        started = time.monotonic()
+        self.conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.token}"})
+        resp = self.conn.getresponse()
+        text = resp.read().decode()
+        assert resp.status == 200, (resp.status, text)
+        return time.monotonic() - started, parse(text)
+
+
+def test_a_flood_of_made_up_tokens_costs_the_bound_and_the_reader_scrapes_from_cache(
+        kube: LocalCluster, secure: Service) -> None:
+    reader = Reader(secure, token(kube, "reader"))
+
+    def new_connection() -> float:  # a scraper that opens a connection per scrape also pays a TLS handshake
+        started = time.monotonic()
+        assert secure.get("/metrics", token=reader.token)[0] == 200
+        return time.monotonic() - started
+
+    reader.scrape()  # reviewed once: cached from here on
+    calm = [reader.scrape()[0] for _ in range(5)]
+    calm_new = [new_connection() for _ in range(5)]
+    _, before = reader.scrape()
+    reviews_before, rss_before = apiserver_token_reviews(kube), rss_kib(secure)
+    during, during_new = [], []
+    with Flood(secure) as flood:
+        for _ in range(READER_SCRAPES):
+            time.sleep(1)
+            during.append(reader.scrape()[0])
+            during_new.append(new_connection())
+    time.sleep(0.5)  # reviews under way when the flood stopped complete
+    reviews = apiserver_token_reviews(kube) - reviews_before
+    _, after = reader.scrape()
+    rss_after = rss_kib(secure)
+
+    def delta(name: str, **labels: str) -> float:
+        return (value(after, name, **labels) or 0) - (value(before, name, **labels) or 0)
+
+    def ms(seconds: list[float]) -> list[float]:
+        return [round(t * 1000, 1) for t in seconds]
+
+    requests = sum(flood.codes.values())
+    cached = {d: value(after, "nws_metrics_auth_cache_entries", decision=d) or 0 for d in ("allowed", "denied")}
+    print(f"flood: {requests} requests in {flood.seconds:.1f} s ({requests / flood.seconds:.0f}/s) from "
+          f"{FLOOD_CONNECTIONS} connections, answers {dict(flood.codes)}; TokenReviews the API server served "
+          f"{reviews:.0f} ({reviews / flood.seconds:.1f}/s; bound {REVIEWS_PER_SECOND:g}/s, burst {REVIEW_BURST}); "
+          f"reader (connection kept open) {ms(calm)} ms before, {ms(during)} ms during; a new connection per "
+          f"scrape {ms(calm_new)} ms before, {ms(during_new)} ms during; RSS {rss_before / 1024:.0f} -> "
+          f"{rss_after / 1024:.0f} MiB; decisions cached {cached}")
+    # Made-up tokens are refused, never served: 401 once reviewed, 429 beyond the bound (no review).
+    assert requests >= FLOOD_ROUND and set(flood.codes) <= {401, 429} and flood.codes[429] > 0, flood.codes
+    assert flood.retry_after == {"1"}, flood.retry_after
+    # The API server received no more reviews than the bound allows (the bucket may start full).
+    assert reviews <= REVIEW_BURST + REVIEWS_PER_SECOND * (flood.seconds + 1), reviews
+    assert delta("nws_metrics_auth_reviews_total", decision="denied") == flood.codes[401]
+    assert delta("nws_metrics_auth_reviews_refused_total") == flood.codes[429]
+    # The reader was never reviewed again: each of its scrapes was a cache hit ...
+    assert delta("nws_metrics_auth_reviews_total", decision="allowed") == 0
+    assert delta("nws_metrics_auth_cache_hits_total", decision="allowed") == 2 * READER_SCRAPES + 1
+    # ... served about as fast as before the flood: never queued behind reviews. (The median: on
+    # two cores shared with the flood's client and the API server, a scrape now and then waits
+    # for the CPU.)
+    assert statistics.median(during) < max(0.05, 5 * statistics.median(calm)), (ms(during), ms(calm))
+    # Bounded memory: no more denials cached than reviews sent, no reader pushed out, the process
+    # barely grew.
+    assert delta("nws_metrics_auth_cache_entries", decision="denied") <= reviews, cached
+    assert delta("nws_metrics_auth_cache_entries", decision="allowed") == 0, cached
+    assert rss_after - rss_before < 32 * 1024, (rss_before, rss_after)
+
+
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs Debian's prometheus (make tools)")
 def test_prometheus_scrapes_over_https_with_a_token_file_and_the_alert_fires(
         kube: LocalCluster, secure: Service, tmp_path: Path) -> None:
@@ -191,28 +338,31 @@ def test_changed_certificate_files_are_reloaded_and_broken_ones_ignored(tmp_path
 
 
 class FakeApi:
-    """Answers TokenReviews (token "user-<name>" authenticates as <name>) and SubjectAccessReviews
-    (only "alice" may), slowly, counting each kind."""
+    """Answers TokenReviews (token "user-<name>" authenticates as <name>, unless revoked) and
+    SubjectAccessReviews (only "alice" may), after ``delay`` seconds, counting each kind."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay: float = 0.05) -> None:
         self.calls: dict[str, int] = {"tokenreviews": 0, "subjectaccessreviews": 0}
         self.fail = False
+        self.delay = delay
+        self.revoked: set[str] = set()
 
     async def request(self, method: str, path: str, body: dict[str, Any], timeout: float) -> bytes:
         resource = path.rsplit("/", 1)[1]
         self.calls[resource] += 1
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(self.delay)
         if self.fail:
             raise error_from_body(500, b"etcd is down")
         if resource == "tokenreviews":
             name = body["spec"]["token"].removeprefix("user-")
-            ok = body["spec"]["token"].startswith("user-")
+            ok = body["spec"]["token"].startswith("user-") and body["spec"]["token"] not in self.revoked
             return json.dumps({"status": {"authenticated": ok, "user": {"username": name}}}).encode()
         return json.dumps({"status": {"allowed": body["spec"]["user"] == "alice"}}).encode()
 
 
-def _authorizer(api: FakeApi, ttl: float = 60, size: int = 10) -> Authorizer:
-    return Authorizer(api, "/metrics", ttl, size)
+def _authorizer(api: FakeApi, ttl: float = 60, size: int = 10, rate: float = 1000, burst: int = 1000,
+                clock: FakeClock | None = None) -> Authorizer:
+    return Authorizer(api, "/metrics", ttl, size, rate, burst, **({"clock": clock.monotonic} if clock else {}))
 
 
 def test_concurrent_requests_share_one_review_and_the_answer_is_cached() -> None:
@@ -235,7 +385,7 @@ def test_decisions_expire_are_bounded_and_failures_are_not_kept() -> None:
         assert (await short.decide("Bearer user-bob")).status == 403
         assert (await short.decide("Bearer nobody")).status == 401
         assert (await short.decide("")).status == 401 and api.calls["tokenreviews"] == 2
-        await short.decide("Bearer user-carol")  # a third token: bob's (least recently used) is dropped
+        await short.decide("Bearer user-carol")  # a third denial: bob's (the least recently used) is dropped
         await short.decide("Bearer user-bob")
         assert api.calls["tokenreviews"] == 4
         await asyncio.sleep(0.3)
@@ -245,5 +395,109 @@ def test_decisions_expire_are_bounded_and_failures_are_not_kept() -> None:
         assert (await short.decide("Bearer user-alice")).status == 503
         api.fail = False
         assert (await short.decide("Bearer user-alice")).status == 200  # asked again, not the cached failure
+
+    asyncio.run(run())
+
+
+def test_the_shared_token_bucket_gives_its_burst_then_its_rate() -> None:
+    clock = FakeClock()
+    bucket = TokenBucket(4, 2, clock.monotonic)
+    assert [bucket.try_take() for _ in range(3)] == [True, True, False]
+    assert bucket.delay() == 0.25
+    clock.now += 0.25
+    assert bucket.delay() == 0 and [bucket.try_take(), bucket.try_take()] == [True, False]
+    clock.now += 3600  # a quiet hour buys the burst, never more
+    assert [bucket.try_take() for _ in range(3)] == [True, True, False]
+
+
+def test_reviews_beyond_the_bound_are_refused_at_once_and_cached_decisions_never_are() -> None:
+    clock, api = FakeClock(), FakeApi(delay=0)
+    auth = _authorizer(api, rate=2, burst=3, clock=clock)
+
+    async def run() -> None:
+        assert (await auth.decide("Bearer user-alice")).status == 200
+        assert [(await auth.decide(f"Bearer made-up-{i}")).status for i in range(5)] == [401, 401, 429, 429, 429]
+        refused = await auth.decide("Bearer made-up-9")
+        assert (refused.status, refused.retry_after) == (429, 1), refused
+        assert api.calls["tokenreviews"] == 3  # no review for a refused request
+        # Cached decisions are never limited: the reader's, and a denial's.
+        assert [(await auth.decide(t)).status for t in ("Bearer user-alice", "Bearer made-up-0")] == [200, 401]
+        assert api.calls["tokenreviews"] == 3
+        clock.now += 0.5  # rate 2: one more review
+        assert [(await auth.decide(f"Bearer made-up-{i}")).status for i in (2, 3)] == [401, 429]
+        assert (auth.reviews, auth.hits, auth.refused) == ({"allowed": 1, "denied": 3, "error": 0},
+                                                           {"allowed": 1, "denied": 1}, 5)
+
+    asyncio.run(run())
+
+
+def test_a_flood_of_denials_never_pushes_a_reader_out() -> None:
+    api = FakeApi(delay=0)
+    auth = _authorizer(api, size=4)
+
+    async def run() -> None:
+        assert (await auth.decide("Bearer user-alice")).status == 200
+        assert {(await auth.decide(f"Bearer made-up-{i}")).status for i in range(100)} == {401}
+        assert (await auth.decide("Bearer user-alice")).status == 200
+        assert api.calls["tokenreviews"] == 101 and auth.hits["allowed"] == 1  # alice: not reviewed again
+        assert (len(auth.allowed), len(auth.denied)) == (1, 4)  # each bounded
+
+    asyncio.run(run())
+
+
+def test_denials_live_shorter_and_a_reader_whose_decision_expired_is_reviewed_beyond_the_bound() -> None:
+    clock, api = FakeClock(), FakeApi(delay=0)
+    auth = _authorizer(api, ttl=60, rate=0.01, burst=1, clock=clock)  # one review, then one per 100 s
+
+    async def status(token: str) -> int:
+        return (await auth.decide(f"Bearer {token}")).status
+
+    async def run() -> None:
+        assert await status("user-alice") == 200  # the bucket is empty from here on
+        assert await status("user-bob") == 429
+        clock.now += 100
+        assert await status("user-bob") == 403
+        clock.now += DENIED_TTL - 1
+        assert await status("user-bob") == 403 and api.calls["tokenreviews"] == 2  # the denial, cached
+        clock.now += 2
+        assert await status("user-bob") == 429  # expired after DENIED_TTL, not 60 s: a new review, bounded
+        # alice's decision expired too: she passed a review before, so she is reviewed again at once.
+        assert await status("user-alice") == 200 and auth.reviews["allowed"] == 2 and auth.refused == 2
+        # Revoked, she is refused; from then on her token is reviewed within the bound like any other.
+        api.revoked.add("user-alice")
+        clock.now += 61
+        assert await status("user-alice") == 401
+        clock.now += DENIED_TTL + 1
+        assert auth.bucket.tokens + (DENIED_TTL + 1) * auth.bucket.rate < 1  # no review left to spend
+        assert await status("user-alice") == 429
+
+    asyncio.run(run())
+
+
+def test_one_review_per_token_in_flight_even_at_the_bound() -> None:
+    api = FakeApi(delay=0.01)
+    auth = _authorizer(api, rate=0.01, burst=1)
+
+    async def storm() -> list[int]:
+        decisions = await asyncio.gather(*(auth.decide("Bearer user-alice") for _ in range(SCRAPES)),
+                                         auth.decide("Bearer user-bob"))
+        return [d.status for d in decisions]
+
+    assert asyncio.run(storm()) == [200] * SCRAPES + [429]
+    assert api.calls["tokenreviews"] == 1 and auth.refused == 1
+
+
+def test_a_refused_request_is_answered_429_with_retry_after() -> None:
+    api = FakeApi(delay=0)
+    auth = _authorizer(api, rate=0.5, burst=1)
+    renderer = Renderer(ClusterIndex(), registry=CollectorRegistry())
+
+    async def run() -> None:
+        async with TestClient(TestServer(make_app(renderer, None, auth))) as client:
+            first = await client.get("/metrics", headers={"Authorization": "Bearer made-up-1"})
+            assert first.status == 401 and first.headers["WWW-Authenticate"] == 'Bearer realm="metrics"'
+            second = await client.get("/metrics", headers={"Authorization": "Bearer made-up-2"})
+            assert (second.status, second.headers["Retry-After"]) == (429, "2")
+            assert await second.text() == "too many new tokens to review; retry in 2 s\n"
 
     asyncio.run(run())
