@@ -152,8 +152,8 @@ class Authorizer:
         self.refused += 1
         wait = max(1, math.ceil(self.bucket.delay()))
         self._say("bound", "refused", logging.WARNING, "metrics authentication: new tokens beyond %g reviews/s "
-                  "(burst %d, --metrics-auth-reviews-per-second): answering 429 without a review; %d so far",
-                  self.bucket.rate, self.bucket.burst, self.refused)
+                  "(burst %d, --metrics-auth-reviews-per-second): answering 429 without a review "
+                  "(nws_metrics_auth_reviews_refused_total counts them)", self.bucket.rate, self.bucket.burst)
         return Decision(429, f"too many new tokens to review; retry in {wait} s", wait)
 
     def _settle(self, key: bytes, task: asyncio.Task[Decision]) -> None:
