@@ -276,7 +276,6 @@ def test_a_flood_of_made_up_tokens_costs_the_bound_and_the_reader_scrapes_from_c
     assert statistics.median(during) < max(0.05, 5 * statistics.median(calm)), (ms(during), ms(calm))
     # One line in the log says so, not one per refusal.
     said = [line for line in secure.log_text().splitlines() if "answering 429 without a review" in line]
-    print(said)
     assert len(said) == 1, said
     # Bounded memory: no more denials cached than reviews sent, no reader pushed out, the process
     # barely grew.
