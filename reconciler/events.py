@@ -47,6 +47,7 @@ SPAM_REFILL = 300.0  # seconds per token: client-go's defaultSpamQPS, 1/300
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
 NOTE_LIMIT = 1024  # bytes: the API server refuses a longer note
 INSTANCE_LIMIT = 128  # characters of reportingInstance
+NAME_LIMIT = 253  # characters of an Event's name (a DNS-1123 subdomain)
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -175,9 +176,11 @@ class EventRecorder:
         return self._count("created")
 
     def _name(self, regarding: str, now: float) -> str:
+        """client-go's: the object's name and the time; new for each Event, and within 253 characters."""
         nanos = max(int(now * 1e9), self._last_name + 1)
         self._last_name = nanos
-        return f"{regarding}.{nanos:x}"  # client-go's: the object's name and the time
+        suffix = f".{nanos:x}"
+        return regarding[:NAME_LIMIT - len(suffix)].rstrip(".-") + suffix
 
     async def _create(self, event: Event, now: float, request: Request) -> _Recorded:
         namespace = event.regarding.namespace or CLUSTER_SCOPED_NAMESPACE

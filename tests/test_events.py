@@ -75,11 +75,15 @@ def test_an_event_is_an_events_k8s_io_v1_event_in_default_for_a_cluster_scoped_o
     assert {b["metadata"]["namespace"] for b in server.events.values()} == {"default", "ml"}
 
 
-def test_a_note_is_cut_to_what_the_api_server_takes() -> None:
+def test_a_note_and_a_name_are_cut_to_what_the_api_server_takes() -> None:
     server = Server()
     record(EventRecorder("c", "i", Clock()), server, "é" * 700)
     [body] = server.events.values()
     assert len(body["note"].encode()) <= 1024 and body["note"] == "é" * 512
+    long = Ref("v", "K", "a" * 235 + "-" + "b" * 17)  # a 253-character claim name
+    record(EventRecorder("c", "i", Clock()), server, regarding=long)
+    name = next(n for n in server.events if n.startswith("a"))
+    assert len(name) == 253 - 1 and name.startswith("a" * 235 + ".")  # no "-." in a DNS name
 
 
 def test_identical_events_are_one_event_whose_series_counts_them() -> None:
