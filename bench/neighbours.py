@@ -97,15 +97,15 @@ def read_world(cluster: LocalCluster) -> World:
 def expected_metrics(world: World) -> Expected:
     groups, workloads, _, _ = recompute(world)
     out: Expected = {}
-    for (summarizer, group), (nodes, conditions, _, _, _, pods, _, _) in groups.items():
-        out[("nws_nodegroup_nodes", summarizer, group)] = nodes
-        for condition, n in conditions.items():
+    for (summarizer, group), g in groups.items():
+        out[("nws_nodegroup_nodes", summarizer, group)] = g.nodes
+        for condition, n in g.conditions.items():
             out[("nws_nodegroup_nodes_by_condition", summarizer, group, condition)] = n
-        for phase, n in pods.items():
+        for phase, n in g.pods.items():
             out[("nws_nodegroup_pods", summarizer, group, phase)] = n
-    for (namespace, name, _, kind), pods, _ in workloads.values():
-        for phase, n in pods.items():
-            out[("nws_workload_pods", namespace, name, kind, phase)] = n
+    for w in workloads.values():
+        for phase, n in w.pods.items():
+            out[("nws_workload_pods", w.namespace, w.name, w.kind, phase)] = n
     return out
 
 
@@ -128,15 +128,14 @@ def scraped_metrics(svc: Service) -> Expected:
 def expected_summaries(world: World) -> Expected:
     groups, workloads, _, _ = recompute(world)
     out: Expected = {}
-    for (summarizer, group), (nodes, conditions, _, _, _, pods, _, _) in groups.items():
-        not_ready = conditions.get("NotReady", 0) + conditions.get("Unknown", 0)
-        out[("node", summarizer, group)] = nodes
-        out[("ready", summarizer, group)] = conditions.get("Ready", 0)
-        out[("notready", summarizer, group)] = not_ready
-        out[("nodepods", summarizer, group)] = sum(pods.values())
-    for uid, ((namespace, _, group, kind), pods, _) in workloads.items():
-        if (group, kind) in world.configured:
-            out[("workload", namespace, uid)] = sum(pods.values())
+    for (summarizer, group), g in groups.items():
+        out[("node", summarizer, group)] = g.nodes
+        out[("ready", summarizer, group)] = g.conditions.get("Ready", 0)
+        out[("notready", summarizer, group)] = g.conditions.get("NotReady", 0) + g.conditions.get("Unknown", 0)
+        out[("nodepods", summarizer, group)] = sum(g.pods.values())
+    for uid, w in workloads.items():
+        if (w.group, w.kind) in world.configured:
+            out[("workload", w.namespace, uid)] = sum(w.pods.values())
     return out
 
 

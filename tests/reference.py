@@ -50,6 +50,36 @@ class World:
     accelerator_resources: tuple[str, ...] = ACCELERATOR_RESOURCES  # names or "prefix*"
 
 
+@dataclass(frozen=True)
+class GroupTruth:
+    """One node group as recompute() and snapshot() both give it: compared whole, read by name."""
+
+    nodes: int
+    conditions: dict[str, int]
+    unschedulable: int
+    allocatable: dict[str, int]
+    capacity: dict[str, int]
+    pods: dict[str, int]  # phase -> pods bound to its nodes
+    requested: dict[str, int]
+    node_names: list[str]
+
+
+@dataclass(frozen=True)
+class WorkloadTruth:
+    """One root workload as recompute() and snapshot() both give it."""
+
+    namespace: str
+    name: str
+    group: str
+    kind: str
+    label_key: str
+    pods: dict[str, int]  # phase -> pods
+    nodes: dict[tuple[str, str], int]  # node group -> distinct nodes its unfinished pods hold
+
+
+Truth = tuple[dict[tuple[str, str], GroupTruth], dict[str, WorkloadTruth], dict[str, int], dict[str, int]]
+
+
 def _clean(counter: Counter) -> dict:
     return {k: v for k, v in counter.items() if v}
 
@@ -89,7 +119,8 @@ def _label(world: World, pod: Pod) -> tuple[str, str] | None:
     return next(((k, pod.metadata.labels[k]) for k in world.pod_labels if pod.metadata.labels.get(k)), None)
 
 
-def recompute(world: World) -> tuple[dict, dict, dict, dict]:
+def recompute(world: World) -> Truth:
+    """Node groups, root workloads, pods without a workload by reason, pods below a broken chain."""
     groups: dict = {}
     node_groups: dict[str, list] = {}
     for node in world.nodes.values():
@@ -112,8 +143,8 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
     broken: Counter = Counter()
 
     def workload(uid: str, namespace: str, name: str, group: str, kind: str, label_key: str = "") -> dict:
-        return workloads.setdefault(uid, {"id": (namespace, name, group, kind, label_key), "pods": Counter(),
-                                          "nodes": {}})
+        identity = {"namespace": namespace, "name": name, "group": group, "kind": kind, "label_key": label_key}
+        return workloads.setdefault(uid, {"id": identity, "pods": Counter(), "nodes": {}})
 
     for owner in world.owners.values():
         top, status = walk(world, owner.uid)
@@ -148,26 +179,26 @@ def recompute(world: World) -> tuple[dict, dict, dict, dict]:
             for key in node_groups.get(node_name, []):
                 w["nodes"].setdefault(key, set()).add(node_name)
     norm_groups = {
-        k: (g["nodes"], _clean(g["conditions"]), g["unschedulable"], _clean(g["allocatable"]),
-            _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]))
+        k: GroupTruth(g["nodes"], _clean(g["conditions"]), g["unschedulable"], _clean(g["allocatable"]),
+                      _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]))
         for k, g in groups.items()
     }
     norm_workloads = {
-        uid: (w["id"], _clean(w["pods"]), {k: len(v) for k, v in w["nodes"].items()})
+        uid: WorkloadTruth(**w["id"], pods=_clean(w["pods"]), nodes={k: len(v) for k, v in w["nodes"].items()})
         for uid, w in workloads.items()
     }
     return norm_groups, norm_workloads, _clean(unresolved), _clean(broken)
 
 
-def snapshot(index: ClusterIndex) -> tuple[dict, dict, dict, dict]:
-    """The incremental index's aggregates in the same normalized shape."""
+def snapshot(index: ClusterIndex) -> Truth:
+    """The incremental index's aggregates in the same records."""
     groups = {
-        k: (g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
-            dict(g.pods), dict(g.requested), sorted(g.node_names))
+        k: GroupTruth(g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
+                      dict(g.pods), dict(g.requested), sorted(g.node_names))
         for k, g in index.node_groups.items()
     }
     workloads = {
-        uid: ((w.namespace, w.name, w.group, w.kind, w.label_key), dict(w.pods), dict(w.nodes_by_node_group))
+        uid: WorkloadTruth(w.namespace, w.name, w.group, w.kind, w.label_key, dict(w.pods), dict(w.nodes_by_node_group))
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)
