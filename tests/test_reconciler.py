@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -108,13 +109,23 @@ def test_design_doc_workflow(kube: LocalCluster, service: Service) -> None:
 
 
 def _expected_refs(kube: LocalCluster, selector: str) -> dict[str, int]:
-    """Distinct nodes per NodeSummary, from where the controllers' pods actually landed."""
+    """Distinct nodes per NodeSummary, from where the controllers' pods actually landed and still
+    are: a finished pod (KWOK completes a Job's) holds no node."""
     by_pool: dict[str, set[str]] = {}
     for pod in get_json(kube, "pods", "-n", NS, "-l", selector)["items"]:
         node = pod["spec"].get("nodeName")
-        if node:
+        if node and pod.get("status", {}).get("phase") not in ("Succeeded", "Failed"):
             by_pool.setdefault(f"gke-nodepool-{node.split('-')[0]}", set()).add(node)
     return {name: len(nodes) for name, nodes in by_pool.items()}
+
+
+def _refs(kube: LocalCluster, name: str) -> dict[str, int]:
+    """A WorkloadSummary's distinct nodes per NodeSummary (none: no refs)."""
+    return {r["name"]: r["nodeCount"] for r in found(workload(kube, name))["status"].get("nodeSummaryRefs", [])}
+
+
+def _placed_as_the_pods_are(kube: LocalCluster, name: str) -> bool:
+    return _refs(kube, name) == _expected_refs(kube, f"chain={name}")
 
 
 def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service) -> None:
@@ -126,10 +137,8 @@ def test_jobset_and_leaderworkerset_chains(kube: LocalCluster, service: Service)
 
     wait_for(lambda: (workload(kube, "llm") or {}).get("status", {}).get("podCount") == 3, timeout=30)
     wait_for(lambda: (workload(kube, "train") or {}).get("status", {}).get("podCount") == 4, timeout=30)
-    wait_for(lambda: {r["name"]: r["nodeCount"] for r in found(workload(kube, "train"))["status"]["nodeSummaryRefs"]}
-             == _expected_refs(kube, "chain=train"), timeout=10)
-    wait_for(lambda: {r["name"]: r["nodeCount"] for r in found(workload(kube, "llm"))["status"]["nodeSummaryRefs"]}
-             == _expected_refs(kube, "chain=llm"), timeout=10)
+    for name in ("train", "llm"):
+        wait_for(partial(_placed_as_the_pods_are, kube, name), timeout=10)
     train = found(workload(kube, "train"))["status"]
     assert (train["shortType"], train["longType"]) == ("js", "jobset.jobset.x-k8s.io/v1alpha2")
     llm = found(workload(kube, "llm"))["status"]
