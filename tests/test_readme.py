@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.image import version as package_version
 from localkube.build import KUBERNETES_CONTROLLERS, KWOK, ensure_binaries
 from tests.paths import ROOT
 
@@ -88,7 +89,7 @@ def test_each_command_block_runs_in_a_fresh_shell() -> None:
     setup, more = outputs
     assert "usage: python -m demo" in setup and more.count("usage: python -m demo") == 2
     assert "usage: node-workload-summary" in more and "--kubeconfig PATH" in more
-    assert f"node-workload-summary 0.1.0 (revision {head}, Python " in more
+    assert f"node-workload-summary {package_version()} (revision {head}, Python " in more
 
 
 def test_no_python_command_off_the_virtualenv() -> None:
