@@ -1,7 +1,8 @@
 """Write alerts/generated/: the plain Prometheus rules file and the PrometheusRule object.
 --cluster-label LABEL names the label that tells clusters apart (default: cluster);
---runbook-base-url URL is where docs/runbooks.md is read: each rule's runbook_url annotation is URL#<its
-section's anchor> (default: a placeholder, alerts.rules.RUNBOOK_BASE_URL)."""
+--runbook-base-url URL is where docs/runbooks.md is served: each rule then has a runbook_url annotation,
+URL#<its section's anchor>. Without it (the default: no repository address exists yet) each rule has
+only its runbook annotation, docs/runbooks.md#<its section's anchor>."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ class YamlStyle(TypedDict):
     width: int
 
 
-def render(t: Thresholds = DEFAULT, runbook_base_url: str = RUNBOOK_BASE_URL) -> dict[str, str]:
+def render(t: Thresholds = DEFAULT, runbook_base_url: str | None = RUNBOOK_BASE_URL) -> dict[str, str]:
     dump: YamlStyle = {"default_flow_style": False, "sort_keys": False, "width": 1000}
     return {
         "node-workload-summary.rules.yaml": HEADER + yaml.safe_dump(rules_file(t, runbook_base_url), **dump),

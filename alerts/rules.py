@@ -14,11 +14,14 @@ from typing import Any, TypeVar
 
 from .replicas import CLUSTER, by, one
 
-# Where docs/runbooks.md is read: each rule's runbook_url is this, then ``#`` and the anchor of its
-# section. A placeholder (RFC 2606's .invalid): neither Chart.yaml nor the README names the
-# project's repository yet. Point it at your copy (``python -m alerts --runbook-base-url``, the
-# chart's ``prometheusRule.runbookBaseUrl``), e.g. a fork's docs/runbooks.md as its host renders it.
-RUNBOOK_BASE_URL = "https://example.com/node-workload-summary/blob/main/docs/runbooks.md"
+# Every rule names its runbook in an annotation a person reads, ``runbook``: docs/runbooks.md and the
+# anchor of its section. A runbook_url, a link, only where docs/runbooks.md is served: this base,
+# then ``#`` and the anchor. None by default: no repository address exists yet, and a placeholder
+# link is worse than none. Set it (``python -m alerts --runbook-base-url``, the chart's
+# ``prometheusRule.runbookBaseUrl``, which a release sets to its tag's), e.g. to a fork's
+# docs/runbooks.md as its host renders it.
+RUNBOOK_BASE_URL: str | None = None
+RUNBOOKS = "docs/runbooks.md"
 
 T = TypeVar("T")
 
@@ -44,9 +47,9 @@ class Thresholds:
     unhealthy_critical_fraction: float = tunable(0.5, "WorkloadOnUnhealthyNodes", "criticalFraction")
     accelerators_unhealthy_for: str = tunable("10m", "NodeGroupAcceleratorsUnhealthy", "for")
     disrupting_for: str = tunable("5m", "NodeGroupDisrupting", "for")
-    # KueueQuotaExceedsCapacity: nominal quota above allocatable
+    # KueueQuotaExceedsCapacity: nominal quota above the Ready nodes' allocatable (a flavor no claim governs)
     quota_exceeds_for: str = tunable("10m", "KueueQuotaExceedsCapacity", "for")
-    # KueueCapacityUnassigned: allocatable in no quota, above this fraction
+    # KueueCapacityUnassigned: the Ready nodes' allocatable in no quota, above this fraction (no claim governs it)
     unassigned_fraction: float = tunable(0.2, "KueueCapacityUnassigned", "fraction")
     unassigned_for: str = tunable("30m", "KueueCapacityUnassigned", "for")
     # ClusterResourceClaimOverAllocated: assignments above settled capacity
@@ -114,18 +117,20 @@ class Alert:
         """Its section's anchor in docs/runbooks.md (``## <name>``)."""
         return self.name.lower()
 
-    def rule(self, runbook_base_url: str = RUNBOOK_BASE_URL, extra_labels: Mapping[str, str] | None = None,
+    def rule(self, runbook_base_url: str | None = RUNBOOK_BASE_URL, extra_labels: Mapping[str, str] | None = None,
              ) -> dict[str, Any]:
+        """The rule; ``runbook`` always names its section of docs/runbooks.md, ``runbook_url`` links
+        to it only under a ``runbook_base_url``."""
+        annotations = {"summary": self.summary, "description": self.description,
+                       "runbook": f"{RUNBOOKS}#{self.anchor}"}
+        if runbook_base_url:
+            annotations["runbook_url"] = f"{runbook_base_url}#{self.anchor}"
         return {
             "alert": self.name,
             "expr": self.expr,
             "for": str(self.duration),  # a plain str where it is a Marker: yaml.safe_dump takes no subclass
             "labels": {"severity": self.severity, **self.labels, **(extra_labels or {})},
-            "annotations": {
-                "summary": self.summary,
-                "description": self.description,
-                "runbook_url": f"{runbook_base_url}#{self.anchor}",
-            },
+            "annotations": annotations,
         }
 
 
@@ -133,6 +138,7 @@ class Alert:
 REPLICA = "{{ if $labels.pod }}{{ $labels.pod }}{{ else }}{{ $labels.instance }}{{ end }}"
 # Node states whose pods are lost or being evicted; Cordoned and Degraded nodes still run theirs.
 UNHEALTHY = "NotReady|Unknown|Disrupting"
+FINISHED = "Succeeded|Failed"  # pod phases that hold no node
 
 
 def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
@@ -150,12 +156,19 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     past = f"{by('nws_nodegroup_nodes', c)} (max_over_time(nws_nodegroup_nodes[1h] offset 5m))"
     not_ready = total(group, "nws_nodegroup_nodes_by_condition", 'condition!="Ready"')
     ready = total(group, "nws_nodegroup_nodes_by_condition", 'condition="Ready"')
-    # A workload's pods on unhealthy nodes, and all its pods: both count pods of every phase.
+    # A workload's pods on unhealthy nodes, and its pods that hold a node or wait for one: neither
+    # counts a finished pod (Succeeded, Failed), which holds no node.
     on_unhealthy = total(workload, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
-    pods = total(workload, "nws_workload_pods", 'workload!="other"')
+    pods = total(workload, "nws_workload_pods", f'phase!~"{FINISHED}", workload!="other"')
     disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
     up = f'up{{job="{t.job}"}}'
-    quota, allocatable = one("nws_flavor_nominal_quota", cluster=c), one("nws_flavor_allocatable", cluster=c)
+    # Quota is measured against the allocatable of the flavor's Ready nodes, as the claims measure
+    # capacity; a flavor a ClusterResourceClaim governs is judged by the claim's alert alone.
+    quota, capacity = one("nws_flavor_nominal_quota", cluster=c), one("nws_flavor_ready_allocatable", cluster=c)
+    claims = one("nws_claim_info", cluster=c)
+    unclaimed = f"unless on ({c}, flavor) {claims}"
+    # The claim's flavor and policy beside its shortfall (topk: one series per claim while replicas disagree).
+    policy = f"on ({c}, claim) group_left (flavor, over_allocation) topk by ({c}, claim) (1, {claims})"
     return [
         Alert(
             "NodeGroupNotReady",
@@ -237,30 +250,35 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "KueueQuotaExceedsCapacity",
-            f"{quota} - {allocatable} > 0",  # the value: how much more is promised than the nodes have
+            f"({quota} - {capacity} > 0) {unclaimed}",  # the value: how much more is promised than the nodes have
             t.quota_exceeds_for, "warning",
-            "Kueue quota for {{ $labels.resource }} of flavor {{ $labels.flavor }} exceeds its nodes",
+            "Kueue quota for {{ $labels.resource }} of flavor {{ $labels.flavor }} exceeds its Ready nodes",
             "The ClusterQueues' nominal quota for {{ $labels.resource }} in flavor {{ $labels.flavor }} is "
-            "{{ $value | humanize }} more than the allocatable of the flavor's nodes: Kueue admits workloads "
-            "that cannot all run (nodes lost, a pool shrunk?).",
+            "{{ $value | humanize }} more than the allocatable of the flavor's Ready nodes, and no "
+            "ClusterResourceClaim governs the flavor: Kueue admits workloads that cannot all run (nodes "
+            "NotReady or gone, or quota raised?).",
         ),
         Alert(
             "KueueCapacityUnassigned",
-            f"({allocatable} - {quota}) / {allocatable} > {t.unassigned_fraction}",
+            f"(({capacity} - {quota}) / {capacity} > {t.unassigned_fraction}) {unclaimed}",
             t.unassigned_for, "info",
             "Capacity of flavor {{ $labels.flavor }} ({{ $labels.resource }}) is in no Kueue quota",
-            "{{ $value | humanizePercentage }} of the allocatable {{ $labels.resource }} of flavor "
-            "{{ $labels.flavor }} is in no ClusterQueue's nominal quota: Kueue admits no workload onto it "
-            "(a pool grew?).",
+            "{{ $value | humanizePercentage }} of the allocatable {{ $labels.resource }} of the Ready nodes of "
+            "flavor {{ $labels.flavor }} is in no ClusterQueue's nominal quota, and no ClusterResourceClaim "
+            "governs the flavor: Kueue admits no workload onto it (nodes added or back, or quota lowered?).",
         ),
         Alert(
             "ClusterResourceClaimOverAllocated",
-            f"{one('nws_claim_shortfall', cluster=c)} > 0",  # the value: how much more is assigned than there is
+            # the value: how much more is assigned than there is
+            f"({one('nws_claim_shortfall', cluster=c)} > 0) * {policy}",
             t.claim_over_allocated_for, "warning",
             "ClusterResourceClaim {{ $labels.claim }} assigns more {{ $labels.resource }} than its flavor has",
             "The assignments of ClusterResourceClaim {{ $labels.claim }} ask {{ $value | humanize }} more "
-            "{{ $labels.resource }} than the settled capacity of its flavor's Ready nodes: its overAllocation "
-            "policy (Scale or Hold) decides what the ClusterQueues get (nodes lost, or assignments raised?).",
+            "{{ $labels.resource }} than the settled capacity of the Ready nodes of flavor {{ $labels.flavor }} "
+            "(nodes NotReady or gone, or assignments raised?): "
+            '{{ if eq $labels.over_allocation "Hold" }}Hold keeps the quota last applied, so Kueue admits '
+            "more than the nodes can run{{ else }}Scale shrank the ClusterQueues' quota to what there is"
+            "{{ end }}.",
         ),
         Alert(
             "NodeWorkloadSummaryDown",
@@ -304,10 +322,11 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     ]
 
 
-def rules_file(t: Thresholds = Thresholds(), runbook_base_url: str = RUNBOOK_BASE_URL,
+def rules_file(t: Thresholds = Thresholds(), runbook_base_url: str | None = RUNBOOK_BASE_URL,
                disabled: Iterable[str] = (), additional_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The rules file: every alert but those ``disabled`` (by name), each with ``additional_labels``
-    (which may not replace a rule's own, such as severity) and its runbook under ``runbook_base_url``."""
+    (which may not replace a rule's own, such as severity), its runbook's section, and a link to it
+    under ``runbook_base_url`` if one is given."""
     rules, extra, left_out = alerts(t), dict(additional_labels or {}), set(disabled)
     names = sorted({a.name for a in rules})
     if unknown := left_out - set(names):
@@ -319,7 +338,7 @@ def rules_file(t: Thresholds = Thresholds(), runbook_base_url: str = RUNBOOK_BAS
 
 
 def prometheus_rule(t: Thresholds = Thresholds(), namespace: str = "node-workload-summary",
-                    runbook_base_url: str = RUNBOOK_BASE_URL) -> dict[str, Any]:
+                    runbook_base_url: str | None = RUNBOOK_BASE_URL) -> dict[str, Any]:
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -333,7 +352,8 @@ def chart_rules() -> dict[str, Any]:
     """The chart's copy of the rules (its files/alert-rules.yaml, written by deploy/render.py):
     ``defaults``, every alert's settings (``Thresholds().settings()``), and ``spec``, the rules file
     with each setting left as its Marker and the runbook base as ``${runbookBaseUrl}``. The chart
-    fills them in from its values, or the defaults: so its rules are these rules, tuned."""
+    fills them in from its values, or the defaults, and drops each runbook_url when
+    prometheusRule.runbookBaseUrl is empty: so its rules are these rules, tuned."""
     markers: dict[str, Any] = {f.name: Marker(f"{f.metadata['alert']}.{f.metadata['key']}")
                                for f in fields(Thresholds) if f.metadata}
     return {"defaults": Thresholds().settings(),

@@ -2,7 +2,8 @@
 The PrometheusRule's spec: the rules of alerts/rules.py as deploy/render.py writes them to
 files/alert-rules.yaml, read as data and never as a template (the rules' own templates reach
 Prometheus untouched). Each ${Alert.setting} in it is filled in from prometheusRule.overrides, else
-from the file's defaults, and ${runbookBaseUrl} from prometheusRule.runbookBaseUrl; the alerts named
+from the file's defaults, and ${runbookBaseUrl} from prometheusRule.runbookBaseUrl (empty: no
+runbook_url, each rule's runbook annotation names its section of docs/runbooks.md); the alerts named
 in prometheusRule.disabled are left out, and prometheusRule.additionalRuleLabels go on every rule.
 A name that matches no alert or setting fails the render instead of being ignored.
 */}}
@@ -30,8 +31,12 @@ A name that matches no alert or setting fails the render instead of being ignore
     {{- end }}
   {{- end }}
 {{- end }}
-{{- $base := required "prometheusRule.runbookBaseUrl: the URL of docs/runbooks.md the runbook_url annotations point at" $v.runbookBaseUrl }}
-{{- $text = replace "${runbookBaseUrl}" $base $text }}
+{{- if $v.runbookBaseUrl }}
+{{- $text = replace "${runbookBaseUrl}" $v.runbookBaseUrl $text }}
+{{- else }}
+{{- /* No address where docs/runbooks.md is served: no link, each rule's runbook annotation names it. */}}
+{{- $text = regexReplaceAll "(?m)^ *runbook_url: [$][{]runbookBaseUrl[}]#.*\n" $text "" }}
+{{- end }}
 {{- range $name, $known := $defaults }}
   {{- $settings := get $overrides $name | default dict }}
   {{- range $key, $default := $known }}
