@@ -215,15 +215,17 @@ def kueue_panels(o: Options, y: int) -> list:
     by, sel, one_resource = "flavor, resource", o.sel(), o.sel('resource="$resource"')
     claimed = o.sum("nws_queue_desired_quota", one_resource, "cluster_queue")
     return [
-        TimeSeries(title="Kueue: nominal quota / allocatable per flavor (above 100%: promised more than the nodes "
-                         "have)", dataSource=DS, gridPos=_pos(0, y, 12, 8), unit="percentunit",
+        TimeSeries(title="Kueue: nominal quota / Ready allocatable per flavor (above 100%: promised more than the "
+                         "Ready nodes have)", dataSource=DS, gridPos=_pos(0, y, 12, 8), unit="percentunit",
                    thresholdsStyleMode="line",
                    thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
-                   targets=[_t(_ratio(o, "nws_flavor_nominal_quota", "nws_flavor_allocatable", sel, by),
+                   targets=[_t(_ratio(o, "nws_flavor_nominal_quota", "nws_flavor_ready_allocatable", sel, by),
                                "{{flavor}} {{resource}}")]),
-        TimeSeries(title="Kueue: nominal quota, allocatable and requested per flavor ($resource)", dataSource=DS,
-                   gridPos=_pos(12, y, 12, 8), unit="short",
+        TimeSeries(title="Kueue: nominal quota, allocatable (all, Ready) and requested per flavor ($resource)",
+                   dataSource=DS, gridPos=_pos(12, y, 12, 8), unit="short",
                    targets=[_t(o.sum("nws_flavor_allocatable", one_resource, "flavor"), "{{flavor}} allocatable", "A"),
+                            _t(o.sum("nws_flavor_ready_allocatable", one_resource, "flavor"),
+                               "{{flavor}} Ready allocatable", "D"),
                             _t(o.sum("nws_flavor_nominal_quota", one_resource, "flavor"), "{{flavor}} quota", "B"),
                             _t(o.sum("nws_flavor_requested", one_resource, "flavor"), "{{flavor}} requested", "C")]),
         TimeSeries(title="ClusterResourceClaims: claimed against applied quota per ClusterQueue ($resource)",
