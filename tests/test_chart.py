@@ -48,6 +48,8 @@ RELEASE = "node-workload-summary"
 NAMESPACE_KEY = ("Namespace", "", NS)
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 VERSION = CHART_META["version"]
+# deploy/'s image until a user sets their own: a name no registry serves (deploy/kustomization.yaml).
+[KUSTOMIZE_IMAGE] = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())["images"]
 
 # The first test here may build helm (about 3 minutes cold on 2 idle cores, far longer under load):
 # more room than the suite's 600 s; every command below has its own timeout.
@@ -257,7 +259,8 @@ def test_template_equals_kustomize(helm: list[str], binaries: dict[str, Path], t
                                    values: dict[str, Any], path: Path) -> None:
     kustomized = _kustomize(binaries, path)
     assert kustomized.pop(NAMESPACE_KEY)
-    rendered = _template(helm, tmp_path, values)
+    # Each names the image a user must build and push: the chart image.repository, kustomize images:.
+    rendered = _template(helm, tmp_path, {**values, "image": {"repository": KUSTOMIZE_IMAGE["newName"]}})
     # Only metadata is ignored: the hooks and the Helm-only labels are checked below, one by one.
     assert {k for k, v in rendered.items() if _is_hook(v)} == set(TEST_OBJECTS)
     assert all(set(HELM_ONLY_LABELS) <= labels.keys() for k, v in rendered.items() if k[0] != "CustomResourceDefinition"
@@ -640,9 +643,11 @@ def _rules(rendered: Objects) -> list[dict[str, Any]]:
 
 
 def test_prometheus_rule_defaults_are_the_generated_rules(helm: list[str], tmp_path: Path) -> None:
-    """The chart's copy is alerts/rules.py's rules with the default values: no drift."""
+    """The chart's copy is alerts/rules.py's rules with the default values: no drift. No
+    runbookBaseUrl by default: no runbook_url, each rule's runbook annotation names its section."""
     spec = _template(helm, tmp_path, ON)[RULE]["spec"]
     assert spec == rules_file()
+    assert all(set(r["annotations"]) == {"summary", "description", "runbook"} for r in spec["groups"][0]["rules"])
     assert spec == yaml.safe_load((ROOT / "alerts" / "generated" / "node-workload-summary.rules.yaml").read_text())
 
 
@@ -689,8 +694,7 @@ def test_prometheus_rule_values_change_exactly_what_was_asked(helm: list[str], t
     ({"overrides": {"NodeGroupNotReady": {"fractoin": 0.3}}},
      "prometheusRule.overrides.NodeGroupNotReady.fractoin: no such setting (for, fraction)"),
     ({"additionalRuleLabels": {"severity": "page"}}, "prometheusRule.additionalRuleLabels.severity: "),
-    ({"runbookBaseUrl": ""}, "prometheusRule.runbookBaseUrl: "),
-], ids=["disabled", "overrides-alert", "overrides-setting", "labels-severity", "no-runbook-base"])
+], ids=["disabled", "overrides-alert", "overrides-setting", "labels-severity"])
 def test_prometheus_rule_refuses_what_matches_nothing(helm: list[str], tmp_path: Path, values: dict[str, Any],
                                                       message: str) -> None:
     """A typo in an alert's or setting's name fails the render instead of being ignored."""
@@ -820,6 +824,13 @@ def test_quota_actuation_sets_the_flag_and_grants_patch_on_clusterqueues(helm: l
     old, new = default.pop(key)["rules"], rendered.pop(key)["rules"]
     assert new == [*old, {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["patch"]}]
     assert not [r for r in old if "clusterqueues" in r["resources"] and "patch" in r["verbs"]]
+    # The writes' Events, on the (cluster-scoped) claims: in `default`, where client-go records them.
+    role = rendered.pop(("Role", "default", f"{RELEASE}-events"))
+    assert role["rules"] == [{"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]}]
+    binding = rendered.pop(("RoleBinding", "default", f"{RELEASE}-events"))
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{RELEASE}-events"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": NS}]
+    assert not [k for k, v in default.items() if k[0] in RBAC_KINDS and "events" in json.dumps(v.get("rules", []))]
     expected = _deployment(default)
     _container_list("args", ["--quota-actuation=on"])(expected)
     assert _deployment(rendered) == expected

@@ -5,6 +5,7 @@ ClusterRole grants exactly what the service uses (checked against the API server
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import yaml
 
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import kwok_node
+from deploy.image import version as package_version
 from localkube.build import KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
@@ -74,6 +76,24 @@ def test_base_applies_without_the_prometheus_operator(kube: LocalCluster,
     for kind in ("customresourcedefinition.apiextensions.k8s.io", "clusterrole.rbac.authorization.k8s.io",
                  "deployment.apps", "service", "configmap"):
         assert any(line.startswith(f"{kind}/") for line in out), (kind, out)
+
+
+def test_base_names_an_image_that_says_where_to_set_the_real_one(kube: LocalCluster) -> None:
+    """No release has pushed the image: until `images:` names the one a user pushed, the pods' pull
+    error names the file to edit, on a host that never resolves (RFC 2606's .invalid), and the
+    kustomization applied says first how to build, push and set it."""
+    for path in (DEPLOY, WITH_MONITORING, DEPLOY / "with-quota-actuation"):
+        [deployment] = [d for d in _rendered(kube, path) if d["kind"] == "Deployment"]
+        [container] = deployment["spec"]["template"]["spec"]["containers"]
+        host, _, rest = container["image"].partition("/")
+        assert host == "set-your-registry-in-deploy-base-kustomization.invalid", container["image"]
+        assert rest == f"node-workload-summary:{package_version()}", container["image"]
+    head = (DEPLOY / "kustomization.yaml").read_text().split("\napiVersion:")[0]
+    assert head.startswith("# First: the image.") and "make image" in head and "base/kustomization.yaml" in head
+    # What a user does then: their registry's name in images:, the tag kept.
+    base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert base["images"] == [{"name": "node-workload-summary", "newName": host + "/node-workload-summary",
+                               "newTag": package_version()}]
 
 
 @pytest.fixture(scope="module")
@@ -242,12 +262,16 @@ def test_everything_works_as_the_service_account(kube: LocalCluster, as_service_
     try:
         wait_for(lambda: {"nodepool-cpu", "nodepool-gpu"} <= names("nodesummaries"), timeout=30)
         wait_for(lambda: "web" in names("workloadsummaries"), timeout=30)
-        # JobSet and LeaderWorkerSet are configured but not installed here: the status says so.
-        wait_for(lambda: kube.kubectl("get", "workloadsummarizer", "workloads", "-o",
-                                      "jsonpath={.status.conditions[0].reason}").stdout == "KindNotServed", timeout=30)
-        message = kube.kubectl("get", "workloadsummarizer", "workloads", "-o",
-                               "jsonpath={.status.conditions[0].message}").stdout
+        # JobSet and LeaderWorkerSet are configured but not installed here: a warning of its own
+        # (KindsServed), while Ready says the summarizer works for the Deployments it summarized.
+        wait_for(lambda: _condition(kube, "workloads", "KindsServed").get("reason") == "KindNotServed", timeout=30)
+        message = _condition(kube, "workloads", "KindsServed")["message"]
         assert "JobSet" in message and "jobset.x-k8s.io" in message and "LeaderWorkerSet" in message, message
+        ready = _condition(kube, "workloads", "Ready")
+        assert (ready["status"], ready["reason"]) == ("True", "Summarizing"), ready
+        header, row = kube.kubectl("get", "workloadsummarizer", "workloads").stdout.splitlines()
+        columns = dict(zip(re.split(r"\s{2,}", header.strip()), re.split(r"\s{2,}", row.strip()), strict=True))
+        assert (columns["READY"], columns["KINDS SERVED"]) == ("True", "False"), columns
     except AssertionError as err:
         raise AssertionError(f"{err}\n{as_service_account.log_text()[-3000:]}") from None
     # Stale summaries are deleted by the service itself (no ownerReference GC applies here): a
@@ -265,9 +289,15 @@ def test_everything_works_as_the_service_account(kube: LocalCluster, as_service_
     assert " 403" not in log and "Forbidden" not in log, log
 
 
-def _granted() -> set[tuple[str, str, str]]:
+def _condition(kube: LocalCluster, summarizer: str, type_: str) -> dict[str, str]:
+    status = json.loads(kube.kubectl("get", "workloadsummarizer", summarizer, "-o", "json").stdout).get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == type_), {})
+
+
+def _granted(docs: list[dict] | None = None) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of the service's roles: deploy/base/rbac.yaml's, or those of ``docs``."""
     granted = set()
-    for doc in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text()):
+    for doc in docs if docs is not None else yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text()):
         if doc["kind"] in ("ClusterRole", "Role") and doc["metadata"]["name"] != READER_ROLE:
             for rule in doc["rules"]:
                 for group in rule["apiGroups"]:
@@ -326,6 +356,69 @@ def test_role_denies_what_the_service_must_not_do(kube: LocalCluster, as_service
                                                    verb: str, resource: str) -> None:
     proc = kube.kubectl("auth", "can-i", verb, resource, f"--as={SA}", "-A", check=False)
     assert proc.stdout.strip() == "no", (verb, resource, proc.stdout, proc.stderr)
+
+
+def _quota_events(kube: LocalCluster, claim: str) -> list[dict]:
+    events = json.loads(kube.kubectl("get", "events.events.k8s.io", "-n", "default", "-o", "json").stdout)["items"]
+    return [e for e in events if e.get("regarding", {}).get("name") == claim and e["reason"] == "QuotaWritten"]
+
+
+def test_quota_actuation_grants_exactly_what_its_writes_and_their_events_use(
+        kube: AuditedCluster, as_service_account: Service) -> None:
+    """deploy/with-quota-actuation/ adds to the base exactly what a quota write uses: patch on
+    clusterqueues, and create and patch on Events in `default` (each write's Event, on its
+    cluster-scoped ClusterResourceClaim; patch counts an identical one again). As the
+    ServiceAccount, a replica with --quota-actuation=on writes claim gpu's quota twice (the second
+    after an administrator resets the queue: the same change, so the same Event counted again), and
+    the audit log shows each added grant used and nothing used without a grant. It runs after the
+    base's checks, and leaves the base's grants as they were."""
+    overlay = _rendered(kube, DEPLOY / "with-quota-actuation")
+    added = {("kueue.x-k8s.io", "clusterqueues", "patch"), ("events.k8s.io", "events", "create"),
+             ("events.k8s.io", "events", "patch")}
+    assert _granted(overlay) - _granted() == added
+    kube.kubectl("apply", "-k", str(DEPLOY / "with-quota-actuation"))
+    sa_kubeconfig = token_kubeconfig(kube, "node-workload-summary", NS, "sa-actuation")
+    # Beside the leader (a dry run, as deploy/base runs), a replica that writes without the Lease.
+    writer = Service(kube, (f"--kubeconfig={sa_kubeconfig}", "--no-leader-election", "--quota-actuation=on"))
+    writer.start()
+    path = "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota"
+
+    def team_cpu() -> str:
+        return kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", "team", "-o",
+                            "jsonpath={.spec.resourceGroups[0].flavors[0].resources[0].nominalQuota}").stdout
+
+    try:
+        wait_for(lambda: team_cpu() == "8", timeout=30)  # 50% of the gpu pool's 16 cpu
+        wait_for(lambda: _quota_events(kube, "gpu"), timeout=30)
+        kube.kubectl("patch", "clusterqueues.kueue.x-k8s.io", "team", "--type=json",
+                     "-p", json.dumps([{"op": "replace", "path": path, "value": "16"}]))
+        wait_for(lambda: [e.get("series", {}).get("count") for e in _quota_events(kube, "gpu")] == [2], timeout=30)
+        [event] = _quota_events(kube, "gpu")
+        assert event["note"] == "ClusterQueue team nominalQuota written: flavor gpu cpu 16 -> 8", event
+        assert event["regarding"]["kind"] == "ClusterResourceClaim" and event["related"]["name"] == "team"
+        assert "ClusterQueue team nominalQuota written: flavor gpu cpu 16 -> 8 (claim gpu)" in writer.log_text()
+        try:
+            wait_for(lambda: added <= _used(kube), timeout=30)
+        except AssertionError:
+            raise AssertionError(f"not used within 30 s: {sorted(added - _used(kube))}") from None
+        used = _used(kube)
+        assert used <= _granted(overlay), f"used without a grant: {sorted(used - _granted(overlay))}"
+        denied = [line for line in kube.audit_log.read_text().splitlines()
+                  if json.loads(line)["responseStatus"]["code"] == 403]
+        assert not denied, denied[:3]
+        # Events in `default` only (where those of cluster-scoped objects go), and only through events.k8s.io.
+        for verb, resource, namespace, answer in (("create", "events.events.k8s.io", "default", "yes"),
+                                                  ("patch", "events.events.k8s.io", "default", "yes"),
+                                                  ("create", "events.events.k8s.io", NS, "no"),
+                                                  ("create", "events.events.k8s.io", "kube-system", "no"),
+                                                  ("delete", "events.events.k8s.io", "default", "no"),
+                                                  ("create", "events", "default", "no")):
+            proc = kube.kubectl("auth", "can-i", verb, resource, f"--as={SA}", "-n", namespace, check=False)
+            assert proc.stdout.strip() == answer, (verb, resource, namespace, proc.stdout, proc.stderr)
+    finally:
+        writer.stop()
+        kube.kubectl("apply", "-k", str(DEPLOY))  # the base's ClusterRole and Deployment again
+        kube.kubectl("delete", "role,rolebinding", "node-workload-summary-events", "-n", "default")
 
 
 def test_reader_role_allows_get_metrics_and_nothing_else(kube: LocalCluster, as_service_account: Service) -> None:
