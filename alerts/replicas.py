@@ -48,7 +48,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "nws_flavor_nodes_by_state": ("flavor", "state"),
     "nws_flavor_nominal_quota": ("flavor", "resource"),
     "nws_flavor_requested": ("flavor", "resource"),
-    "nws_claim_info": ("claim", "flavor", "member", "over_allocation"),
+    "nws_claim_info": ("claim", "flavor", "resource", "member", "over_allocation"),
     "nws_claim_nominal": ("claim", "resource"),
     "nws_claim_assigned": ("claim", "resource"),
     "nws_claim_shortfall": ("claim", "resource"),

@@ -163,12 +163,15 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
     up = f'up{{job="{t.job}"}}'
     # Quota is measured against the allocatable of the flavor's Ready nodes, as the claims measure
-    # capacity; a flavor a ClusterResourceClaim governs is judged by the claim's alert alone.
+    # capacity; a flavor's resource a ClusterResourceClaim sets is judged by the claim's alert alone.
     quota, capacity = one("nws_flavor_nominal_quota", cluster=c), one("nws_flavor_ready_allocatable", cluster=c)
     claims = one("nws_claim_info", cluster=c)
-    unclaimed = f"unless on ({c}, flavor) {claims}"
-    # The claim's flavor and policy beside its shortfall (topk: one series per claim while replicas disagree).
-    policy = f"on ({c}, claim) group_left (flavor, over_allocation) topk by ({c}, claim) (1, {claims})"
+    unclaimed = f"unless on ({c}, flavor, resource) {claims}"
+    # The claim's flavor and policy beside its shortfall (topk: one series per claim while replicas
+    # disagree); a shortfall alone while no replica says them yet (a rollout from an older version).
+    shortfall = f"({one('nws_claim_shortfall', cluster=c)} > 0)"
+    policy = (f"{shortfall} * on ({c}, claim) group_left (flavor, over_allocation) topk by ({c}, claim) (1, {claims})"
+              f" or ({shortfall} unless on ({c}, claim) {claims})")
     return [
         Alert(
             "NodeGroupNotReady",
@@ -255,7 +258,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "Kueue quota for {{ $labels.resource }} of flavor {{ $labels.flavor }} exceeds its Ready nodes",
             "The ClusterQueues' nominal quota for {{ $labels.resource }} in flavor {{ $labels.flavor }} is "
             "{{ $value | humanize }} more than the allocatable of the flavor's Ready nodes, and no "
-            "ClusterResourceClaim governs the flavor: Kueue admits workloads that cannot all run (nodes "
+            "ClusterResourceClaim sets it: Kueue admits workloads that cannot all run (nodes "
             "NotReady or gone, or quota raised?).",
         ),
         Alert(
@@ -265,20 +268,20 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "Capacity of flavor {{ $labels.flavor }} ({{ $labels.resource }}) is in no Kueue quota",
             "{{ $value | humanizePercentage }} of the allocatable {{ $labels.resource }} of the Ready nodes of "
             "flavor {{ $labels.flavor }} is in no ClusterQueue's nominal quota, and no ClusterResourceClaim "
-            "governs the flavor: Kueue admits no workload onto it (nodes added or back, or quota lowered?).",
+            "sets it: Kueue admits no workload onto it (nodes added or back, or quota lowered?).",
         ),
         Alert(
             "ClusterResourceClaimOverAllocated",
             # the value: how much more is assigned than there is
-            f"({one('nws_claim_shortfall', cluster=c)} > 0) * {policy}",
+            policy,
             t.claim_over_allocated_for, "warning",
             "ClusterResourceClaim {{ $labels.claim }} assigns more {{ $labels.resource }} than its flavor has",
             "The assignments of ClusterResourceClaim {{ $labels.claim }} ask {{ $value | humanize }} more "
             "{{ $labels.resource }} than the settled capacity of the Ready nodes of flavor {{ $labels.flavor }} "
             "(nodes NotReady or gone, or assignments raised?): "
             '{{ if eq $labels.over_allocation "Hold" }}Hold keeps the quota last applied, so Kueue admits '
-            "more than the nodes can run{{ else }}Scale shrank the ClusterQueues' quota to what there is"
-            "{{ end }}.",
+            "more than the nodes can run{{ else }}under Scale the claim's quota shrinks to what there is "
+            "(written to the ClusterQueues with --quota-actuation=on){{ end }}.",
         ),
         Alert(
             "NodeWorkloadSummaryDown",

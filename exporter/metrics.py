@@ -206,18 +206,24 @@ def _status_resources(claim: ClusterResourceClaim, name: str) -> Iterator[Sample
 
 
 def _claim_info(claim: ClusterResourceClaim) -> Iterator[Sample]:
-    """The flavor a claim governs and its policy, as written (an invalid spec is the claim's
-    status's to report; its flavor is still governed by it, not by the quota-drift alerts)."""
+    """One series per resource whose quota the claim sets (those its assignments name), with its
+    flavor and policy: read from the spec as written, so a claim governs from the moment it exists
+    (its status, and what it says of an invalid spec, come later)."""
     spec = claim.spec
-    yield _labels(flavor=str(spec.get("flavor", "")), member=str(spec.get("clusterName") or "local"),
-                  over_allocation=str(spec.get("overAllocation") or "Scale")), 1
+    flavor, member = str(spec.get("flavor", "")), str(spec.get("clusterName") or "local")
+    policy = str(spec.get("overAllocation") or "Scale")
+    assignments = spec.get("resourceAssignments")
+    named = {str(r) for a in assignments if isinstance(a, dict) for part in ("resources", "shares")
+             if isinstance(a.get(part), dict) for r in a[part]} if isinstance(assignments, list) else set()
+    for resource in sorted(named):
+        yield _labels(flavor=flavor, resource=resource, member=member, over_allocation=policy), 1
 
 
 CLAIM_FAMILIES: tuple[FamilyGenerator[ClusterResourceClaim], ...] = (
     FamilyGenerator(Family("claim_info", "gauge",
-                           "1 per ClusterResourceClaim: the flavor whose quota it governs, the cluster whose capacity "
-                           "it reads and its overAllocation policy (spec.flavor, spec.clusterName, "
-                           "spec.overAllocation)."),
+                           "1 per resource whose quota a ClusterResourceClaim sets (its assignments name it), with "
+                           "the flavor, the cluster whose capacity it reads and its overAllocation policy "
+                           "(spec.flavor, spec.clusterName, spec.overAllocation)."),
                     _claim_info),
     FamilyGenerator(Family("claim_nominal", "gauge",
                            "Live capacity of a ClusterResourceClaim's flavor (allocatable of its Ready nodes), "
