@@ -61,7 +61,7 @@ from .desired import (
     short_type,
     workload_claim,
 )
-from .events import EventRecorder
+from .events import EVENT_VERBS, EventRecorder
 from .leader import LeaderElector, identity
 from .names import Claim, NameAllocator
 from .ratelimit import TokenBucket
@@ -552,19 +552,21 @@ class Reconciler:
                 return None  # the Event expired (--event-ttl): the recorder creates it again
             if verb == "apply_status" and isinstance(err, NotFound):
                 raise Missing from None
-            self._failed(method, path, err)
+            self._failed(verb, method, path, err)
         except Forbidden as err:
             if "NamespaceTerminating" in err.causes:
                 return None  # the namespace is being deleted: expected while its workloads go away
-            self._failed(method, path, err)
+            self._failed(verb, method, path, err)
         except ApiError as err:
-            self._failed(method, path, err)
+            self._failed(verb, method, path, err)
         self.stats.count(self.stats.writes, verb)
         return answer
 
-    def _failed(self, method: str, path: str, err: ApiError) -> NoReturn:
+    def _failed(self, verb: str, method: str, path: str, err: ApiError) -> NoReturn:
         """Count and log a failed write, and have the queue retry it."""
         self.stats.count(self.stats.errors, str(err.status) if err.status else err.reason)
+        if verb in EVENT_VERBS:  # its recorder logs it, a line a minute at most (events.py)
+            raise Retry from err
         if not err.status:  # no answer: a line each, as the transport says
             log.warning("%s %s: %s", method, path, err, extra=path_fields(path, err))
         elif not isinstance(err, (Transient, Conflict)):  # those pass on their own: counted only

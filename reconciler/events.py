@@ -47,6 +47,7 @@ SPAM_REFILL = 300.0  # seconds per token: client-go's defaultSpamQPS, 1/300
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
 NOTE_LIMIT = 1024  # bytes: the API server refuses a longer note
 INSTANCE_LIMIT = 128  # characters of reportingInstance
+EVENT_VERBS = frozenset({"create_event", "patch_event"})  # the writes an Event takes (reconciler._write)
 NAME_LIMIT = 253  # characters of an Event's name (a DNS-1123 subdomain)
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -166,6 +167,7 @@ class EventRecorder:
                 return self._count("patched")
             self._recorded.put(identity, await self._create(event, now, request))
         except Exception as err:  # the reconciler's Retry (the API's answer), or Deposed: dropped
+            self._recorded.pop(identity, None)  # the next identical one is created afresh, not patched
             cause = err.__cause__ or err
             regarding = event.regarding
             self._failures(f"{regarding.kind}/{regarding.namespace}/{regarding.name}", type(cause).__name__,

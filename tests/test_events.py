@@ -139,3 +139,17 @@ def test_an_event_gone_is_created_again_and_a_failure_is_dropped() -> None:
     assert record(recorder, server, "another") == "created"  # not cached as recorded
     assert [c[0] for c in server.calls] == ["create_event", "patch_event", "create_event", "create_event",
                                             "create_event"]
+
+
+def test_an_identical_event_after_a_failed_patch_is_created_afresh() -> None:
+    """A patch refused (not a 404) forgets the Event: the next identical one is a new Event, not a
+    patch of one the server may never count again."""
+    clock, server = Clock(), Server()
+    recorder = EventRecorder("c", "i", clock)
+    assert record(recorder, server) == "created"
+    server.fail = Forbidden(403, "Forbidden", "events is forbidden")
+    assert record(recorder, server) == "failed"
+    server.fail = None
+    clock.now += 1
+    assert record(recorder, server) == "created"
+    assert [verb for verb, _, _ in server.calls] == ["create_event", "patch_event", "create_event"]
