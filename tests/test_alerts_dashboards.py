@@ -301,9 +301,6 @@ def gpu_pod(cluster: LocalCluster, name: str, node: str, owner: dict) -> None:
     set_pod_phase(cluster, "default", name, "Running")
 
 
-
-
-
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
@@ -465,9 +462,6 @@ VARIABLES = {"$__rate_interval": "1m", "$top": "10", "$summarizer": "pool", "$gr
 CLUSTER_DASHBOARDS = ("node-groups.json", "node-group-detail.json", "workloads.json")
 
 
-
-
-
 def scraping(services: list[Service], workdir: Path) -> Prometheus:
     targets = {f"127.0.0.1:{s.port}": replica_labels(str(i)) for i, s in enumerate(services)}
     prom = Prometheus(workdir, list(targets), [], target_labels=targets, honor_labels=True).start()
@@ -547,9 +541,6 @@ def test_every_dashboard_query_reads_the_same_with_two_replicas(replicas: list[S
 # -- beside kubernetes-mixin: docs/runbooks.md's inhibition in a real Alertmanager -----------------
 
 
-
-
-
 # Stand-ins for kubernetes-mixin's three alerts: their names, severity and labels, over series shaped
 # as kube-state-metrics' (simpler expressions: no owner join, no cordon check).
 MIXIN_STAND_INS = [
@@ -602,9 +593,6 @@ NOTIFIED = {
 def ident(labels: dict[str, str]) -> tuple[str, str, str, str]:
     subject = next((labels[k] for k in ("group", "workload", "node", "pod", "job_name") if k in labels), "")
     return labels["alertname"], labels["severity"], labels.get("cluster", ""), subject
-
-
-
 
 
 def test_runbooks_inhibition_pages_once_per_incident_beside_kubernetes_mixin(tmp_path: Path) -> None:

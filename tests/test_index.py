@@ -332,7 +332,7 @@ def test_a_finished_pod_holds_no_node() -> None:
     assert index.take_changes().workload_news == set()
     index.upsert_pod(make_pod("p3", "p3", node="n2", phase="Pending", owner=job))  # bound, not started: holds n2
     assert (agg.pods_by_node_state, agg.unhealthy_nodes) == ({"NotReady": 1}, 1)
-    index.upsert_pod(Pod(make_pod("p2", "p2", owner=job).metadata, bare, make_pod("p2", "p2").status))  # retried
+    index.upsert_pod(Pod(make_pod("p4", "p4", owner=job).metadata, bare, make_pod("p4", "p4").status))  # a retry
     assert (agg.pods_by_node_state, agg.unhealthy_nodes) == ({"NotReady": 2}, 1)
     assert health_snapshot(index)[1]["job"] == (agg.pods_by_node_state, 1, {("pool", "gpu"): 1})
 
@@ -393,12 +393,13 @@ def test_changes_name_what_the_summaries_are_made_of() -> None:
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}, unschedulable=True))  # cordoned
     changes = index.take_changes()
     assert changes.node_news == {("pool", "a")} and changes.workload_news == set()  # its pod Failed: on no node
-    index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))  # Running again (restartPolicy aside)
+    index.upsert_pod(make_pod("q", "q1", "n1", owner=ref(deployment)))  # its replacement, Running there
     index.take_changes()
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}))  # uncordoned
     changes = index.take_changes()
     assert changes.node_news == {("pool", "a")} and changes.workload_news == {"d1"}  # its pod's node changed
     index.delete_pod("ns/p")
+    index.delete_pod("ns/q")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
     assert "d1" not in index.workloads and index.take_changes().structure
 
