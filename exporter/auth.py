@@ -14,7 +14,11 @@ Anyone who reaches the port can send tokens, so what a request may cost the API 
   Retry-After, and no review is sent. A cached decision is never limited, and neither is the
   review of a token allowed before whose decision expired: an allowed decision is kept past its
   TTL (until the least recently used is dropped), so only tokens that passed a review go around
-  the bound, and a reader is never refused because others flood the port."""
+  the bound, and a reader is never refused because others flood the port.
+- One client (a source address) may take at most a quarter of the bound (CLIENT_SHARE): a flood
+  from one pod leaves the rest for the others, so a reader with a token new to the service (after
+  a restart, a token rotated) is still reviewed; it takes floods from CLIENT_SHARE hosts at once to
+  drain the bound."""
 
 from __future__ import annotations
 
@@ -46,6 +50,7 @@ CACHE_SIZE = 1024  # tokens whose decision is cached, allowed and denied each (-
 DENIED_TTL = 10.0
 REVIEWS_PER_SECOND = 10.0  # reviews of new tokens a second (--metrics-auth-reviews-per-second)
 REVIEW_BURST = 20  # reviews saved up for a burst (--metrics-auth-review-burst)
+CLIENT_SHARE = 4  # one source address may take 1/CLIENT_SHARE of the rate and of the burst
 REVIEW_TIMEOUT = 10.0
 
 
@@ -116,13 +121,16 @@ class Authorizer:
         self.allowed = Decisions(max_entries)  # kept past the TTL: a token that passed a review
         self.denied = Decisions(max_entries)  # apart: denials never push a reader out
         self.bucket = TokenBucket(rate, burst, clock)
+        self._clients: OrderedDict[str, TokenBucket] = OrderedDict()  # source address -> its share, LRU
+        self._clients_size = max_entries
         self._pending: dict[bytes, asyncio.Task[Decision]] = {}
         self.reviews = {"allowed": 0, "denied": 0, "error": 0}
         self.hits = {"allowed": 0, "denied": 0}
         self.refused = 0
         self._say = ThrottledLog(log, clock=clock)
 
-    async def decide(self, authorization: str) -> Decision:
+    async def decide(self, authorization: str, client: str = "") -> Decision:
+        """``client``: the caller's source address (its share of the bound)."""
         token = bearer_token(authorization)
         if not token:
             return NO_TOKEN
@@ -140,17 +148,35 @@ class Authorizer:
             self.denied.pop(key)
         task = self._pending.get(key)
         if task is None:  # else the same token is being reviewed: share that answer
-            if known is None and not self.bucket.try_take():  # a reader seen before is never refused
-                return self._refuse()
+            if known is None:  # a reader seen before is never refused
+                if self.bucket.delay():  # the bound: looked at first, so a refusal spends no share
+                    return self._refuse(self.bucket)
+                share = self._share(client)
+                if not share.try_take():
+                    return self._refuse(share)
+                self.bucket.try_take()
             # A task of its own: a caller that hangs up does not cancel the others' review.
             task = asyncio.create_task(self._review(token))
             self._pending[key] = task
             task.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(task)
 
-    def _refuse(self) -> Decision:
+    def _share(self, client: str) -> TokenBucket:
+        """The client's share of the bound, the least recently seen client's dropped beyond the
+        cache size (it starts afresh: no more than a new client gets)."""
+        share = self._clients.get(client)
+        if share is None:
+            share = self._clients[client] = TokenBucket(self.bucket.rate / CLIENT_SHARE,
+                                                        max(1, self.bucket.burst // CLIENT_SHARE), self.clock)
+            if len(self._clients) > self._clients_size:
+                self._clients.popitem(last=False)
+        else:
+            self._clients.move_to_end(client)
+        return share
+
+    def _refuse(self, bucket: TokenBucket) -> Decision:
         self.refused += 1
-        wait = max(1, math.ceil(self.bucket.delay()))
+        wait = max(1, math.ceil(bucket.delay()))
         self._say("bound", "refused", logging.WARNING, "metrics authentication: new tokens beyond %g reviews/s "
                   "(burst %d, --metrics-auth-reviews-per-second): answering 429 without a review "
                   "(nws_metrics_auth_reviews_refused_total counts them)", self.bucket.rate, self.bucket.burst)

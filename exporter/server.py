@@ -20,7 +20,7 @@ def make_app(renderer: Renderer | None, sources: Sources | None, authorizer: Aut
     async def metrics(request: web.Request) -> web.Response:
         assert renderer is not None
         if authorizer is not None:
-            decision = await authorizer.decide(request.headers.get("Authorization", ""))
+            decision = await authorizer.decide(request.headers.get("Authorization", ""), request.remote or "")
             if not decision.allowed:
                 headers = {"WWW-Authenticate": 'Bearer realm="metrics"'} if decision.status == 401 else {}
                 if decision.retry_after:  # 429: the bound on reviews; no review was sent

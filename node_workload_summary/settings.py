@@ -212,7 +212,8 @@ class Settings(BaseSettings):
         REVIEWS_PER_SECOND, gt=0, description="Token reviews (a TokenReview, then a SubjectAccessReview) a second "
         "for tokens /metrics has no decision for; beyond it and its burst a request is answered 429 with "
         "Retry-After and no review is sent. A cached decision is never limited, nor a token allowed before "
-        "whose decision expired, so a flood of made-up tokens refuses no reader.")
+        "whose decision expired, so a flood of made-up tokens refuses no known reader; one source address may "
+        "spend a quarter of it.")
     metrics_auth_review_burst: Count = Field(REVIEW_BURST, ge=1, description="Token reviews that may be sent at "
                                              "once after a quiet spell (the burst of "
                                              "--metrics-auth-reviews-per-second).")

@@ -417,17 +417,18 @@ def test_reviews_beyond_the_bound_are_refused_at_once_and_cached_decisions_never
     clock, api = FakeClock(), FakeApi(delay=0)
     auth = _authorizer(api, rate=2, burst=3, clock=clock)
 
-    async def run() -> None:
+    async def run() -> None:  # each made-up token from a host of its own: the bound, not a client's share
         assert (await auth.decide("Bearer user-alice")).status == 200
-        assert [(await auth.decide(f"Bearer made-up-{i}")).status for i in range(5)] == [401, 401, 429, 429, 429]
-        refused = await auth.decide("Bearer made-up-9")
+        assert [(await auth.decide(f"Bearer made-up-{i}", f"10.0.0.{i}")).status for i in range(5)] == [
+            401, 401, 429, 429, 429]
+        refused = await auth.decide("Bearer made-up-9", "10.0.0.9")
         assert (refused.status, refused.retry_after) == (429, 1), refused
         assert api.calls["tokenreviews"] == 3  # no review for a refused request
         # Cached decisions are never limited: the reader's, and a denial's.
         assert [(await auth.decide(t)).status for t in ("Bearer user-alice", "Bearer made-up-0")] == [200, 401]
         assert api.calls["tokenreviews"] == 3
         clock.now += 0.5  # rate 2: one more review
-        assert [(await auth.decide(f"Bearer made-up-{i}")).status for i in (2, 3)] == [401, 429]
+        assert [(await auth.decide(f"Bearer made-up-{i}", f"10.0.0.{i}")).status for i in (2, 3)] == [401, 429]
         assert (auth.reviews, auth.hits, auth.refused) == ({"allowed": 1, "denied": 3, "error": 0},
                                                            {"allowed": 1, "denied": 1}, 5)
 
@@ -453,7 +454,7 @@ def test_denials_live_shorter_and_a_reader_whose_decision_expired_is_reviewed_be
     auth = _authorizer(api, ttl=60, rate=0.01, burst=1, clock=clock)  # one review, then one per 100 s
 
     async def status(token: str) -> int:
-        return (await auth.decide(f"Bearer {token}")).status
+        return (await auth.decide(f"Bearer {token}", token)).status  # each from a host of its own
 
     async def run() -> None:
         assert await status("user-alice") == 200  # the bucket is empty from here on
@@ -473,6 +474,30 @@ def test_denials_live_shorter_and_a_reader_whose_decision_expired_is_reviewed_be
         clock.now += DENIED_TTL + 1
         assert auth.bucket.tokens + (DENIED_TTL + 1) * auth.bucket.rate < 1  # no review left to spend
         assert await status("user-alice") == 429
+
+    asyncio.run(run())
+
+
+def test_one_client_takes_a_quarter_of_the_bound_and_a_new_reader_elsewhere_is_reviewed() -> None:
+    """A flood from one host spends its share (a quarter of the rate and of the burst) and is
+    refused beyond it, leaving the rest of the bound: a reader whose token is new to the service
+    (a restart, a rotated token) is reviewed meanwhile. Floods from more hosts drain the bound (four
+    at once keep it drained: their shares add up to its rate)."""
+    clock, api = FakeClock(), FakeApi(delay=0)
+    auth = _authorizer(api, rate=8, burst=20, clock=clock)  # a share: 2 a second, burst 5
+
+    async def run() -> None:
+        flood = [(await auth.decide(f"Bearer made-up-{i}", "10.1.0.1")).status for i in range(50)]
+        assert flood == [401] * 5 + [429] * 45 and api.calls["tokenreviews"] == 5
+        assert (await auth.decide("Bearer user-alice", "10.2.0.7")).status == 200  # the reader, another host
+        clock.now += 1  # a second: two more for the flooding host, eight more in all
+        flood = [(await auth.decide(f"Bearer again-{i}", "10.1.0.1")).status for i in range(10)]
+        assert flood == [401] * 2 + [429] * 8
+        refused = await auth.decide("Bearer again-10", "10.1.0.1")
+        assert (refused.status, refused.retry_after) == (429, 1)  # its share's wait
+        for host in ("10.1.0.2", "10.1.0.3", "10.1.0.4", "10.1.0.5"):  # four more hosts drain what is left
+            assert {(await auth.decide(f"Bearer {host}-{i}", host)).status for i in range(20)} == {401, 429}
+        assert (await auth.decide("Bearer user-bob", "10.2.0.8")).status == 429  # the bound, spent
 
     asyncio.run(run())
 
