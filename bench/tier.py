@@ -72,7 +72,7 @@ def bare_list(cluster: LocalCluster) -> dict:
             return await list_floor(api)
 
     seconds, size = asyncio.run(run())
-    return {"list_floor_seconds": round(seconds, 2), "list_floor_bytes": size}
+    return {"list_floor_seconds": round(seconds, 3), "list_floor_bytes": size}
 
 
 def run(args: argparse.Namespace) -> list[dict]:
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                          "populate_seconds": round(seconds),
                          "populate_requests_per_second": round(added / seconds)}
             have = want
-            time.sleep(20)  # let the API server's and etcd's garbage go before reading their memory
+            time.sleep(args.settle)  # let the API server's and etcd's garbage go before reading their memory
             row |= control_plane(cluster) | bare_list(cluster)
             say(json.dumps(row))
             say("kubectl reads ...")
@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append", action="store_true",
                         help="keep --out's rows for smaller sizes (the first size is then populated at once)")
     parser.add_argument("--project", type=int, default=65000, help="project each curve to this many nodes")
+    parser.add_argument("--settle", type=float, default=20,
+                        help="seconds between populating and reading kube-apiserver's and etcd's memory (default 20)")
     # bench.scale.measure's knobs
     parser.add_argument("--idle-seconds", type=float, default=30)
     parser.add_argument("--churn-seconds", type=float, default=30)
