@@ -210,8 +210,9 @@ PROMETHEUS_OPERATOR = Component(
 )
 
 
-# Not in COMPONENTS, and built by no test: localkube/ksm.py runs kube-state-metrics for
-# bench/ksm.py and bench/apiserver_bill.py, to measure the service beside what users run today.
+# Not in COMPONENTS: localkube/ksm.py runs kube-state-metrics for bench/ksm.py and
+# bench/apiserver_bill.py, to measure the service beside what users run today (and bench.ksm's
+# smoke run in tests/test_bench_smoke.py, the last of TEST_TOOLS).
 KUBE_STATE_METRICS = Component(
     "kube-state-metrics",
     "k8s.io/kube-state-metrics/v2",
@@ -408,7 +409,8 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 # background (tests/conftest.py --prebuild; the modules that need them declare it, and run last in
 # this order): Kueue's CRDs are a download; the rest are Go builds of minutes each on a fresh machine.
 TEST_TOOLS: tuple[Component, ...] = (KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
-                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_CONTROLLER)
+                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_CONTROLLER,
+                                     KUBE_STATE_METRICS)
 
 
 class BackgroundBuild:
