@@ -1,8 +1,9 @@
 """bench/ stays a tool: no bench module reaches into another's private (underscore) names, the
 bench modules import one another without a cycle (what they share is in bench/common.py and
-bench/populate.py), every bench script takes its --out from bench.common.add_out, and each is
-listed in the README's layout and in docs/benchmarks.md's table. Read from the source with ast:
-nothing is imported or run."""
+bench/populate.py), every bench script takes its --out from bench.common.add_out, each is
+listed in the README's layout and in docs/benchmarks.md's table, and each has a smoke run in make
+test (a row of tests/test_bench_smoke.py's SMOKE). Read from the source with ast: nothing is
+imported or run."""
 
 from __future__ import annotations
 
@@ -83,6 +84,18 @@ def scripts(sources: dict[str, str]) -> list[str]:
                          for node in ast.parse(source).body))
 
 
+def entries(sources: dict[str, str]) -> list[str]:
+    """The bench modules a user runs: those with a top-level ``main``, an argument parser or an
+    ``if __name__ == "__main__"`` (what the benches share has none of them)."""
+    def runnable(source: str) -> bool:
+        tree = ast.parse(source)
+        return (any(isinstance(node, ast.FunctionDef) and node.name == "main" for node in tree.body)
+                or bool(calls(source, "ArgumentParser")) or any(
+                    isinstance(node, ast.If) and "__main__" in ast.unparse(node.test) for node in tree.body))
+
+    return sorted(module for module, source in sources.items() if runnable(source))
+
+
 def calls(source: str, function: str) -> list[ast.Call]:
     return [node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Call)
             and ast.unparse(node.func).split(".")[-1] == function]
@@ -122,6 +135,25 @@ def test_every_bench_script_is_listed() -> None:
     assert table == set(names), "docs/benchmarks.md's table of benches"
 
 
+def smoke_rows(source: str) -> list[str]:
+    """The names of the rows of the module-level dict ``SMOKE`` in a test module's source."""
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name) and target.id == "SMOKE" and isinstance(node.value, ast.Dict):
+                return [ast.literal_eval(key) for key in node.value.keys if key is not None]
+    raise AssertionError("no SMOKE = {...} in the module")
+
+
+def test_every_bench_has_a_smoke_run() -> None:
+    names = entries(bench_sources())
+    rows = smoke_rows((ROOT / "tests" / "test_bench_smoke.py").read_text())
+    assert {"common", "populate", "plot"}.isdisjoint(names)
+    assert names == scripts(bench_sources())
+    assert [n for n in names if n not in rows] == [], "a bench without a row in tests/test_bench_smoke.py's SMOKE"
+    assert [n for n in rows if n not in names] == [], "a row of SMOKE for no bench"
+
+
 def test_the_checks_see_what_they_look_for() -> None:
     sources = {
         "a": "from .b import _helper, public\n",
@@ -132,3 +164,7 @@ def test_the_checks_see_what_they_look_for() -> None:
     assert private_names(sources) == ["bench.a takes _helper from bench.b", "bench.c takes _private from bench.a"]
     assert cycles(sources) == [["a", "b", "c", "a"]]
     assert cycles({"x": "from .y import f\n", "y": "from .z import g\n", "z": ""}) == []
+    assert entries({"a": "def main() -> int:\n    return 0\n", "b": "import argparse\np = argparse.ArgumentParser()\n",
+                    "c": "if __name__ == '__main__':\n    pass\n", "d": "def helper() -> None: ...\n"}
+                   ) == ["a", "b", "c"]
+    assert smoke_rows("X = 1\nSMOKE: dict[str, int] = {'scale': 1, 'sync': 2}\n") == ["scale", "sync"]
