@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quota-settle", type=float, default=20,
                         help="the service's --quota-settle: seconds a capacity change lasts before the claims "
                              "follow it")
+    parser.add_argument("--alerts-after", type=int, default=30,
+                        help="the `for` of the node-health, workload and claim alerts, in seconds (the shipped "
+                             "rules wait minutes)")
     parser.add_argument("--quota-story", action="store_true",
                         help="once ready, play the ClusterResourceClaim story (the gpu pool loses nodes, the claim "
                              "shows the shortfall, the quota follows) and print each command with its output")
@@ -193,8 +196,9 @@ def main(argv: list[str] | None = None) -> int:
             f"and ClusterResourceClaim {claims.CLAIM} ...")
         claims.setup(cluster, args.nodes_per_pool)
         rules = cluster.workdir / "rules.yaml"
-        fast = Thresholds(not_ready_for="30s", down_for="30s", unhealthy_for="30s", disrupting_for="30s",
-                          claim_over_allocated_for="30s")
+        after = f"{args.alerts_after}s"
+        fast = Thresholds(not_ready_for=after, down_for=after, unhealthy_for=after, disrupting_for=after,
+                          claim_over_allocated_for=after)
         rules.write_text(yaml.safe_dump(rules_file(fast)))
         if args.pods:
             say("building the image, starting a real node and installing the chart (two pods) ...")
@@ -202,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             targets = pods.start()
             metrics = (f"curl -sk -H \"Authorization: Bearer $(cat {pods.token_file})\" "
                        f"https://{targets[0]}/metrics")
-            say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
+            say(f"starting Prometheus with the alert rules (node health alerts after {after} here) ...")
             prometheus = Prometheus(cluster.workdir / "prometheus", targets, [rules], interval="5s", scheme="https",
                                     bearer_token_file=pods.token_file, insecure_skip_verify=True).start()
         else:
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--quota-settle={args.quota_settle:g}) ...")
             service = Service(cluster, ("--quota-actuation=on", f"--quota-settle={args.quota_settle:g}")).start()
             metrics = f"curl -s http://127.0.0.1:{service.port}/metrics"
-            say("starting Prometheus with the alert rules (node health alerts after 30 s here) ...")
+            say(f"starting Prometheus with the alert rules (node health alerts after {after} here) ...")
             prometheus = Prometheus(cluster.workdir / "prometheus", [f"127.0.0.1:{service.port}"], [rules],
                                     interval="5s").start()
         # Ready: every example workload has all its pods in its WorkloadSummary, and the claim's

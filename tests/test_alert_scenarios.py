@@ -40,7 +40,7 @@ FAST = Thresholds(not_ready_for="2s", down_for="2s", pending_for="2s", failed_fo
                   accelerators_unhealthy_for="2s", disrupting_for="2s", quota_exceeds_for="2s",
                   unassigned_for="2s", claim_over_allocated_for="2s", exporter_down_for="2s", stale_for="2s",
                   series_cap_for="2s", write_errors_for="2s", no_leader_for="2s")
-STABLE = 4.0  # seconds a set must hold: four evaluations, twice every `for`
+STABLE = 3.0  # seconds a set must hold: three evaluations, longer than every `for`
 
 Alert = tuple[str, str, str, str]  # (alertname, severity, what it is about, state)
 

@@ -138,7 +138,7 @@ def _hurt_workloads(kubectl: list[str], unhealthy_nodes: set[str]) -> set[Alert]
 
 
 def _story_alerts(prometheus: str, want: set[Alert], story: str) -> None:
-    """The demo's Prometheus (its rules' `for` is 30 s) fires exactly ``want``, nothing else pending,
+    """The demo's Prometheus (its rules' `for`: --alerts-after, 5 s here) fires exactly ``want``, nothing else pending,
     and holds it for 5 s. Printed, for docs/runbooks.md's "The demo's stories and their alerts"."""
     expected = {(*a, "firing") for a in want}
     deadline = time.monotonic() + 120
@@ -156,13 +156,13 @@ def _story_alerts(prometheus: str, want: set[Alert], story: str) -> None:
 
 
 def test_demo_runs_and_cleans_up(binaries: dict[str, Path]) -> None:
-    """The demo as `make demo` runs it (4 nodes per pool), with --quota-story and a settle time of 5 s
-    in place of 20 (a number of seconds, normalized in the comparison with the docs, as the story's
-    lines are left out of it)."""
+    """The demo as `make demo` runs it (4 nodes per pool), with --quota-story, alerts after 5 s in
+    place of 30 and a settle time of 5 s in place of 20 (numbers of seconds, normalized in the
+    comparison with the docs, as the story's lines are left out of it)."""
     ensure_binaries()
     ensure_binaries((*BUILD, KUEUE))  # the JobSet and LWS controllers: a cold build must not eat the demo's --duration
     settle = 5.0
-    demo = subprocess.Popen([sys.executable, "-m", "demo", "--duration", "600",
+    demo = subprocess.Popen([sys.executable, "-m", "demo", "--duration", "600", "--alerts-after", "5",
                              "--quota-story", f"--quota-settle={settle:g}"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     kept = None
