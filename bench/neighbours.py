@@ -45,21 +45,27 @@ import msgspec
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.objects import API_PATH, Node, Pod
 from localkube.cluster import LocalCluster, Options
-from localkube.proxy import StallingProxy, through_proxy
-from localkube.service import Service, select, value
+from localkube.service import Samples, select, value
+from reconciler.leader import LeaseSettings
 from reconciler.names import is_dns1123_subdomain
+from tests.paths import FAILED_LOGS
 from tests.reference import Owner, World, recompute
 
 from .common import CRDS, add_out, percentile
+from .neighbours_quota import FLAVOR, QUEUES, Neighbour, quota_probe
+from .neighbours_quota import setup as quota_setup
+from .neighbours_quota import versions as quota_versions
+from .neighbours_replicas import Processes, Replica, Runner
 from .plot import pyplot
 
 NS = "bench"
 POOL_LABEL = "cloud.google.com/gke-nodepool"
-LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1")
 # Optional node summarizers: name -> label key; each node carries all these labels from the start.
 COLLIDING = {"gke": "gke", "gke-pool": "gke-pool"}  # plain names gke-pool-a and gke-pool-a
 ODD = {"odd": "odd"}  # values a..b and A_b: not valid names as they are
 NEIGHBOUR = "neighbour"
+LEASE_NAME = LeaseSettings.name
+WARM_UP = 120.0  # seconds of a replica's life left out of its RSS slope
 METRIC_FAMILIES = ("nws_nodegroup_nodes", "nws_nodegroup_nodes_by_condition", "nws_nodegroup_pods",
                    "nws_workload_pods")
 
@@ -109,13 +115,12 @@ def expected_metrics(world: World) -> Expected:
     return out
 
 
-def scraped_metrics(svc: Service) -> Expected:
+def scraped_metrics(samples: Samples) -> Expected:
     """The replica's series of the checked families, zeros left out (as the recomputation does)."""
     order = {"nws_nodegroup_nodes": ("summarizer", "group"),
              "nws_nodegroup_nodes_by_condition": ("summarizer", "group", "condition"),
              "nws_nodegroup_pods": ("summarizer", "group", "phase"),
              "nws_workload_pods": ("namespace", "workload", "kind", "phase")}
-    samples = svc.scrape()
     out: Expected = {}
     for family, keys in order.items():
         for labels, v in select(samples, family).items():
@@ -175,33 +180,14 @@ def diff(want: Expected, got: Expected, limit: int = 6) -> list[str]:
     return [f"{'/'.join(k)}: want {want.get(k)} got {got.get(k)}" for k in keys[:limit]]
 
 
-def reconciler_state(svc: Service) -> dict[str, Any]:
+def reconciler_state(replica: Replica) -> dict[str, Any]:
     """What a replica says of its reconciler and watches: the evidence kept with a failed check."""
     try:
-        samples = svc.scrape()
-    except AssertionError as err:
+        samples = replica.scrape()
+    except Exception as err:
         return {"error": str(err)[:200]}
     keep = ("nws_reconciler_", "nws_watch_last_event_age_seconds", "nws_watch_relists_total")
     return {f"{name}{dict(sorted(labels))}": v for (name, labels), v in samples.items() if name.startswith(keep)}
-
-
-# -- the replicas ----------------------------------------------------------------------------------
-
-@dataclass
-class Replica:
-    identity: str
-    svc: Service
-    proxied: bool
-    writes: float = 0.0  # nws_reconciler_writes_total at the last scrape
-    gone: str = ""  # "killed" on purpose, "died" otherwise
-    stalled_until: float = 0.0  # its stalled watches are noticed only by its read timeout
-
-    def scrape_writes(self) -> None:
-        if not self.gone:
-            self.writes = sum(select(self.svc.scrape(), "nws_reconciler_writes_total").values())
-
-    def leader(self) -> bool:
-        return not self.gone and value(self.svc.scrape(), "nws_reconciler_leader") == 1
 
 
 # -- the bench -------------------------------------------------------------------------------------
@@ -209,10 +195,8 @@ class Replica:
 @dataclass
 class Bench:
     cluster: LocalCluster
-    proxy: StallingProxy
-    proxied_kubeconfig: Path
+    runner: Runner
     args: argparse.Namespace
-    replicas: list[Replica] = field(default_factory=list)
     pods: list[tuple[str, str, str]] = field(default_factory=list)  # name, node, workload
     replicasets: dict[str, dict] = field(default_factory=dict)  # workload -> its ReplicaSet
     checks: list[dict] = field(default_factory=list)
@@ -226,6 +210,8 @@ class Bench:
     changed: int = 0  # summaries changed by churn and actions this minute (each change once)
     expected_writes: int = 0  # writes the neighbours' actions call for this minute
     rng: random.Random = field(default_factory=random.Random)
+    neighbour: Neighbour = field(default_factory=Neighbour)
+    rss: list[dict] = field(default_factory=list)  # t, identity, started (its process's start time), bytes
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -239,26 +225,17 @@ class Bench:
 
     # -- replicas --
 
-    def start_replica(self, identity: str, proxied: bool) -> Replica:
-        args = [f"--identity={identity}", *LEASE]
-        if proxied:  # a stalled connection is noticed only by the read timeout
-            args += [f"--kubeconfig={self.proxied_kubeconfig}", f"--read-timeout={self.args.read_timeout}"]
-        replica = Replica(identity, Service(self.cluster, tuple(args)).start(), proxied)
-        self.replicas.append(replica)
-        return replica
+    @property
+    def replicas(self) -> list[Replica]:
+        return self.runner.replicas
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if not r.gone]
 
     def watch_deaths(self) -> None:
-        for r in self.live():
-            assert r.svc.proc is not None
-            if r.svc.proc.poll() is not None:
-                r.gone = "died"
-                self.deaths.append({"t": round(self.elapsed(), 1), "identity": r.identity,
-                                    "code": r.svc.proc.returncode, "log": str(r.svc.log),
-                                    "tail": r.svc.log_text().splitlines()[-30:]})
-                log(self.started, f"replica {r.identity} DIED with {r.svc.proc.returncode}; log {r.svc.log}")
+        for r, how in self.runner.deaths():
+            self.deaths.append({"t": round(self.elapsed(), 1), "identity": r.identity, "log": str(r.log), **how})
+            log(self.started, f"replica {r.identity} DIED ({how.get('code', '')}); log {r.log}")
 
     # -- churn --
 
@@ -267,6 +244,11 @@ class Bench:
         labels = ok(self.cluster.request(f"/api/v1/nodes/{node}"))["metadata"].get("labels", {})
         keys = {s["spec"]["labelKey"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
         return len(keys & labels.keys())
+
+    def claim_writes(self, node: str) -> int:
+        """Writes a Ready flip of this node may cause for the claim: its status when the live
+        capacity changes and when it settles, both ClusterQueues' quota, an Event per queue write."""
+        return 2 + 2 * len(QUEUES) if int(node.removeprefix("node-")) % 3 == 0 else 0  # pool-0: node_labels
 
     def create_pod(self, workload: str, node: str, phase: str) -> None:
         name = f"{workload}-{self.serial:06d}"
@@ -287,7 +269,7 @@ class Bench:
         if self.rng.random() < 0.1:
             node = f"node-{self.rng.randrange(self.args.nodes):02d}"
             self.set_ready(node, self.rng.choice(["True", "False", "Unknown"]))
-            self.changed += self.node_groups(node)
+            self.changed += self.node_groups(node) + self.claim_writes(node)
             return
         name, node, _ = self.pods.pop(self.rng.randrange(len(self.pods)))
         ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods/{name}", "DELETE", {"gracePeriodSeconds": 0}))
@@ -304,7 +286,7 @@ class Bench:
 
     def churn(self) -> None:
         while not self.stop.wait(self.args.churn_seconds):
-            if self.quiet(lead=5):
+            if self.quiet(lead=5 + self.args.settle):  # a flip's quota write lands before the quiet minute
                 continue
             with self.lock:
                 try:
@@ -322,17 +304,20 @@ class Bench:
         world = read_world(self.cluster)
         want_metrics, want_summaries = expected_metrics(world), expected_summaries(world)
         skipped = [r.identity for r in self.live() if time.monotonic() < r.stalled_until]
+        down = [r.identity for r in self.live() if r.identity not in skipped and not r.ready()]
+
         def metrics(r: Replica) -> list[str]:
-            return diff(want_metrics, scraped_metrics(r.svc))
+            return diff(want_metrics, scraped_metrics(r.scrape()))
 
         pending: dict[str, Callable[[], list[str]]] = {
-            f"metrics {r.identity}": partial(metrics, r) for r in self.live() if r.identity not in skipped}
+            f"metrics {r.identity}": partial(metrics, r) for r in self.live() if r.identity not in skipped + down}
 
         def summaries() -> list[str]:
             got, problems = actual_summaries(self.cluster)
             return problems + diff(want_summaries, got)
 
         pending["summaries"] = summaries
+        pending["quota"] = quota_probe(self.cluster, POOL_LABEL, self.neighbour)
         latency: dict[str, float] = {}
         last: dict[str, list[str]] = {}
         deadline = time.monotonic() + self.args.timeout
@@ -348,10 +333,20 @@ class Bench:
             time.sleep(0.1)
         record = {"t": round(self.elapsed(), 1), "reason": reason, "ok": not pending,
                   "latency": latency, "converged_s": max(latency.values(), default=0.0),
-                  "failed": {what: last[what] for what in pending}, "skipped_stalled": skipped}
+                  "failed": {what: last[what] for what in pending}, "skipped_stalled": skipped,
+                  "skipped_restarting": down}
         if pending:
-            record["logs"] = {r.identity: str(r.svc.log) for r in self.replicas}
-            record["replicas"] = {r.identity: reconciler_state(r.svc) for r in self.live()}
+            record["logs"] = {r.identity: str(r.log) for r in self.replicas}
+            record["replicas"] = {r.identity: reconciler_state(r) for r in self.live()}
+        self.checks.append(record)
+        self.runner.settle()
+        return record
+
+    def verdict(self, reason: str, problems: list[str], took: float) -> dict:
+        """A check that is one observation, not a wait (a blip, the Lease): recorded like the others."""
+        record = {"t": round(self.elapsed(), 1), "reason": reason, "ok": not problems, "latency": {},
+                  "converged_s": round(took, 2), "failed": {reason: problems} if problems else {},
+                  "skipped_stalled": [], "skipped_restarting": []}
         self.checks.append(record)
         return record
 
@@ -403,35 +398,82 @@ class Bench:
         return "restarted the API server"
 
     def stall(self) -> str:
-        """The proxied replica's metrics are not checked until its read timeout has passed; the
+        """The stalled replicas' metrics are not checked until their read timeout has passed; the
         summaries must stay right meanwhile (a stalled leader must give way)."""
-        self.proxy.stall_existing()
-        stalled = [r for r in self.live() if r.proxied]
+        stalled = self.runner.stall()
         for r in stalled:
             r.stalled_until = time.monotonic() + self.args.read_timeout
         self.churn_once()
-        return f"stalled the connections of {', '.join(r.identity for r in stalled)}"
+        return f"stalled the API connections of {', '.join(r.identity for r in stalled) or 'no replica'}"
+
+    def leader(self, timeout: float) -> Replica | None:
+        """The replica that says it leads, waiting up to ``timeout`` seconds for one."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for r in self.live():
+                try:
+                    if r.leader():
+                        return r
+                except Exception:  # restarting, or mid-relist: ask the next one
+                    continue
+            time.sleep(0.2)
+        return None
 
     def rollout(self) -> str:
-        deadline = time.monotonic() + 10
-        leader = None
-        while leader is None and time.monotonic() < deadline:
-            leader = next((r for r in self.live() if r.leader()), None)
-            time.sleep(0.2)
+        leader = self.leader(timeout=10)
         if leader is None:
             return "rollout skipped: no leader"
         leader.scrape_writes()
-        assert leader.svc.proc is not None
-        leader.svc.proc.kill()
-        leader.svc.proc.wait()
-        leader.gone = "killed"
         killed_at = time.monotonic()
-        fresh = self.start_replica(f"r{len(self.replicas)}", leader.proxied)
-        while not any(r.leader() for r in self.live()) and time.monotonic() - killed_at < 30:
-            time.sleep(0.1)
-        took = time.monotonic() - killed_at
+        what = self.runner.kill(leader)
+        took = time.monotonic() - killed_at if self.leader(timeout=30) else float("nan")
         self.churn_once()
-        return f"killed leader {leader.identity} (SIGKILL), started {fresh.identity}; new leader in {took:.1f} s"
+        return f"{what}; a leader in {took:.1f} s"
+
+    def blip(self) -> str:
+        """A node of the claim's flavor NotReady for a third of the settle time: no quota write."""
+        ready = [n["metadata"]["name"] for n in items(self.cluster, "/api/v1/nodes")
+                 if n["metadata"].get("labels", {}).get(POOL_LABEL) == FLAVOR
+                 and {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready") == "True"]
+        if not ready:
+            return "blip skipped: no Ready node in the flavor"
+        self.check("before blip")  # the quota follows the capacity before the blip starts
+        before, started = quota_versions(self.cluster), time.monotonic()
+        node = self.rng.choice(ready)
+        self.set_ready(node, "False")
+        time.sleep(self.args.settle / 3)
+        self.set_ready(node, "True")
+        time.sleep(self.args.settle + 2)  # what a blip could trigger would have happened by now
+        after = quota_versions(self.cluster)
+        problems = [f"ClusterQueue {q} written (resourceVersion {before[q]} -> {after.get(q)}) after a "
+                    f"{self.args.settle / 3:.1f} s blip" for q in before if after.get(q) != before[q]]
+        self.verdict("blip", problems, time.monotonic() - started)
+        self.changed += 2 * (self.node_groups(node) + 1)  # the node's groups and the claim's status, twice
+        outcome = "QUOTA WRITTEN" if problems else "no quota write"
+        return f"{node} NotReady for {self.args.settle / 3:.1f} s: {outcome}"
+
+    def edit_queues(self) -> str:
+        return self.neighbour.edit(self.cluster)
+
+    def annotate_lease(self) -> str:
+        """Another writer annotates the Lease: the leader keeps leading and the annotation stays."""
+        (lease,) = [x for x in items(self.cluster, "/apis/coordination.k8s.io/v1/leases")
+                    if x["metadata"]["name"] == LEASE_NAME]
+        meta, started = lease["metadata"], time.monotonic()
+        holder = lease["spec"].get("holderIdentity")
+        self.kubectl("annotate", "lease", "-n", meta["namespace"], LEASE_NAME, f"{NEIGHBOUR}/seen={self.serial}",
+                     "--overwrite")
+        time.sleep(4)  # a lease duration: every replica has renewed or tried to since
+        after = ok(self.cluster.request(f"/apis/coordination.k8s.io/v1/namespaces/{meta['namespace']}/leases/"
+                                        f"{LEASE_NAME}"))
+        problems = []
+        if after["metadata"].get("annotations", {}).get(f"{NEIGHBOUR}/seen") != str(self.serial):
+            problems.append(f"the annotation {NEIGHBOUR}/seen={self.serial} is gone: {after['metadata']}")
+        if after["spec"].get("holderIdentity") != holder:
+            problems.append(f"the leader changed from {holder} to {after['spec'].get('holderIdentity')}")
+        self.verdict("lease", problems, time.monotonic() - started)
+        self.serial += 1
+        return f"annotated the Lease held by {holder}" + ("" if not problems else f": {problems}")
 
     def toggle(self, summarizers: dict[str, str]) -> str:
         existing = {s["metadata"]["name"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
@@ -454,7 +496,8 @@ class Bench:
         return f"{verb} NodeSummarizers {', '.join(summarizers)} ({groups} node groups)"
 
     def schedule(self) -> list[tuple[str, Callable[[], str]]]:
-        return [("label", self.label), ("restart_apiserver", self.restart_apiserver),
+        return [("label", self.label), ("blip", self.blip), ("restart_apiserver", self.restart_apiserver),
+                ("edit_queues", self.edit_queues), ("annotate_lease", self.annotate_lease),
                 ("collide", lambda: self.toggle(COLLIDING)), ("annotate", self.annotate),
                 ("stall", self.stall), ("edit_status", self.edit_status), ("rollout", self.rollout),
                 ("apply", self.apply), ("odd", lambda: self.toggle(ODD)), ("delete", self.delete)]
@@ -475,6 +518,26 @@ class Bench:
         else:
             log(self.started, f"{what}; NOT converged in {self.args.timeout:g} s: {record['failed']}")
 
+    def baseline(self) -> None:
+        """Once the replicas have summarized what populate made: their writes so far are not the
+        first minute's."""
+        self.started = time.monotonic()
+        record = self.check("start")
+        log(self.started, f"replicas in step after {record['converged_s']:.1f} s" if record["ok"]
+            else f"replicas NOT in step after {self.args.timeout:g} s: {record['failed']}")
+        for r in self.live():
+            r.scrape_writes()
+
+    def sample_rss(self) -> None:
+        for r in self.live():
+            try:
+                samples = r.scrape()
+            except Exception:  # restarting: the next minute samples it
+                continue
+            self.rss.append({"t": round(self.elapsed(), 1), "identity": r.identity,
+                             "started": value(samples, "process_start_time_seconds"),
+                             "bytes": value(samples, "process_resident_memory_bytes")})
+
     # -- writes per minute --
 
     def close_minute(self, minute: int, quiet: bool) -> None:
@@ -485,6 +548,7 @@ class Bench:
             except AssertionError:
                 self.watch_deaths()
         writes = sum(r.writes for r in self.replicas) - before
+        self.sample_rss()
         bound = self.changed + self.expected_writes + self.args.slack
         self.minutes.append({"minute": minute, "quiet": quiet, "writes": writes, "changed": self.changed,
                              "expected_action_writes": self.expected_writes, "bound": bound,
@@ -552,6 +616,7 @@ def populate(bench: Bench) -> None:
         bench.replicasets[f"app-{w}"] = rs
     for p in range(args.pods):
         bench.create_pod(f"app-{p % args.workloads}", f"node-{p % args.nodes:02d}", "Running")
+    quota_setup(cluster, POOL_LABEL)
 
 
 # -- results ---------------------------------------------------------------------------------------
@@ -566,10 +631,67 @@ def summarize(bench: Bench) -> dict[str, Any]:
             for reason, cs in sorted(by_reason.items())}
     busy = [m["writes"] for m in bench.minutes if not m["quiet"]]
     return {"checks": len(bench.checks), "failed_checks": sum(not c["ok"] for c in bench.checks),
+            "worst_converge_s": max((c["converged_s"] for c in bench.checks if c["ok"]), default=0.0),
             "minutes_over_bound": sum(not m["ok"] for m in bench.minutes), "deaths": len(bench.deaths),
+            "neighbour_edits": bench.neighbour.serial, "rss": rss_lives(bench.rss),
             "writes_per_busy_minute_median": statistics.median(busy) if busy else 0,
             "writes_per_quiet_minute_max": max((m["writes"] for m in bench.minutes if m["quiet"]), default=None),
             "by_reason": rows}
+
+
+def rss_lives(samples: list[dict]) -> list[dict]:
+    """Per process that ran (a replica's identity and its start time: a container restarted in place
+    is a new one), its RSS at its first and last sample and the least-squares slope per hour after
+    WARM_UP seconds (None with fewer than 3 samples after it). Longest-lived first."""
+    lives: dict[tuple[str, float | None], list[dict]] = {}
+    for sample in samples:
+        if sample["bytes"] is not None:
+            lives.setdefault((sample["identity"], sample["started"]), []).append(sample)
+    out = []
+    for (identity, _), ss in lives.items():
+        warm = [x for x in ss if x["t"] - ss[0]["t"] >= WARM_UP - 60]  # the first sample is a minute in
+        slope = (statistics.linear_regression([x["t"] for x in warm], [x["bytes"] for x in warm]).slope * 3600
+                 if len(warm) >= 3 else None)
+        out.append({"identity": identity, "minutes": round((ss[-1]["t"] - ss[0]["t"]) / 60, 1),
+                    "start_mb": round(ss[0]["bytes"] / 1e6, 1), "end_mb": round(ss[-1]["bytes"] / 1e6, 1),
+                    "slope_mb_per_hour": None if slope is None else round(slope / 1e6, 2)})
+    return sorted(out, key=lambda life: -life["minutes"])
+
+
+def rss_text(lives: list[dict]) -> str:
+    if not lives:
+        return "not sampled"
+    top = lives[0]
+    slope = "-" if top["slope_mb_per_hour"] is None else f"{top['slope_mb_per_hour']:+.2f} MB/h"
+    return (f"{top['identity']} ({top['minutes']:g} min) {top['start_mb']:g} -> {top['end_mb']:g} MB, "
+            f"slope {slope}")
+
+
+def keep_logs(bench: Bench, dest: Path) -> None:
+    """The control plane's and the replicas' logs, copied to ``dest`` before the cluster's working
+    directory goes."""
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(bench.cluster.workdir / "logs", dest)
+    bench.runner.logs(dest)
+
+
+def report_failure(result: dict[str, Any], where: str, logs: Path, root: Path = FAILED_LOGS) -> list[str]:
+    """What a person reads first when the soak fails (``result``: the --out JSON's checks, deaths and
+    minutes): the last failed check's differences, the deaths, the minutes over the bound, and
+    where the logs are kept: copied under ``root``, where a failed test keeps its own."""
+    kept = root / f"bench.neighbours-{where}-{time.strftime('%Y%m%d-%H%M%S')}"
+    shutil.copytree(logs, kept, dirs_exist_ok=True)
+    failed = [c for c in result["checks"] if not c["ok"]]
+    lines = [f"FAILED: {len(failed)} of {len(result['checks'])} checks"]
+    if failed:
+        last = failed[-1]
+        lines.append(f"the last failed check ({last['reason']}, at {last['t']:g} s):")
+        lines += [f"    {what}: {line}" for what, problems in last["failed"].items() for line in problems]
+    lines += [f"death: {d['identity']} at {d['t']:g} s ({d.get('code', '')}); log {d['log']}" for d in result["deaths"]]
+    lines += [f"minute {m['minute']}: {m['writes']:g} writes over the bound {m['bound']}"
+              for m in result["minutes"] if not m["ok"]]
+    lines.append(f"component logs kept in {kept}")
+    return lines
 
 
 def seconds(value: float | None) -> str:
@@ -628,42 +750,62 @@ def main(argv: list[str] | None = None) -> int:
                         help="every Nth minute has no churn and no actions; 0: none (default 5)")
     parser.add_argument("--slack", type=int, default=5, help="writes allowed per minute beyond the bound (default 5)")
     parser.add_argument("--read-timeout", type=float, default=70.0,
-                        help="--read-timeout of the proxied replica: above the API server's bookmark interval "
+                        help="--read-timeout of the replicas: above the API server's bookmark interval "
                              "(about 60 s), or idle watches time out and reconnect with backoff (default 70)")
+    parser.add_argument("--settle", type=float, default=5.0,
+                        help="--quota-settle of the replicas: seconds a flavor's capacity must hold before the "
+                             "claim's quota follows it (default 5)")
+    parser.add_argument("--quota-writes-per-hour", type=int, default=600,
+                        help="--quota-max-writes-per-hour of the replicas: the churn flaps pool-0 far more often than "
+                             "a real pool flaps (default 600)")
+    parser.add_argument("--as-pods", action="store_true",
+                        help="run the replicas as the chart's two pods on a real node (root; `make node-tools`): "
+                             "the image is built, the leader's container killed, its connections dropped in its "
+                             "network namespace")
+    parser.add_argument("--initial-list", choices=("list", "watchlist"), default="list",
+                        help="with --as-pods: the pods' --initial-list (processes take both, in turn; default list)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--logs", type=Path, default=Path("/tmp/neighbours-logs"),
                         help="where the replicas' and the control plane's logs are copied at the end")
     add_out(parser, "neighbours.json", (".md", ".png"))
     args = parser.parse_args(argv)
-    with LocalCluster(Options()) as cluster:
+    if args.as_pods:
+        from .neighbours_pods import Pods, cluster_options  # needs root and the node's tools
+        options = cluster_options()
+    with LocalCluster(options if args.as_pods else Options()) as cluster:
         cluster.install_crds(CRDS)
-        proxy, kubeconfig = through_proxy(cluster)
-        bench = Bench(cluster, proxy, kubeconfig, args, rng=random.Random(args.seed))
+        runner: Runner = Pods(cluster, args) if args.as_pods else Processes(cluster, args)
+        bench = Bench(cluster, runner, args, rng=random.Random(args.seed))
         try:
+            prepare = getattr(runner, "prepare", None)
+            if prepare is not None:  # the chart installed before the bench's objects exist
+                prepare()
             populate(bench)
-            bench.start_replica("a", proxied=False)
-            bench.start_replica("b", proxied=True)
+            runner.start()
+            bench.baseline()
             bench.run()
         finally:
-            for r in bench.live():
-                r.svc.stop()
-            proxy.close()
-            shutil.rmtree(args.logs, ignore_errors=True)
-            shutil.copytree(cluster.workdir / "logs", args.logs)
+            runner.stop()
+            keep_logs(bench, args.logs)
     summary = summarize(bench)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "summary": summary, "minutes": bench.minutes, "actions": bench.actions, "deaths": bench.deaths,
-              "replicas": [{"identity": r.identity, "proxied": r.proxied, "gone": r.gone, "writes": r.writes}
-                           for r in bench.replicas],
-              "checks": bench.checks}
+              "replicas": [{"identity": r.identity, "initial_list": r.initial_list, "stallable": r.stallable,
+                            "gone": r.gone, "writes": r.writes} for r in bench.replicas],
+              "rss": bench.rss, "checks": bench.checks}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     write_markdown(bench, summary, args.out.with_suffix(".md"))
     plot(bench, args.out.with_suffix(".png"))
-    print(f"[neighbours] {summary['checks']} checks, {summary['failed_checks']} failed; "
-          f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} deaths; "
-          f"logs in {args.logs}", flush=True)
     failed = summary["failed_checks"] or summary["minutes_over_bound"] or summary["deaths"]
+    if failed:
+        for line in report_failure(result, runner.where, args.logs):
+            print(f"[neighbours] {line}", flush=True)
+    print(f"[neighbours] {runner.where}: {summary['checks']} checks, {summary['failed_checks']} failed; worst "
+          f"converge {summary['worst_converge_s']:.2f} s; writes per minute: median "
+          f"{summary['writes_per_busy_minute_median']:g} busy, at most {summary['writes_per_quiet_minute_max']} quiet; "
+          f"{summary['minutes_over_bound']} minutes over the bound; {summary['deaths']} deaths; "
+          f"RSS {rss_text(summary['rss'])}; logs in {args.logs}", flush=True)
     return 1 if failed else 0
 
 

@@ -14,10 +14,7 @@ from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, Component, core, 
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from localkube.pki import generate
 from tests.kube import leaves_nothing
-from tests.paths import CRDS, ROOT
-
-# Where a failed test's component logs are kept (a cluster's working directory goes at teardown).
-FAILED_LOGS = ROOT / ".test-logs"
+from tests.paths import CRDS, FAILED_LOGS
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,3 +7,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
 EXAMPLES = ROOT / "examples"
+# Where a failed test's (or soak's) component logs are kept: a cluster's working directory goes at
+# its end.
+FAILED_LOGS = ROOT / ".test-logs"
