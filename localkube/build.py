@@ -231,12 +231,23 @@ JOBSET = _crds("jobset", "sigs.k8s.io/jobset", "jobset-crds.yaml",
                ("config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",))
 LWS = _crds("lws", "sigs.k8s.io/lws", "lws-crds.yaml",
             ("config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml",))
-KUEUE = Component("kueue", "sigs.k8s.io/kueue", (), bundles=tuple(
-    (bundle, tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml" for plural in plurals))
-    for bundle, plurals in (
-        ("kueue-crds.yaml", ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")),
-        ("multikueue-crds.yaml", ("multikueueclusters",)),  # a fleet hub's members
-    )))
+_KUEUE_CRDS = (  # bundle -> the CRDs the service reads (a fleet hub's members among them)
+    ("kueue-crds.yaml", ("resourceflavors", "clusterqueues", "localqueues", "cohorts", "workloads")),
+    ("multikueue-crds.yaml", ("multikueueclusters",)),
+)
+
+
+def _kueue_crds(wrapper: str) -> Component:
+    return Component(wrapper, "sigs.k8s.io/kueue", (), bundles=tuple(
+        (bundle, tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml" for plural in plurals))
+        for bundle, plurals in _KUEUE_CRDS))
+
+
+# Kueue v0.14 (kueue.x-k8s.io/v1beta1 only; localkube/gomod/kueue) and v0.19, the newest release the
+# module proxy serves (v1beta2, and v1beta1 still served; localkube/gomod/kueue-0.19). The tests' Kueue
+# cells (demo/kueue.py) install one of them; make test the newest, make test-kueue-matrix the others.
+KUEUE = _kueue_crds("kueue")
+KUEUE_019 = _kueue_crds("kueue-0.19")
 
 
 # Not in COMPONENTS: the JobSet and LeaderWorkerSet controller managers (the wrapper modules' `tool`
@@ -265,20 +276,28 @@ LWS_CONTROLLER = Component(
 # Not in COMPONENTS either: Kueue's controller manager, built on first use by the tests that run it
 # (localkube.controllers.KueueController). It watches more kinds than the tests create (admission
 # checks, topologies, MultiKueue, ...), so it comes with every CRD of the module (kueue-all-crds.yaml;
-# KUEUE's bundle keeps the five the service reads), and with its webhook configurations.
-KUEUE_CONTROLLER = Component(
-    "kueue", "sigs.k8s.io/kueue",
-    (Binary("kueue-controller", "sigs.k8s.io/kueue/cmd/kueue"),),
-    version_vars=("sigs.k8s.io/kueue/pkg/version.GitVersion",),
-    bundles=(
-        ("kueue-all-crds.yaml", tuple(
-            f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
-            for plural in ("admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters",
-                           "multikueueconfigs", "provisioningrequestconfigs", "resourceflavors", "topologies",
-                           "workloadpriorityclasses", "workloads"))),
+# KUEUE's bundle keeps the five the service reads), and with its webhook configurations; from v0.19,
+# with the CRD conversion webhook patches its kustomization applies (the manager injects its CA there).
+_KUEUE_ALL = ("admissionchecks", "clusterqueues", "cohorts", "localqueues", "multikueueclusters", "multikueueconfigs",
+              "provisioningrequestconfigs", "resourceflavors", "topologies", "workloadpriorityclasses", "workloads")
+_KUEUE_CONVERTED = ("localqueues", "clusterqueues", "cohorts", "workloads", "multikueueclusters")
+
+
+def _kueue_controller(wrapper: str, conversion: bool) -> Component:
+    bundles = [
+        ("kueue-all-crds.yaml", tuple(f"config/components/crd/bases/kueue.x-k8s.io_{plural}.yaml"
+                                      for plural in _KUEUE_ALL)),
         ("kueue-webhooks.yaml", ("config/components/webhook/manifests.yaml",)),
-    ),
-)
+    ]
+    if conversion:
+        bundles.append(("kueue-conversion.yaml", tuple(f"config/components/crd/patches/webhook_in_{plural}.yaml"
+                                                       for plural in _KUEUE_CONVERTED)))
+    return Component(wrapper, "sigs.k8s.io/kueue", (Binary("kueue-controller", "sigs.k8s.io/kueue/cmd/kueue"),),
+                     version_vars=("sigs.k8s.io/kueue/pkg/version.GitVersion",), bundles=tuple(bundles))
+
+
+KUEUE_CONTROLLER = _kueue_controller("kueue", conversion=False)
+KUEUE_019_CONTROLLER = _kueue_controller("kueue-0.19", conversion=True)
 
 
 def cache_root() -> Path:
@@ -408,8 +427,9 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 # What the tests build on first use beyond CORE, in the order `make test` builds them in the
 # background (tests/conftest.py --prebuild; the modules that need them declare it, and run last in
 # this order): Kueue's CRDs are a download; the rest are Go builds of minutes each on a fresh machine.
-TEST_TOOLS: tuple[Component, ...] = (KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
-                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_CONTROLLER,
+# Kueue: the newest cell's (v0.19); make test-kueue-matrix builds v0.14's controller on first use.
+TEST_TOOLS: tuple[Component, ...] = (KUEUE_019, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
+                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_019_CONTROLLER,
                                      KUBE_STATE_METRICS)
 
 

@@ -67,6 +67,7 @@ from . import pki
 from .build import (
     JOBSET,
     JOBSET_CONTROLLER,
+    KUEUE_019_CONTROLLER,
     KUEUE_CONTROLLER,
     LWS,
     LWS_CONTROLLER,
@@ -97,6 +98,8 @@ JOBSET_PROJECT = Project("jobset", JOBSET, JOBSET_CONTROLLER, "config.jobset.x-k
 LWS_PROJECT = Project("lws", LWS, LWS_CONTROLLER, "config.lws.x-k8s.io/v1alpha1")
 KUEUE_PROJECT = Project("kueue", KUEUE_CONTROLLER, KUEUE_CONTROLLER, "config.kueue.x-k8s.io/v1beta1",
                         crds_bundle="kueue-all-crds.yaml")
+KUEUE_019_PROJECT = Project("kueue", KUEUE_019_CONTROLLER, KUEUE_019_CONTROLLER, "config.kueue.x-k8s.io/v1beta2",
+                            crds_bundle="kueue-all-crds.yaml")
 # Everything both need, to build ahead (ensure_binaries(BUILD)) where a start must not wait for it.
 BUILD = (JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER)
 
@@ -161,9 +164,9 @@ class Controller:
     def start(self, install_crds: bool = True, timeout: float = 60) -> Controller:
         """Build (first use) and start the manager, then install its webhook configurations."""
         self.paths = ensure_binaries((self.project.crds, self.project.controller))
-        if install_crds:
-            self.cluster.install_crds(self.paths[self.project.crds_file])
         self.webhook_port, self.probe_port = free_port(), free_port()
+        if install_crds:
+            self._install_crds()
         config = self.home / "config.yaml"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps({
@@ -191,6 +194,9 @@ class Controller:
     def _wait(self, what: str, check: Callable[[], bool], timeout: float) -> None:
         assert self.process is not None
         wait_until(f"{self.name} {what}", check, timeout, [self.process])
+
+    def _install_crds(self) -> None:
+        self.cluster.install_crds(self.paths[self.project.crds_file])
 
     def _settings(self) -> dict[str, Any]:
         """The Configuration fields of this manager's own: its webhook certificate, made here."""
@@ -237,9 +243,35 @@ class Controller:
 KUEUE_NAMESPACE = "kueue-system"  # Kueue's default namespace (its Configuration's ``namespace``)
 KUEUE_SERVICE = "kueue-webhook-service"  # the defaults of ``internalCertManagement``
 KUEUE_SECRET = "kueue-webhook-server-cert"
-# The webhooks registered (the tails of their paths): its own kinds', and batch Jobs', the integration
-# it always has (an empty ``integrations.frameworks`` means ["batch/job"]).
-KUEUE_SERVED = ("kueue-x-k8s-io-v1beta1-", "batch-v1-job")
+# The webhooks registered (the tails of their paths): its own kinds' (at the version it serves them:
+# v1beta1 to v0.14, v1beta2 from v0.15), and batch Jobs', the integration it always has (an empty
+# ``integrations.frameworks`` means ["batch/job"]).
+KUEUE_SERVED = ("kueue-x-k8s-io-v1beta", "batch-v1-job")
+
+
+def unserve(crds: str, versions: tuple[str, ...]) -> str:
+    """Kueue's CRDs (a YAML stream) with ``versions`` set ``served: false``: what an API server of a
+    later Kueue serves (v0.20 stopped serving v1beta1; the objects stay stored at v1beta2)."""
+    docs = [d for d in yaml.safe_load_all(crds) if d]
+    for doc in docs:
+        for version in doc["spec"]["versions"]:
+            if version["name"] in versions:
+                version["served"] = False
+    return yaml.safe_dump_all(docs)
+
+
+def with_conversion(crds: str, patches: str, port: int) -> str:
+    """Kueue's CRDs with the conversion webhook its kustomization patches in (``webhook_in_*.yaml``),
+    calling its webhook Service on ``port``: its manager injects its CA there, and waits for that."""
+    conversion = {p["metadata"]["name"]: p["spec"]["conversion"] for p in yaml.safe_load_all(patches) if p}
+    docs = [d for d in yaml.safe_load_all(crds) if d]
+    for doc in docs:
+        patch = conversion.get(doc["metadata"]["name"])
+        if patch is not None:
+            service = {**patch["webhook"]["clientConfig"]["service"], "name": KUEUE_SERVICE,
+                       "namespace": KUEUE_NAMESPACE, "port": port}
+            doc["spec"]["conversion"] = {**patch, "webhook": {**patch["webhook"], "clientConfig": {"service": service}}}
+    return yaml.safe_dump_all(docs)
 
 
 def kueue_webhook_configurations(paths: dict[str, Path], port: int) -> list[dict]:
@@ -265,8 +297,21 @@ class KueueController(Controller):
     """Kueue's controller manager, with its internal certificate management (see the module's
     docstring): the cluster plays the Service and the kubelet's mount of its Secret."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
-        super().__init__(cluster, KUEUE_PROJECT)
+    def __init__(self, cluster: LocalCluster, project: Project = KUEUE_PROJECT, unserved: tuple[str, ...] = ()) -> None:
+        super().__init__(cluster, project)
+        self.unserved = unserved  # CRD versions not served (a later Kueue's API server)
+
+    def _install_crds(self) -> None:
+        """Every CRD of the module; from v0.19 with its conversion webhook (to its webhook Service)."""
+        crds = self.paths[self.project.crds_file].read_text()
+        if "kueue-conversion.yaml" in self.paths:
+            crds = with_conversion(crds, self.paths["kueue-conversion.yaml"].read_text(), self.webhook_port)
+        if self.unserved:
+            crds = unserve(crds, self.unserved)
+        path = self.home / "crds.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(crds)
+        self.cluster.install_crds(path)
 
     def _settings(self) -> dict[str, Any]:
         # Until Kueue's own certificate is copied in: any one, so the webhook server starts.
