@@ -597,17 +597,30 @@ class ApiClient:
             return await self.resource_for(f"{group}/{version}" if group else version, kind)
         if not group:
             return await self.resource_for("v1", kind)
-        try:
-            body = json.loads(await self.get(f"/apis/{group}", timeout=15))
-        except NotFound:
-            return None
-        versions = [body.get("preferredVersion", {}).get("groupVersion")]
-        versions += [v["groupVersion"] for v in body.get("versions", [])]
-        for api_version in dict.fromkeys(v for v in versions if v):
+        for api_version in await self._group_versions(group):
             resource = await self.resource_for(api_version, kind)
             if resource is not None:
                 return resource
         return None
+
+    async def served_resources(self, group: str, kind: str) -> list[ApiResource]:
+        """The kind's resource at every version of the group that serves it, the preferred first."""
+        out = []
+        for api_version in await self._group_versions(group):
+            resource = await self.resource_for(api_version, kind)
+            if resource is not None:
+                out.append(resource)
+        return out
+
+    async def _group_versions(self, group: str) -> list[str]:
+        """The group's versions ("group/version"), in the API server's order of preference."""
+        try:
+            body = json.loads(await self.get(f"/apis/{group}", timeout=15))
+        except NotFound:
+            return []
+        versions = [body.get("preferredVersion", {}).get("groupVersion")]
+        versions += [v["groupVersion"] for v in body.get("versions", [])]
+        return list(dict.fromkeys(v for v in versions if v))
 
 
 def backoff(attempt: int, base: float = 0.25, cap: float = BACKOFF_CAP) -> float:

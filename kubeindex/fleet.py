@@ -1,11 +1,19 @@
 """The fleet: the member clusters a hub reads capacity from, for the ClusterResourceClaims whose
 ``clusterName`` is not ``local``.
 
-- **Members are MultiKueue's.** Each MultiKueueCluster (kueue.x-k8s.io/v1beta1) is a member, under
-  its own name. Its ``spec.kubeConfig`` says where the member's kubeconfig is, as MultiKueue reads
-  it: a Secret (key ``kubeconfig``) in Kueue's namespace (``namespace`` here, --fleet-namespace),
-  or a file in this container (``locationType: Path``). The Secret is read again every
-  ``RECHECK`` seconds, and the member reconnected when it changed (rotated credentials).
+- **Members are MultiKueue's.** Each MultiKueueCluster (kueue.x-k8s.io, v1beta2 or v1beta1) is a
+  member, under its own name. Its ``spec.clusterSource.kubeConfig`` (v1beta2; ``spec.kubeConfig``
+  in v1beta1) says where the member's kubeconfig is, as MultiKueue reads it: a Secret (key
+  ``kubeconfig``) in Kueue's namespace (``namespace`` here, --fleet-namespace), or a file in this
+  container (``locationType: Path``). The Secret is read again every ``RECHECK`` seconds, and the
+  member reconnected when it changed (rotated credentials). A member named by v1beta2's
+  ``clusterProfileRef`` is not connected: a ClusterProfile's credentials come from an exec plugin
+  (Kueue's ``multiKueue.clusterProfile.accessProviders``), and this process runs no plugin that an
+  object chooses (as it runs no ``exec`` of a kubeconfig); its claims' Ready (MemberUnsupported)
+  and the log say to set ``clusterSource.kubeConfig`` instead.
+- **Kueue's version in the member**: its ResourceFlavors are read at the version the member's API
+  server prefers among KUEUE_VERSIONS (discovery at each connection); served only at others, or
+  not at all, the member is not connected, and the claims' Ready says why.
 - **Two watches per member**, in the member: its NodeSummaries (this product, run there with a
   NodeSummarizer over the label its flavors select nodes by) and its ResourceFlavors. A member
   flavor's capacity is read from the member's NodeSummary whose selector equals
@@ -26,18 +34,19 @@ import asyncio
 import base64
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from .api import ApiClient, ApiError, ConfigError, connection_from_kubeconfig
+from .api import ApiClient, ApiError, ApiResource, ConfigError, backoff, connection_from_kubeconfig
 from .clock import REAL, Clock
+from .discovery import choose
 from .logfields import fields
 from .objects import (
     API_VERSION,
     KUEUE_GROUP,
-    KUEUE_VERSION,
+    KUEUE_VERSIONS,
     MemberNodeSummary,
     MultiKueueCluster,
     ResourceFlavor,
@@ -58,6 +67,8 @@ NOT_LISTED = ("the hub has not listed the MultiKueueClusters yet (is MultiKueue'
               "multikueueclusters.kueue.x-k8s.io installed, and may the hub list them?)")
 MEMBER_RESOURCE = f"multikueueclusters.{KUEUE_GROUP}"  # the log lines' resource
 AddWatch = Callable[[Reflector], None]
+Discover = Callable[[ApiClient], Awaitable[list[ApiResource]]]
+DISCOVERY_ATTEMPTS = 5  # a member's discovery, with backoff, before waiting RECHECK
 
 
 class SecretReader(Protocol):
@@ -71,14 +82,15 @@ class SecretReader(Protocol):
 class MemberProblem:
     """Why a member's capacity is not what its watches say: a claim's Ready reason and message."""
 
-    reason: str  # MemberUnknown | MemberConnecting | MemberUnreachable
+    reason: str  # MemberConnecting | MemberUnreachable | MemberUnsupported
     message: str
 
 
 class Member:
     """One member cluster: its client, its two watches and what they hold."""
 
-    def __init__(self, name: str, api: ApiClient, settings: WatchSettings, clock: Clock, config: str) -> None:
+    def __init__(self, name: str, api: ApiClient, settings: WatchSettings, clock: Clock, config: str,
+                 flavors: str) -> None:
         self.name = name
         self.api = api
         self.config = config  # the kubeconfig it was made from: reconnect when it changes
@@ -90,8 +102,8 @@ class Member:
         self.reflectors: list[Reflector] = [
             Reflector(api, f"member-{name}-nodesummaries", f"/apis/{API_VERSION}/nodesummaries", MemberNodeSummary,
                       Handler(self._summary, self._summary_gone), settings=settings, clock=clock),
-            Reflector(api, f"member-{name}-resourceflavors", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/resourceflavors",
-                      ResourceFlavor, Handler(self._flavor, self._flavor_gone), settings=settings, clock=clock),
+            Reflector(api, f"member-{name}-resourceflavors", flavors, ResourceFlavor,
+                      Handler(self._flavor, self._flavor_gone), settings=settings, clock=clock),
         ]
 
     def _summary(self, obj: MemberNodeSummary) -> None:
@@ -147,6 +159,14 @@ class Member:
                 "node-workload-summary there with a NodeSummarizer over that label")
 
 
+class Unsupported(ConfigError):
+    """A member this code cannot read, whatever it retries: the claims' Ready says MemberUnsupported."""
+
+
+async def served_flavors(api: ApiClient) -> list[ApiResource]:
+    return await api.served_resources(KUEUE_GROUP, "ResourceFlavor")
+
+
 class Fleet:
     """The hub's members, kept equal to the MultiKueueClusters (``upsert`` / ``delete``: the
     handler of their watch), and the capacity the claim controller reads."""
@@ -154,7 +174,7 @@ class Fleet:
     def __init__(self, api: SecretReader, add_watch: AddWatch, remove_watch: Callable[[str], None],
                  namespace: str = "kueue-system", grace: float = MEMBER_GRACE,
                  settings: WatchSettings | None = None, listed: Callable[[], bool] = lambda: True,
-                 clock: Clock = REAL) -> None:
+                 clock: Clock = REAL, discover: Discover = served_flavors) -> None:
         self.api = api  # the hub's: reads the Secrets
         self.listed = listed  # the MultiKueueClusters were listed: one absent is no member
         self.namespace = namespace
@@ -165,7 +185,9 @@ class Fleet:
         self.specs: dict[str, MultiKueueCluster] = {}  # member -> its MultiKueueCluster
         self.since: dict[str, float] = {}  # member -> when its MultiKueueCluster was first seen
         self.members: dict[str, Member] = {}  # connected (its watches running)
-        self.errors: dict[str, str] = {}  # member -> why it is not connected (its kubeconfig)
+        self.errors: dict[str, str] = {}  # member -> why it is not connected (its kubeconfig, its Kueue)
+        self.unsupported: set[str] = set()  # members whose error no retry mends (Unsupported)
+        self.discover = discover  # a member's ResourceFlavor resources, the preferred first
         self._tasks: dict[str, asyncio.Task] = {}
         self._say = ThrottledLog(log, clock=clock.monotonic)
         self._changes = 0
@@ -197,6 +219,7 @@ class Fleet:
         if member is not None:
             self._detach(member)
         self.errors.pop(name, None)
+        self.unsupported.discard(name)
         if name in self.specs:
             self._tasks[name] = asyncio.get_running_loop().create_task(self._keep_connected(name))
 
@@ -214,23 +237,28 @@ class Fleet:
 
     async def _keep_connected(self, name: str) -> None:
         """Read the member's kubeconfig now and every RECHECK seconds; (re)connect when it
-        changed. The member (its client, its watches) is this task's: closed when it ends."""
+        changed, or when the member stopped serving the version its flavors were read at. The
+        member (its client, its watches) is this task's: closed when it ends."""
         member: Member | None = None
         try:
             while True:
                 try:
                     config = await self._read_kubeconfig(self.specs[name])
-                    if member is None or member.config != config:
+                    if member is None or member.config != config or member.reflectors[1].not_served:
                         if member is not None:
                             await self._close(member)
-                        member = self._connect(name, config)
+                            member = None
+                        member = await self._connect(name, config)
                     if self.errors.pop(name, None) is not None:
                         self._changes += 1
+                    self.unsupported.discard(name)
                     self._say.clear(name)
                 except (ConfigError, ApiError, OSError) as err:
                     if self.errors.get(name) != str(err):
                         self._changes += 1
                     self.errors[name] = str(err)
+                    if isinstance(err, Unsupported):
+                        self.unsupported.add(name)
                     self._say(name, str(err), logging.WARNING, "member %s: %s; retrying every %.0fs", name, err,
                               RECHECK, extra=fields(MEMBER_RESOURCE, name=name, error=str(err)))
                 await self.clock.sleep(RECHECK)
@@ -239,7 +267,14 @@ class Fleet:
                 await self._close(member)
 
     async def _read_kubeconfig(self, obj: MultiKueueCluster) -> str:
-        where = obj.spec.kubeConfig
+        where = obj.spec.kubeconfig()
+        if where is None:
+            profile = obj.spec.profile()
+            raise Unsupported(
+                f"MultiKueueCluster {obj.metadata.name} names its cluster by clusterProfileRef (ClusterProfile "
+                f"{profile or '?'}), whose credentials come from an exec plugin, which this service does not run; "
+                "set spec.clusterSource.kubeConfig instead (locationType Secret: a Secret in "
+                f"{self.namespace} with key {KUBECONFIG_KEY!r}; or Path)")
         if where.locationType == "Path":
             try:
                 return Path(where.location).read_text()
@@ -255,17 +290,43 @@ class Fleet:
             raise ConfigError(f"Secret {self.namespace}/{where.location} has no key {KUBECONFIG_KEY!r}")
         return base64.b64decode(data[KUBECONFIG_KEY]).decode()
 
-    def _connect(self, name: str, config: str) -> Member:
+    async def _connect(self, name: str, config: str) -> Member:
         where = f"the kubeconfig of member {name}"
-        member = Member(name, ApiClient(connection_from_kubeconfig(config, where), MEMBER_CONNECTIONS),
-                        self.settings, self.clock, config)
+        api = ApiClient(connection_from_kubeconfig(config, where), MEMBER_CONNECTIONS)
+        try:
+            flavors = await self._discover(api, name)
+        except BaseException:
+            await api.close()
+            raise
+        member = Member(name, api, self.settings, self.clock, config, flavors)
         self.members[name] = member
         for reflector in member.reflectors:
             self._add_watch(reflector)
-        log.info("member %s: watching its NodeSummaries and ResourceFlavors at %s", name, member.api.connection.host,
-                 extra=fields(MEMBER_RESOURCE, name=name))
+        log.info("member %s: watching its NodeSummaries and ResourceFlavors (%s) at %s", name, flavors,
+                 member.api.connection.host, extra=fields(MEMBER_RESOURCE, name=name))
         self._changes += 1
         return member
+
+    async def _discover(self, api: ApiClient, name: str) -> str:
+        """The path of the member's ResourceFlavors, at the version it prefers among KUEUE_VERSIONS."""
+        served: list[ApiResource] = []
+        for attempt in range(DISCOVERY_ATTEMPTS):
+            try:
+                served = await self.discover(api)
+                break
+            except ApiError:
+                if attempt == DISCOVERY_ATTEMPTS - 1:
+                    raise
+                await self.clock.sleep(backoff(attempt))
+        resource = choose(served, KUEUE_VERSIONS)
+        if resource is not None:
+            return resource.path
+        if served:
+            raise Unsupported(f"member {name} serves ResourceFlavors only at "
+                              f"{', '.join(r.api_version for r in served)}, which this version of node-workload-summary"
+                              f" does not read (it reads {', '.join(KUEUE_VERSIONS)})")
+        raise ConfigError(f"member {name} serves no ResourceFlavors (resourceflavors.{KUEUE_GROUP}): is Kueue "
+                          "installed there?")
 
     def _detach(self, member: Member) -> None:
         """The member's watches stop and its capacity is no longer read (its client stays open)."""
@@ -292,6 +353,8 @@ class Fleet:
             if not self.listed():
                 return MemberProblem("MemberConnecting", NOT_LISTED)
             return MemberProblem("MemberUnreachable", f"no MultiKueueCluster {name}: not (or no longer) a member")
+        if name in self.unsupported:
+            return MemberProblem("MemberUnsupported", f"member {name}: {self.errors[name]}")
         member = self.members.get(name)
         synced = member is not None and member.synced
         away = member.out_of_contact() if member is not None else self.clock.monotonic() - self.since[name]

@@ -2,8 +2,8 @@
 the API requests' (``nws_rest_client_*``), and the fleet's.
 
 Bounds: one series per watched resource (and event type or restart reason), one per configured
-or referenced kind that is not served or not allowed; a histogram per (verb, resource) requested
-and a count per (code, HTTP method) answered.
+or referenced kind that is not served, not allowed, or served at no version known; a histogram
+per (verb, resource) requested and a count per (code, HTTP method) answered.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class _Sources(Protocol):
     def missing_kinds(self) -> Set[tuple[str, str]]: ...  # (group, kind)
     @property
     def forbidden_kinds(self) -> Set[tuple[str, str]]: ...
+    @property
+    def unknown_versions(self) -> Mapping[tuple[str, str], tuple[str, ...]]: ...  # (group, kind) -> served
 
 
 class SourcesCollector(Collector):
@@ -77,6 +79,12 @@ class SourcesCollector(Collector):
         yield _kinds("nws_kind_forbidden",
                      "1 for each configured or referenced kind this service may not list or watch.",
                      sources.forbidden_kinds)
+        unknown = GaugeMetricFamily("nws_kind_version_unknown", "1 for each kind served only at versions this "
+                                    "service does not read (served: those versions), e.g. a Kueue newer than it.",
+                                    labels=["group", "kind", "served"])
+        for (group, kind), versions in sorted(sources.unknown_versions.items()):
+            unknown.add_metric([group, kind, ",".join(versions)], 1)
+        yield unknown
 
 
 def _kinds(name: str, help_: str, kinds: Iterable[tuple[str, str]]) -> GaugeMetricFamily:

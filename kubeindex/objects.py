@@ -143,7 +143,11 @@ class WorkloadSummarizer(Struct):
     status: dict[str, Any] = field(default_factory=dict)
 
 
-# -- Kueue (kueue.x-k8s.io/v1beta1): flavors and the quotas ClusterQueues give them ---------------
+# -- Kueue (kueue.x-k8s.io, v1beta2 or v1beta1): flavors and the quotas ClusterQueues give them -------
+#
+# The fields read here are the same in both versions but for MultiKueueCluster's kubeconfig (see
+# below): one projection per kind serves both. Each kind is read, and written, at the version the
+# API server prefers among KUEUE_VERSIONS (kubeindex/discovery.py).
 
 class ResourceFlavorSpec(Struct):
     nodeLabels: dict[str, str] = field(default_factory=dict)  # none: every node (as Kueue)
@@ -176,6 +180,7 @@ class ClusterQueueSpec(Struct):
 class ClusterQueue(Struct):
     metadata: ObjectMeta = field(default_factory=ObjectMeta)
     spec: ClusterQueueSpec = field(default_factory=ClusterQueueSpec)
+    apiVersion: str = ""  # as read: the claims patch the queue at that version (its field paths)
 
 
 class KubeConfigLocation(Struct):
@@ -183,8 +188,27 @@ class KubeConfigLocation(Struct):
     locationType: str = "Secret"  # Secret | Path
 
 
+class ClusterProfileRef(Struct):
+    name: str = ""  # a ClusterProfile (SIG-Multicluster) in Kueue's namespace
+
+
+class ClusterSource(Struct):
+    kubeConfig: KubeConfigLocation | None = None
+    clusterProfileRef: ClusterProfileRef | None = None
+
+
 class MultiKueueClusterSpec(Struct):
-    kubeConfig: KubeConfigLocation = field(default_factory=KubeConfigLocation)
+    kubeConfig: KubeConfigLocation | None = None  # v1beta1
+    clusterSource: ClusterSource = field(default_factory=ClusterSource)  # v1beta2: kubeConfig or clusterProfileRef
+
+    def kubeconfig(self) -> KubeConfigLocation | None:
+        """Where the member's kubeconfig is, in either version's shape; None: not by kubeconfig."""
+        return self.clusterSource.kubeConfig or self.kubeConfig
+
+    def profile(self) -> str:
+        """The ClusterProfile naming the member (v1beta2's clusterProfileRef), or ""."""
+        ref = self.clusterSource.clusterProfileRef
+        return ref.name if ref is not None and self.kubeconfig() is None else ""
 
 
 class MultiKueueCluster(Struct):
@@ -195,7 +219,8 @@ class MultiKueueCluster(Struct):
 
 
 KUEUE_GROUP = "kueue.x-k8s.io"
-KUEUE_VERSION = "v1beta1"
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # the versions this service reads and writes, newest first
+KUEUE_VERSION = "v1beta1"  # the version bench.fleet writes its objects at (demo.kueue's default cell)
 
 
 # -- A member cluster's NodeSummaries, as a fleet hub reads them ----------------------------------

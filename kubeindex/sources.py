@@ -9,7 +9,9 @@ Optional kinds (Kueue's ResourceFlavors and ClusterQueues, and this project's
 ClusterResourceClaims, whose CRD is installed separately) are watched in full whenever the API
 server serves them: looked up at start and, while not served, again (a CRD installed later is
 picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
-forbidden is reported as for owner kinds, never against readiness.
+forbidden is reported as for owner kinds, never against readiness. Kueue's kinds are read at the
+version the API server prefers among KUEUE_VERSIONS; one served only at other versions is in
+``unknown_versions`` (a warning once, a metric, a line of /readyz, the claims' Ready).
 
 ``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
 a live object while not watched) that discovery says is not served; only those are looked up
@@ -42,7 +44,7 @@ from .objects import (
     API_VERSION,
     GROUP,
     KUEUE_GROUP,
-    KUEUE_VERSION,
+    KUEUE_VERSIONS,
     VERSION,
     ClusterQueue,
     ClusterResourceClaim,
@@ -97,15 +99,15 @@ class Sources:
         self._tasks: set[asyncio.Task] = set()
         # Optional kinds: need -> (projection, handler); watched whenever served.
         self.optional: dict[Need, tuple[type, Handler]] = {
-            (KUEUE_GROUP, "ResourceFlavor", KUEUE_VERSION):
+            (KUEUE_GROUP, "ResourceFlavor", None):
                 (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
-            (KUEUE_GROUP, "ClusterQueue", KUEUE_VERSION):
+            (KUEUE_GROUP, "ClusterQueue", None):
                 (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
             (GROUP, "ClusterResourceClaim", VERSION):
                 (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
-        self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional)
+        self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional, {KUEUE_GROUP: KUEUE_VERSIONS})
         self.owner_kinds = OwnerKinds(index, self.discovery, self._start_metadata_watch, reserved=CORE)
 
     @property
@@ -250,8 +252,27 @@ class Sources:
         return _permanent_problems(self.owner_kinds.reflectors.values(), self.sync_grace)
 
     def optional_problems(self) -> list[str]:
-        """Optional kinds served but not readable (forbidden): reported, not counted against readiness."""
-        return _permanent_problems(self._optional_reflectors.values(), self.sync_grace)
+        """Optional kinds served but not readable (forbidden, or only at versions this code does not
+        read): reported, not counted against readiness."""
+        return [*_permanent_problems(self._optional_reflectors.values(), self.sync_grace),
+                *(self.version_problem(need) for need in sorted(self.discovery.unknown, key=str)
+                  if need in self.optional)]
+
+    @property
+    def unknown_versions(self) -> dict[GroupKind, tuple[str, ...]]:
+        """(group, kind) -> the versions served, of every needed kind served only at versions not read."""
+        return {(need[0], need[1]): versions for need, versions in self.discovery.unknown.items()}
+
+    def version_problem(self, need: Need) -> str:
+        """Why a kind served only at unknown versions is not read (``discovery.unknown``)."""
+        served = ", ".join(f"{need[0]}/{v}" for v in self.discovery.unknown.get(need, ()))
+        return (f"{describe(need)}: served only at {served}, which this version of node-workload-summary does not "
+                f"read (it reads {', '.join(KUEUE_VERSIONS)})")
+
+    def kueue_problem(self) -> str | None:
+        """Why Kueue's ResourceFlavors or ClusterQueues are not read though served, for the claims."""
+        needs = [n for n in self.discovery.unknown if n[0] == KUEUE_GROUP and n in self.optional]
+        return "; ".join(self.version_problem(n) for n in sorted(needs, key=str)) or None
 
     @property
     def forbidden_kinds(self) -> set[GroupKind]:

@@ -29,7 +29,7 @@ from kubeindex.api import ApiClient, ConfigError, Connection, RequestMetrics, lo
 from kubeindex.fleet import MULTIKUEUE_CLUSTER, Fleet
 from kubeindex.index import ClusterIndex
 from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
-from kubeindex.objects import KUEUE_VERSION, MultiKueueCluster
+from kubeindex.objects import MultiKueueCluster
 from kubeindex.reflector import Handler, WatchSettings
 from kubeindex.sources import Sources
 from reconciler.claims import ClaimSettings
@@ -204,7 +204,7 @@ def fleet_of(settings: Settings, api: ApiClient, sources: Sources, watch: WatchS
     """The hub's members: one per MultiKueueCluster, watched whenever Kueue serves them."""
     fleet = Fleet(api, sources.add_watch, sources.remove_watch, settings.fleet_namespace, settings.member_grace,
                   watch, listed=lambda: sources.optional_listed(MULTIKUEUE_CLUSTER))
-    sources.add_optional_kind((*MULTIKUEUE_CLUSTER, KUEUE_VERSION), MultiKueueCluster,
+    sources.add_optional_kind((*MULTIKUEUE_CLUSTER, None), MultiKueueCluster,  # at a version known (Sources)
                               Handler(fleet.upsert, fleet.delete))
     return fleet
 

@@ -23,6 +23,10 @@ leadership checks, its token bucket).
 - **Claim status**: a server-side apply of the status subresource (force, field manager
   ``node-workload-summary``) when it differs from the object's; a condition keeps its
   lastTransitionTime while its status is unchanged.
+- **Kueue's version**: a ClusterQueue is patched at the version it was read at (its
+  ``apiVersion``: the one the API server prefers among those this code knows), so the patch's
+  field paths are that version's. While Kueue's kinds are served only at versions this code does
+  not know (``kueue_problem``), every claim's Ready says so (reason KueueVersionUnknown).
 - **ClusterQueue writes** (only with actuation on): the RFC 6902 patch of quota.py
   (``replace /metadata/resourceVersion`` first, then the changed nominalQuota paths); 409 Conflict
   (the queue changed since it was read) goes back to the queue with backoff. At most
@@ -52,7 +56,7 @@ from kubeindex.api import ApiError, Conflict
 from kubeindex.fleet import Fleet
 from kubeindex.kueue import KueueIndex
 from kubeindex.logfields import fields
-from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSION, ClusterResourceClaim
+from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSIONS, ClusterResourceClaim
 from kubeindex.quantity import parse_nano
 
 from .conditions import rfc3339, with_times
@@ -184,6 +188,22 @@ def named_queues(claims: Iterable[ClusterResourceClaim]) -> set[str]:
     return out
 
 
+def queue_api_version(queue: Mapping[str, Any]) -> str:
+    """The version the queue was read at (a projection made in code may lack it: the newest known)."""
+    return str(queue.get("apiVersion") or f"{KUEUE_GROUP}/{KUEUE_VERSIONS[0]}")
+
+
+def _invalid(conditions: list[dict[str, Any]]) -> bool:
+    """Ready says the claim itself is wrong (its spec, or a duplicate): that stands whatever Kueue is."""
+    return any(c["type"] == "Ready" and c["reason"] in ("InvalidSpec", "Duplicate") for c in conditions)
+
+
+def _kueue_unknown(conditions: list[dict[str, Any]], problem: str) -> list[dict[str, Any]]:
+    ready = {"type": "Ready", "status": "False", "reason": "KueueVersionUnknown",
+             "message": f"{problem}; the quota last applied for this claim is kept"}
+    return [ready if c["type"] == "Ready" else c for c in conditions]
+
+
 def _cluster_unknown(conditions: list[dict[str, Any]], cluster: str) -> list[dict[str, Any]]:
     ready = {"type": "Ready", "status": "False", "reason": "ClusterUnknown",
              "message": f"cluster {cluster} is not known: without --fleet this replica claims the capacity of cluster"
@@ -241,8 +261,9 @@ class Claims:
 
     def __init__(self, kueue: KueueIndex, settings: ClaimSettings | None = None,
                  clock: Callable[[], float] = time.time, fleet: Fleet | None = None,
-                 recorder: EventRecorder | None = None) -> None:
+                 recorder: EventRecorder | None = None, kueue_problem: Callable[[], str | None] = lambda: None) -> None:
         self.kueue = kueue
+        self.kueue_problem = kueue_problem  # Sources.kueue_problem: Kueue served at versions not known
         self.fleet = fleet
         self.recorder = recorder  # None: quota writes are logged, no Event recorded
         self.settings = settings or ClaimSettings()
@@ -250,7 +271,7 @@ class Claims:
         self.settler = Settler(self.settings.settle)
         self.writes = QuotaWrites()
         self.last: Evaluation | None = None  # the latest evaluation (to inspect; the metrics read the status)
-        self._seen: tuple[int, int, dict[tuple[str, str], Capacity | None]] | None = None
+        self._seen: tuple[int, int, str | None, dict[tuple[str, str], Capacity | None]] | None = None
         self.wanted: dict[str, tuple[str, str]] = {}  # claims to create: name -> (member, flavor)
 
     # -- what to queue ----------------------------------------------------------------------------
@@ -280,7 +301,7 @@ class Claims:
         claims = list(self.kueue.claims.values())
         claimed = {_parsed(c).key for c in claims}  # as the evaluation reads them: a bad name is local
         fleet = self.fleet.version if self.fleet is not None else 0
-        seen = (self.kueue.version, fleet, {k: self._live(*k) for k in claimed})
+        seen = (self.kueue.version, fleet, self.kueue_problem(), {k: self._live(*k) for k in claimed})
         if seen == self._seen and not everything:
             return []
         self._seen = seen
@@ -314,7 +335,10 @@ class Claims:
         status = dict(result.status)
         conditions = status["conditions"]
         cluster, flavor = _parsed(claim).key  # an invalid spec keeps its InvalidSpec reason
-        if cluster != LOCAL and self.fleet is None:
+        kueue = self.kueue_problem()
+        if kueue is not None and not _invalid(conditions):
+            conditions = _kueue_unknown(conditions, kueue)
+        elif cluster != LOCAL and self.fleet is None:
             conditions = _cluster_unknown(conditions, cluster)
         elif cluster != LOCAL and self.fleet is not None:
             conditions = _member_ready(conditions, self.fleet, cluster, flavor, claim.status.get("conditions"))
@@ -383,7 +407,7 @@ class Claims:
             return allowed - ev.now
         changes = ev.plan.changes(queue)
         try:
-            await request("patch_quota", "PATCH", f"/apis/{KUEUE_GROUP}/{KUEUE_VERSION}/{QUEUES}/{name}", patch,
+            await request("patch_quota", "PATCH", f"/apis/{queue_api_version(queue)}/{QUEUES}/{name}", patch,
                           {"fieldManager": MANAGER}, content_type=JSON_PATCH)
         except Exception as err:  # the reconciler's Retry, caused by the API's answer; or Deposed
             if isinstance(err.__cause__, ApiError):
@@ -409,7 +433,7 @@ class Claims:
             return
         meta = queue.get("metadata")
         uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
-        related = Ref(f"{KUEUE_GROUP}/{KUEUE_VERSION}", "ClusterQueue", name, uid)
+        related = Ref(queue_api_version(queue), "ClusterQueue", name, uid)
         for claim, written in sorted(mine.items()):
             obj = self.kueue.claims.get(claim)
             if obj is None:

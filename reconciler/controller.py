@@ -196,7 +196,8 @@ class Reconciler:
         self.settings = settings or ReconcilerSettings()
         self.stats = WriteStats()
         instance = elector.settings.identity if elector is not None else identity()
-        self.claims = Claims(index.kueue, claims, fleet=fleet, recorder=EventRecorder(MANAGER, instance))
+        self.claims = Claims(index.kueue, claims, fleet=fleet, recorder=EventRecorder(MANAGER, instance),
+                             kueue_problem=sources.kueue_problem)
         self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
         self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}

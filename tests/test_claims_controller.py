@@ -58,10 +58,10 @@ class Recorder:
         return True
 
 
-def queue(name: str, version: str = "1", gpu: str = "0") -> ClusterQueue:
+def queue(name: str, version: str = "1", gpu: str = "0", api: str = "kueue.x-k8s.io/v1beta2") -> ClusterQueue:
     resources = [ResourceQuota("cpu", "0"), ResourceQuota(GPU, gpu)]
     return ClusterQueue(ObjectMeta(name=name, resourceVersion=version),
-                        ClusterQueueSpec([ResourceGroup([FlavorQuotas("a100", resources)])]))
+                        ClusterQueueSpec([ResourceGroup([FlavorQuotas("a100", resources)])]), api)
 
 
 def claim(name: str = "pool", status: dict[str, Any] | None = None, cluster: str = "local") -> ClusterResourceClaim:
@@ -117,7 +117,7 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
         run(claims, (QUEUES, "prod"), request)
         if actuation:
             verb, path, body = request.calls[0]
-            assert (verb, path) == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
+            assert (verb, path) == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod")
             assert body == [{"op": "replace", "path": "/metadata/resourceVersion", "value": "1"},
                             {"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
                              "value": "8"},
@@ -176,6 +176,30 @@ def test_an_unchanged_condition_keeps_its_time(index: ClusterIndex) -> None:
     run(claims, (CLAIMS, "pool"), request)
     assert [c["lastTransitionTime"] for c in written_status(request)["conditions"]] == \
            [c["lastTransitionTime"] for c in first["conditions"]]
+
+
+def test_a_queue_is_patched_at_the_version_it_was_read_at(index: ClusterIndex) -> None:
+    """A ClusterQueue read at v1beta1 (a Kueue before v0.15) is patched there, with its field paths."""
+    index.kueue.upsert_cluster_queue(queue("prod", api="kueue.x-k8s.io/v1beta1"))
+    index.kueue.upsert_claim(claim())
+    claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
+    run(claims, (QUEUES, "prod"), request)
+    assert request.calls[0][:2] == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
+
+
+def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(index: ClusterIndex) -> None:
+    problem: list[str | None] = [None]
+    claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock(),
+                             kueue_problem=lambda: problem[0]), Recorder()
+    index.kueue.upsert_claim(claim())
+    assert claims.changed_keys() and claims.changed_keys() == []
+    problem[0] = "ClusterQueue (kueue.x-k8s.io): served only at kueue.x-k8s.io/v1"
+    assert (CLAIMS, "pool") in claims.changed_keys()  # the problem's change alone queues the claims again
+    run(claims, (CLAIMS, "pool"), request)
+    ready = next(c for c in written_status(request)["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "KueueVersionUnknown")
+    assert ready["message"] == ("ClusterQueue (kueue.x-k8s.io): served only at kueue.x-k8s.io/v1; the quota last "
+                                "applied for this claim is kept")
 
 
 def test_a_claim_on_another_cluster_is_held_as_cluster_unknown(index: ClusterIndex) -> None:
@@ -242,7 +266,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     assert path == "/apis/events.k8s.io/v1/namespaces/default/events"
     assert event["regarding"] == {"apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim",
                                   "name": "pool"}
-    assert event["related"] == {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "name": "prod"}
+    assert event["related"] == {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "name": "prod"}
     assert (event["reason"], event["action"], event["type"]) == ("QuotaWritten", "WriteQuota", "Normal")
     assert event["note"] == "ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8, nvidia.com/gpu 0 -> 4"
     assert event["reportingController"] == "node-workload-summary" and event["reportingInstance"] == "replica-a"

@@ -30,14 +30,15 @@ from typing import Any
 import pytest
 import yaml
 
-from demo.kueue import API as KUEUE_API
+from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
-from kubeindex.api import NotFound
+from kubeindex.api import ApiResource, NotFound
 from kubeindex.fleet import RECHECK, Fleet
 from kubeindex.fleet import Member as FleetMember
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import (
     API_VERSION,
+    KUEUE_GROUP,
     ClaimMeta,
     ClusterResourceClaim,
     KubeConfigLocation,
@@ -62,7 +63,7 @@ from tests.clock import FakeClock, settle
 from tests.kube import create_node, set_node_status, summarized_cluster, token_kubeconfig
 from tests.paths import ROOT
 
-pytestmark = pytest.mark.needs(HELM)
+pytestmark = [pytest.mark.needs(HELM), pytest.mark.kueue]  # kueue: and in make test-kueue-matrix
 
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
 # A stall of STALL seconds, then the reconnection's backoff (at most kubeindex.api.BACKOFF_CAP) and a
@@ -105,6 +106,11 @@ class Secrets:
         return json.dumps({"data": {"kubeconfig": base64.b64encode(self.kubeconfigs[name].encode()).decode()}}).encode()
 
 
+async def v1beta2(api: object) -> list[ApiResource]:
+    """A member's discovery: ResourceFlavors served at v1beta2 (and v1beta1, less preferred)."""
+    return [ApiResource(KUEUE_GROUP, v, "ResourceFlavor", "resourceflavors", False) for v in ("v1beta2", "v1beta1")]
+
+
 def multikueue_cluster(name: str, secret: str) -> MultiKueueCluster:
     return MultiKueueCluster(ObjectMeta(name=name), MultiKueueClusterSpec(KubeConfigLocation(secret)))
 
@@ -130,7 +136,7 @@ def test_a_members_capacity_through_its_life() -> None:
         watches: dict[str, Reflector] = {}
         secrets = Secrets()
         fleet = Fleet(secrets, lambda r: watches.__setitem__(r.name, r), lambda name: watches.__delitem__(name),
-                      grace=10, listed=lambda: listed[0], clock=clock)
+                      grace=10, listed=lambda: listed[0], clock=clock, discover=v1beta2)
         # Before the MultiKueueClusters are listed nothing is known; after, a name without one is gone.
         assert fleet.capacity("a", "a100") is None and _reason(fleet, "a") == "MemberConnecting"
         listed[0] = True
@@ -215,7 +221,7 @@ def seen(name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) 
 def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_member_is() -> None:
     async def scenario() -> None:
         clock, index, requests = FakeClock(), ClusterIndex(), Requests()
-        fleet = Fleet(Secrets(), lambda r: None, lambda name: None, grace=10, clock=clock)
+        fleet = Fleet(Secrets(), lambda r: None, lambda name: None, grace=10, clock=clock, discover=v1beta2)
         claims = Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now, fleet=fleet)
         fleet.upsert(multikueue_cluster("a", "member-a"))
         await settle()
@@ -238,7 +244,7 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
 
         # A hub that just started, member a still connecting: the claim keeps its status (no write).
         index.kueue.upsert_claim(seen("a-a100", body["spec"], status))
-        restarted = Fleet(Secrets(), lambda r: None, lambda name: None, grace=10, clock=clock)
+        restarted = Fleet(Secrets(), lambda r: None, lambda name: None, grace=10, clock=clock, discover=v1beta2)
         restarted.upsert(multikueue_cluster("a", "member-a"))
         await settle()
         assert _reason(restarted, "a") == "MemberConnecting"
@@ -357,9 +363,7 @@ def hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
 
 
 def join(kube: LocalCluster, name: str) -> None:
-    kube.kubectl("apply", "-f", "-", input=json.dumps({
-        "apiVersion": KUEUE_API, "kind": "MultiKueueCluster", "metadata": {"name": name},
-        "spec": {"kubeConfig": {"locationType": "Secret", "location": f"member-{name}"}}}))
+    kueue.multikueue_cluster(kube, name, f"member-{name}")
 
 
 def claims(kube: LocalCluster) -> dict[str, dict[str, Any]]:
