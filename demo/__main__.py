@@ -31,14 +31,14 @@ from alerts.rules import Thresholds, rules_file
 from deploy.image import ImageError, find_engine
 from deploy.image import build as build_image
 from deploy.image import version as package_version
-from localkube.build import HELM, KUEUE, NODE_COMPONENTS, BuildError, ensure_binaries
+from localkube.build import HELM, NODE_COMPONENTS, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from localkube.controllers import BUILD, JOBSET_PROJECT, LWS_PROJECT, Controller
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, NodeError, RealNode
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
 
-from . import claims
+from . import claims, kueue
 from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain, workload_summarizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -178,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say("building or reusing the control plane binaries and the JobSet and LeaderWorkerSet controllers ...")
         ensure_binaries()
-        ensure_binaries((*BUILD, KUEUE))  # Kueue's CRDs: copied out of its module, no build
+        # Kueue's CRDs: the newest Kueue's, as v0.20 and later serve them (v1beta2 only); copied out of its module
+        ensure_binaries((*BUILD, kueue.select(kueue.NEWEST).crds))
         if args.pods:
             ensure_binaries((*NODE_COMPONENTS, HELM))
         say("starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK ...")

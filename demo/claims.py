@@ -22,8 +22,7 @@ from typing import Any
 from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 
-from .kueue import API as KUEUE_API
-from .kueue import cluster_queue, install_kueue, resource_flavor
+from .kueue import cell, cluster_queue, install_kueue, resource_flavor
 from .workloads import POOL_LABEL, create, ok
 
 FLAVOR = POOL = CLAIM = "gpu"
@@ -84,7 +83,7 @@ def setup(cluster: LocalCluster, per_pool: int) -> None:
 
 def quota(cluster: LocalCluster, queue: str) -> dict[str, str]:
     """resource -> nominalQuota of the queue's flavor gpu."""
-    spec = ok(cluster.request(f"/apis/{KUEUE_API}/clusterqueues/{queue}"))["spec"]
+    spec = ok(cluster.request(f"/apis/{cell().api}/clusterqueues/{queue}"))["spec"]
     return {r["name"]: str(r["nominalQuota"]) for g in spec["resourceGroups"] for f in g["flavors"]
             if f["name"] == FLAVOR for r in f["resources"]}
 

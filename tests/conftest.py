@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from demo import kueue
 from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from localkube.pki import generate
@@ -46,11 +47,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--kubernetes", metavar="MINOR", default="",
                      help="run against kube-apiserver and kubectl of this Kubernetes minor (one of "
                           "localkube.build.COMPAT_MINORS) instead of the pinned one; with -m compat: make compat")
+    parser.addoption("--kueue", metavar="CELL", default=kueue.NEWEST, choices=list(kueue.CELLS),
+                     help=f"the Kueue the tests install (demo/kueue.py's cells: {', '.join(kueue.CELLS)}; default "
+                          f"{kueue.NEWEST}); with -m kueue: make test-kueue-matrix")
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def pytest_configure(config: pytest.Config) -> None:
+    # Before collection: the test modules read the cell (its API version, its controller) at import.
+    kueue.select(config.getoption("kueue"))
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
     minor = config.getoption("kubernetes")
-    return f"kubernetes: {minor or 'the pinned version'} (kube-apiserver, kubectl)"
+    cell = kueue.cell()
+    return [f"kubernetes: {minor or 'the pinned version'} (kube-apiserver, kubectl)",
+            f"kueue: {cell.name} (serving {', '.join(cell.served)})"]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

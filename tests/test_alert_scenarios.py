@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from alerts.rules import Thresholds, rules_file
-from demo.kueue import cluster_queue, install_kueue, resource_flavor
+from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.objects import API_VERSION
 from localkube.alertmanager import Alertmanager
@@ -247,7 +247,7 @@ def test_an_unclaimed_flavor_still_has_its_drift_alerts(kube: LocalCluster, watc
         cluster_queue(kube, "spare", {"spare": {"cpu": "1600m"}})
         watch.settle({("KueueCapacityUnassigned", "info", "spare")})
     finally:
-        ok(kube.request("/apis/kueue.x-k8s.io/v1beta1/clusterqueues/spare", "DELETE"))
-        ok(kube.request("/apis/kueue.x-k8s.io/v1beta1/resourceflavors/spare", "DELETE"))
+        ok(kube.request(f"/apis/{cell().api}/clusterqueues/spare", "DELETE"))
+        ok(kube.request(f"/apis/{cell().api}/resourceflavors/spare", "DELETE"))
     watch.settle(set())
 

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
-from demo.kueue import API as KUEUE_API
-from demo.kueue import install_kueue, resource_flavor
+from demo.kueue import cell, cluster_queue_spec, install_kueue, resource_flavor
 from kubeindex.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, select, wait_for
 from tests.kube import create_node, is_leader, set_node_status, settled, writes
+
+pytestmark = pytest.mark.kueue  # and in make test-kueue-matrix, on every Kueue cell
 
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
@@ -35,14 +36,10 @@ def _apply(kube: LocalCluster, obj: dict[str, Any], manager: str = "admin") -> N
 def queue(kube: LocalCluster, name: str) -> None:
     """A ClusterQueue in a cohort: flavor a100 (cpu, nvidia.com/gpu at 0, a borrowingLimit another
     manager owns) and flavor spare (cpu 3), which no claim names."""
-    resources = ["cpu", "nvidia.com/gpu"]
-    _apply(kube, {"apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": {
-        "namespaceSelector": {}, "cohort": "all",
-        "resourceGroups": [{"coveredResources": resources, "flavors": [
-            {"name": "a100", "resources": [{"name": "cpu", "nominalQuota": "0", "borrowingLimit": "5"},
-                                           {"name": "nvidia.com/gpu", "nominalQuota": "0"}]},
-            {"name": "spare", "resources": [{"name": "cpu", "nominalQuota": "3"},
-                                            {"name": "nvidia.com/gpu", "nominalQuota": "1"}]}]}]}})
+    _apply(kube, {"apiVersion": cell().api, "kind": "ClusterQueue", "metadata": {"name": name},
+                  "spec": cluster_queue_spec({"a100": {"cpu": {"nominalQuota": "0", "borrowingLimit": "5"},
+                                                       "nvidia.com/gpu": "0"},
+                                              "spare": {"cpu": "3", "nvidia.com/gpu": "1"}}, cohort="all")})
 
 
 def claim(kube: LocalCluster, name: str, assignments: list[dict[str, Any]], **spec: Any) -> None:

@@ -19,7 +19,7 @@ import yaml
 
 import kubeindex.discovery as discovery
 from alerts.rules import Thresholds, rules_file
-from demo.kueue import cluster_queue, install_kueue, resource_flavor
+from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
 from kubeindex.api import ApiClient, load_connection
@@ -31,6 +31,8 @@ from localkube.prometheus import Prometheus
 from localkube.service import ScrapeFailed, Service, select, value, wait_for
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status, token_kubeconfig
 from tests.paths import CRDS
+
+pytestmark = pytest.mark.kueue  # and in make test-kueue-matrix, on every Kueue cell
 
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
 FOLLOW = 2.0  # seconds within which /metrics follows a change
@@ -179,10 +181,10 @@ def test_cluster_queue_and_flavor_edits_change_the_series(kube: LocalCluster, se
     resource_flavor(kube, "spot", {"pool": "nowhere"})  # edited: re-matched, no node left
     follows(service, "nws_flavor_nodes_by_state", "spot", states())
     follows(service, "nws_flavor_allocatable", "spot", {"nvidia.com/gpu": 0})
-    delete(kube, "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/team-b")
+    delete(kube, f"/apis/{cell().api}/clusterqueues/team-b")
     follows(service, quota, "gpu", {"cpu": 16, "nvidia.com/gpu": 2})
     follows(service, quota, "spot", {})
-    delete(kube, "/apis/kueue.x-k8s.io/v1beta1/resourceflavors/spot")
+    delete(kube, f"/apis/{cell().api}/resourceflavors/spot")
     follows(service, "nws_flavor_nodes_by_state", "spot", {})
 
 

@@ -1,4 +1,5 @@
-"""Kueue's real controller manager (v0.14.0, with its webhooks) admits against the quota the service
+"""Kueue's real controller manager (the cell's: v0.19.0 in make test, v0.14.0 and v0.19.0 in make
+test-kueue-matrix; with its webhooks) admits against the quota the service
 writes: a Workload that did not fit its ClusterQueue's quota stays pending while the service only
 reports (a dry run), and is admitted once the service, with actuation on, patches the quota that a
 ClusterResourceClaim assigns. Kueue's validating webhook accepts every patch the service sends,
@@ -14,17 +15,14 @@ from typing import Any
 
 import pytest
 
-from demo.kueue import API as KUEUE_API
-from demo.kueue import cluster_queue, local_queue, resource_flavor, workload, workload_condition
+from demo.kueue import cell, cluster_queue, controller, local_queue, resource_flavor, workload, workload_condition
 from kubeindex.objects import API_VERSION
-from localkube.build import KUEUE_CONTROLLER
 from localkube.cluster import LocalCluster, Options
-from localkube.controllers import KueueController
 from localkube.service import Service, select, value, wait_for
 from tests.kube import create_node, found, get_object
 from tests.paths import CRDS
 
-pytestmark = pytest.mark.needs(KUEUE_CONTROLLER)
+pytestmark = [pytest.mark.needs(cell().project.controller), pytest.mark.kueue]  # kueue: make test-kueue-matrix
 
 GPU = "nvidia.com/gpu"
 NODE = {"cpu": "32", "memory": "128Gi", "pods": "110", GPU: "4"}
@@ -37,7 +35,7 @@ def kueue(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """A control plane of its own (Kueue's finalizers and webhooks stay out of the shared one) with
     Kueue's controller manager, every Kueue CRD and this project's CRDs; pool a100 of two nodes
     with 4 GPUs each, and its flavor."""
-    with LocalCluster(Options(), binaries) as c, KueueController(c):
+    with LocalCluster(Options(), binaries) as c, controller(c):
         c.install_crds(CRDS)
         for n in (1, 2):
             create_node(c, f"a100-{n}", {"pool": "a100"}, allocatable=NODE)
@@ -47,7 +45,7 @@ def kueue(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 
 
 def queue_spec(kube: LocalCluster, name: str) -> dict[str, Any]:
-    return found(get_object(kube, f"/apis/{KUEUE_API}/clusterqueues/{name}"))
+    return found(get_object(kube, f"/apis/{cell().api}/clusterqueues/{name}"))
 
 
 def quota(kube: LocalCluster, name: str) -> dict[tuple[str, str], str]:
@@ -74,11 +72,7 @@ def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: L
     # research: 0 a100 GPUs, in no cohort (it can borrow from no one); prod: 8 a100 GPUs in a cohort,
     # lending at most 6 (lendingLimit): Kueue's webhook refuses a nominalQuota below that.
     cluster_queue(kube, "research", {"a100": {"cpu": "64", GPU: "0"}})
-    kube.kubectl("apply", "--server-side", "--field-manager=admin", "-f", "-", input=json.dumps({
-        "apiVersion": KUEUE_API, "kind": "ClusterQueue", "metadata": {"name": "prod"},
-        "spec": {"namespaceSelector": {}, "cohort": "prod", "resourceGroups": [{
-            "coveredResources": ["cpu", GPU], "flavors": [{"name": "a100", "resources": [
-                {"name": "cpu", "nominalQuota": "64"}, {"name": GPU, "nominalQuota": "8", "lendingLimit": "6"}]}]}]}}))
+    cluster_queue(kube, "prod", {"a100": {"cpu": "64", GPU: {"nominalQuota": "8", "lendingLimit": "6"}}}, cohort="prod")
     # The webhook is in the path of every ClusterQueue write, JSON patches too.
     denied = kube.kubectl("patch", "clusterqueues.kueue.x-k8s.io", "research", "--type=json", "-p", json.dumps(
         [{"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/1/nominalQuota", "value": "-1"}]),
@@ -120,7 +114,7 @@ def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: L
         assert quota(kube, "research")[("a100", GPU)] == "4"
         reserved = workload_condition(kube, NAMESPACE, "train", "QuotaReserved")
         assert reserved["status"] == "True", reserved
-        admission = found(get_object(kube, f"/apis/{KUEUE_API}/namespaces/{NAMESPACE}/workloads/train"))["status"][
+        admission = found(get_object(kube, f"/apis/{cell().api}/namespaces/{NAMESPACE}/workloads/train"))["status"][
             "admission"]
         assert admission["clusterQueue"] == "research"
         assert admission["podSetAssignments"][0]["flavors"][GPU] == "a100"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localkube.build import JOBSET, KUBERNETES_CONTROLLERS, KUEUE, KWOK, LWS, BuildError, ensure_binaries
+from demo import kueue
+from localkube.build import JOBSET, KUBERNETES_CONTROLLERS, KWOK, LWS, BuildError, ensure_binaries
 from localkube.cluster import ClusterError, LocalCluster, Options, leftover_processes
 from localkube.service import wait_for
 from tests.paths import ROOT
@@ -147,7 +148,7 @@ def test_restart_apiserver_and_expire_resource_versions(cluster: LocalCluster) -
 
 def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> None:
     """The CRDs come from the projects' pinned Go modules and are served as the projects serve them."""
-    for component in (JOBSET, LWS, KUEUE):
+    for component in (JOBSET, LWS, kueue.cell().crds):
         for path in ensure_binaries((component,)).values():
             assert component.version in str(path)
             cluster.install_crds(path)
@@ -158,7 +159,7 @@ def test_real_crds_of_jobset_lws_and_kueue_install(cluster: LocalCluster) -> Non
         assert resource in served
     # The real schemas validate: a ClusterQueue quota that is not a quantity is refused.
     bad = cluster.kubectl("apply", "-f", "-", check=False, input=json.dumps({
-        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "bad"},
+        "apiVersion": kueue.cell().api, "kind": "ClusterQueue", "metadata": {"name": "bad"},
         "spec": {"resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
             {"name": "f", "resources": [{"name": "cpu", "nominalQuota": "lots"}]}]}]}}))
     assert bad.returncode != 0 and "nominalQuota" in bad.stderr
