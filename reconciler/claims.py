@@ -82,7 +82,8 @@ CLAIMS = "clusterresourceclaims"
 QUEUES = "clusterqueues"
 JSON_PATCH = "application/json-patch+json"
 HOUR = 3600.0
-UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown")  # a Ready reason under which no capacity was in effect
+# A Ready reason under which no capacity was in effect.
+UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown", "KueueVersionUnknown", "MemberUnsupported")
 Key = tuple[str, str]
 MEMBER_LABEL = f"{GROUP}/member"  # on the claims made for a member's flavors
 QUOTA_WRITTEN, WRITE_QUOTA = "QuotaWritten", "WriteQuota"  # the Event of a quota write: reason, action
@@ -222,7 +223,10 @@ def _member_ready(conditions: list[dict[str, Any]], fleet: Fleet, cluster: str, 
         return conditions
     had = next((c for c in before if isinstance(c, Mapping) and c.get("type") == "Ready"),
                None) if isinstance(before, list) else None
-    if ready["reason"] == "CapacityUnknown":  # kept: no capacity was in effect (settle_state reads it)
+    if problem is not None and problem.reason == "MemberUnsupported":  # no retry mends it: said as such
+        ready = {"type": "Ready", "status": "False", "reason": problem.reason,
+                 "message": f"{problem.message}; the quota last applied for this claim is kept"}
+    elif ready["reason"] == "CapacityUnknown":  # kept: no capacity was in effect (settle_state reads it)
         why = problem.message if problem is not None else fleet.why_unknown(cluster, flavor)
         ready = {**ready, "message": f"{why}; the quota last applied for this claim is kept"}
     elif problem is not None and problem.reason == "MemberConnecting" and had is not None:

@@ -457,3 +457,24 @@ def test_a_claim_names_a_cluster_that_is_no_member(hub: tuple[LocalCluster, Serv
         "spec": {"clusterName": "nowhere", "flavor": "a100"}}))
     wait_for(lambda: ready(kube, "nowhere").get("reason") == "MemberUnreachable", timeout=20)
     assert "no MultiKueueCluster nowhere" in ready(kube, "nowhere")["message"]
+
+
+def test_a_member_named_by_cluster_profile_is_said_with_what_to_set(hub: tuple[LocalCluster, Service]) -> None:
+    """v1beta2's clusterProfileRef: its credentials would come from an exec plugin; the claim's Ready
+    (MemberUnsupported) and the log say to set clusterSource.kubeConfig instead."""
+    if kueue.cell().version == "v1beta1":
+        pytest.skip("MultiKueueCluster has no clusterProfileRef in v1beta1")
+    kube, svc = hub
+    kube.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": kueue.cell().api, "kind": "MultiKueueCluster", "metadata": {"name": "east"},
+        "spec": {"clusterSource": {"clusterProfileRef": {"name": "east-profile"}}}}))
+    kube.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": "east-a100"},
+        "spec": {"clusterName": "east", "flavor": "a100"}}))
+    wait_for(lambda: ready(kube, "east-a100").get("reason") == "MemberUnsupported", timeout=20)
+    message = ready(kube, "east-a100")["message"]
+    assert "clusterProfileRef (ClusterProfile east-profile)" in message and \
+        "set spec.clusterSource.kubeConfig instead" in message, message
+    assert value(svc.scrape(), "nws_fleet_member_up", member="east") == 0
+    said = [line for line in svc.log_text().splitlines() if "member east:" in line and "clusterProfileRef" in line]
+    assert len(said) == 1 and " WARNING " in said[0], said
