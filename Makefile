@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools image-tools image node-tools test-node test compat unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image node-tools test-node test compat test-kueue-matrix unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -67,6 +67,22 @@ compat: install tools  ## the core scenarios against every other supported Kuber
 	done; \
 	if [ -n "$$failed" ]; then echo "make compat: failed on Kubernetes$$failed"; exit 1; fi; \
 	echo "make compat: passed on Kubernetes $$minors"
+
+# The Kueue scenarios (tests marked kueue) on every other Kueue cell (demo/kueue.py's CELLS: v0.14.0, v0.19.0 with
+# v1beta1 still served; docs/kueue.md#supported-kueue-versions); make test covers the newest (v0.19.0 with v1beta1
+# unserved, as Kueue v0.20+ serves). Kueue v0.14.0's controller is built on first use (about 5 minutes here).
+# KUEUE_CELL=v0.14.0 runs one.
+KUEUE_CELL ?=
+
+test-kueue-matrix: install tools  ## the Kueue scenarios on Kueue v0.14.0 and v0.19.0 (docs/kueue.md)
+	@cells="$(or $(KUEUE_CELL),$$($(BIN)/python -c 'from demo.kueue import CELLS, NEWEST; print(*(c for c in CELLS if c != NEWEST))'))"; \
+	failed=""; for cell in $$cells; do \
+	  echo "== Kueue $$cell: pytest -m kueue --kueue $$cell"; \
+	  $(BIN)/localkube build --core >/dev/null && \
+	  $(BIN)/pytest -m kueue --kueue $$cell -q --durations=5 || failed="$$failed $$cell"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "make test-kueue-matrix: failed on Kueue$$failed"; exit 1; fi; \
+	echo "make test-kueue-matrix: passed on Kueue $$cells"
 
 node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real node (test-node, localkube up --node)
 	@command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] && command -v conntrack >/dev/null && \

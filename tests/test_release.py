@@ -37,7 +37,8 @@ def test_pull_requests_run_what_ci_runs() -> None:
     workflow = yaml.safe_load((WORKFLOWS / "ci.yaml").read_text())
     assert "pull_request" in workflow[True]  # YAML 1.1 reads the key `on` as True
     runs = {name: [s["run"] for s in job["steps"] if "run" in s] for name, job in workflow["jobs"].items()}
-    assert runs == {"test": ["bash .ci/run"], "compat": ["make compat COMPAT=${{ matrix.kubernetes }}"]}
+    assert runs == {"test": ["bash .ci/run"], "compat": ["make compat COMPAT=${{ matrix.kubernetes }}"],
+                    "kueue": ["make test-kueue-matrix KUEUE_CELL=${{ matrix.cell }}"]}
 
 
 def test_release_builds_with_make_image_and_names_the_pushed_image_in_the_chart() -> None:
