@@ -88,6 +88,10 @@ class KindDiscovery:
             self._pending.add(need)
             self._spawn(self._look_up(need))
 
+    def forget(self, need: Need) -> None:
+        """Back to not known (its watch found the resource gone): the next retry looks it up."""
+        self._answers.pop(need, None)
+
     def look_up_unless_served(self, need: Need) -> None:
         if self.resource(need) is None:  # not known, or not served when last asked
             self.look_up(need)

@@ -34,7 +34,7 @@ def named(row: dict[str, str]) -> str | None:
 
 def test_every_cell_is_a_row_at_its_api_version_and_every_named_cell_exists() -> None:
     rows = table("docs/kueue.md")
-    cells = {named(r): r for r in rows if named(r)}
+    cells = {name: r for r in rows if (name := named(r))}
     assert set(cells) == set(CELLS), (set(cells), set(CELLS))
     for name, row in cells.items():
         assert row["API version used"].startswith(CELLS[name].version), row
@@ -49,7 +49,7 @@ def test_the_readme_and_compatibility_have_the_same_table(path: str) -> None:
 
 
 def test_make_test_runs_the_newest_cell_and_the_matrix_the_others() -> None:
-    rows = {named(r): r for r in table("docs/kueue.md") if named(r)}
+    rows = {name: r for r in table("docs/kueue.md") if (name := named(r))}
     makefile = (ROOT / "Makefile").read_text()
     test_recipe = makefile.split("\ntest: ", 1)[1].split("\n\n", 1)[0]
     assert "--kueue" not in test_recipe  # pytest's default: the newest

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 import kubeindex.discovery as discovery
-from demo.kueue import V019
+from demo.kueue import V014, V019
 from kubeindex.api import ApiClient, ApiResource, load_connection
 from kubeindex.discovery import KindDiscovery, choose
 from kubeindex.fleet import Fleet
@@ -35,9 +35,10 @@ from kubeindex.reflector import WatchSettings
 from kubeindex.sources import Sources
 from localkube.build import ensure_binaries
 from localkube.cluster import LocalCluster, Options
+from localkube.controllers import unserve
 from localkube.service import Service, select, value, wait_for
 from tests.clock import FakeClock, settle
-from tests.kube import create_node, found, get_object
+from tests.kube import create_node, found, get_object, until
 from tests.paths import CRDS
 
 
@@ -250,3 +251,51 @@ def test_an_in_process_sources_says_it_once_however_often_it_looks_again(
                                   "node-workload-summary does not read (it reads v1beta2, v1beta1): what needs it "
                                   "is off until a version it reads is served" for kind in ("ClusterQueue",
                                                                                             "ResourceFlavor"))
+
+
+def test_a_kueue_upgraded_under_a_running_service_is_watched_at_its_new_version(
+        binaries: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Kueue v0.14.0 (v1beta1) upgraded in place to v0.19.0 serving v1beta2 only, as an upgrade to
+    v0.20+ does: the v1beta1 watches' 404 stops them, and the kinds are watched again at v1beta2,
+    the objects of before kept, those made after seen."""
+    monkeypatch.setattr(discovery, "DISCOVERY_RETRY_SECONDS", 0.3)
+    with LocalCluster(Options(), binaries) as kube:
+        kube.install_crds(CRDS)
+        kube.install_crds(ensure_binaries((V014.crds,))["kueue-crds.yaml"])
+        apply = ("apply", "--server-side", "--field-manager=admin", "-f", "-")
+
+        def queue(api: str, name: str, gpus: str) -> None:
+            flavor = {"name": "a100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}
+            kube.kubectl(*apply, input=json.dumps({
+                "apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name},
+                "spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [flavor]}]}}))
+
+        queue("kueue.x-k8s.io/v1beta1", "before", "3")
+
+        async def scenario() -> None:
+            async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
+                index = ClusterIndex()
+                sources = Sources(api, index, WatchSettings(timeout_min=5, timeout_max=5))
+                await sources.start()
+                try:
+                    await asyncio.wait_for(sources.ready.wait(), 30)
+                    await until(lambda: "before" in index.kueue.queue_objects)
+                    assert sources.reflectors["clusterqueues.kueue.x-k8s.io"].path.startswith(
+                        "/apis/kueue.x-k8s.io/v1beta1/")
+                    crds = kube.workdir / "upgraded.yaml"
+                    crds.write_text(unserve(ensure_binaries((V019.crds,))["kueue-crds.yaml"].read_text(), ("v1beta1",)))
+                    await asyncio.to_thread(kube.install_crds, crds)
+                    await asyncio.to_thread(queue, "kueue.x-k8s.io/v1beta2", "after", "5")
+                    await until(lambda: "after" in index.kueue.queue_objects, timeout=30)
+                    assert sources.reflectors["clusterqueues.kueue.x-k8s.io"].path == \
+                        "/apis/kueue.x-k8s.io/v1beta2/clusterqueues"
+                    assert index.kueue.queue_objects["after"].apiVersion == "kueue.x-k8s.io/v1beta2"
+                    assert index.kueue.flavors["a100"].quota == {"nvidia.com/gpu": 8 * 10**9}  # before's 3, after's 5
+                    assert sources.sync_problems() == [] and sources.optional_problems() == []
+                finally:
+                    await sources.stop()
+
+        with caplog.at_level(logging.INFO, logger="kubeindex"):
+            asyncio.run(scenario())
+    said = [r.getMessage() for r in caplog.records if "is no longer served" in r.getMessage()]
+    assert any(m.startswith("/apis/kueue.x-k8s.io/v1beta1/clusterqueues is no longer served") for m in said), said
