@@ -451,8 +451,17 @@ class LocalCluster:
         return self._binaries["kubectl"]
 
     def install_crds(self, path: Path, timeout: float = 60) -> None:
-        """Apply the CRDs in ``path`` (file or directory) and wait until they are Established."""
+        """Apply the CRDs in ``path`` (file or directory) and wait until they are Established. One
+        still being deleted (a test's cleanup deletes without waiting) is waited for and made again:
+        an apply to it changes nothing, and its kind refuses every create until it is gone."""
         out = self.kubectl("apply", "--server-side", "-f", str(path), "-o", "name").stdout.split()
+        got = json.loads(self.kubectl("get", *out, "-o", "json").stdout) if out else {}
+        items = got.get("items", [got] if "metadata" in got else [])  # one name: the object itself
+        terminating = [f"customresourcedefinition.apiextensions.k8s.io/{i['metadata']['name']}" for i in items
+                       if i["metadata"].get("deletionTimestamp")]
+        if terminating:
+            self.kubectl("wait", "--for=delete", f"--timeout={timeout:.0f}s", *terminating)
+            out = self.kubectl("apply", "--server-side", "-f", str(path), "-o", "name").stdout.split()
         deadline = time.monotonic() + timeout
         while out:
             proc = self.kubectl("wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *out, check=False)
