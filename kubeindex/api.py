@@ -48,6 +48,7 @@ USER_AGENT = "node-workload-summary"  # in the API server's audit log and its pe
 BACKOFF_CAP = 10.0  # seconds: the longest wait after an error that should pass on its own
 SLOW_BACKOFF_CAP = 60.0  # seconds: after answers that repeat until someone acts (RBAC, a CRD), and writes
 LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
+SILENCE_EVERY = 10.0  # seconds: the watches are told of a silent connection at most this often
 # Objects per LIST page, unless set. A server that serves pages from its watch cache walks the
 # cache from the page's start for each (docs/benchmarks.md, "Pages of 20,000"): few large pages,
 # which cost this side no memory (protobuf.ListItems). From etcd, client-go's size.
@@ -392,7 +393,10 @@ class ApiClient:
         self._session: aiohttp.ClientSession | None = None
         self._limit = max_connections
         self._endpoint = watchstream.Endpoint(connection.host, connection.ssl_context)
-        self._pool = exchange.ConnectionPool(self._endpoint, max_connections)
+        self._pool = exchange.ConnectionPool(self._endpoint, max_connections, on_silent=self._silent)
+        # Told when a request's connection went silent (see _silent): the watches reconnect.
+        self.on_silence: list[Callable[[], None]] = []
+        self._silence_told = -SILENCE_EVERY
         self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
@@ -463,6 +467,20 @@ class ApiClient:
         self._pool.renew()
         old, self._session = self._session, None
         return old
+
+    def _silent(self) -> None:
+        """A request went out and no answer came within its timeout. A path that drops flows
+        without a reset (a load balancer or NAT that lost its state) leaves every connection opened
+        before as dead, and a silent watch is otherwise noticed only after its read timeout
+        (minutes): the idle connections go, and the watches are told (at most every
+        SILENCE_EVERY seconds: an overloaded server is not answered with a storm of new watches)."""
+        self._pool.renew()
+        now = time.monotonic()
+        if now - self._silence_told < SILENCE_EVERY:
+            return
+        self._silence_told = now
+        for listener in self.on_silence:
+            listener()
 
     def _headers(self, accept: str) -> dict[str, str]:
         return {"Accept": accept, "User-Agent": USER_AGENT, **self.connection.headers()}

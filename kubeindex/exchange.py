@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .watchstream import (
@@ -56,38 +57,48 @@ class ConnectionPool:
     """At most ``limit`` connections to ``endpoint`` at once, each kept alive between requests (a
     burst of ``limit`` requests leaves ``limit`` idle: the next burst opens none)."""
 
-    def __init__(self, endpoint: Endpoint, limit: int) -> None:
+    def __init__(self, endpoint: Endpoint, limit: int, on_silent: Callable[[], None] | None = None) -> None:
         self.endpoint = endpoint
         self._slots = asyncio.Semaphore(limit)
         self._idle: list[socket.socket] = []
         self._generation = 0  # a connection taken before a renew is not kept after it
+        # Called when a request went out and its timeout passed with no complete answer (not a
+        # wait for a connection or a slot): the connection, and maybe the path, went silent.
+        self.on_silent = on_silent
 
     async def request(self, method: str, path: str, params: dict[str, str] | None, headers: dict[str, str],
                       body: bytes | None, timeout: float) -> Answer:
         """The answer (any status), within ``timeout`` seconds in all (the wait for a connection
         too). OSError, ssl.SSLError, StreamError or TimeoutError when none came."""
         data = self.endpoint.request(path, params, headers, method, body)
-        async with asyncio.timeout(timeout), self._slots:
-            while True:
-                sock, generation = self._take(), self._generation
-                reused = sock is not None
-                if sock is None:
-                    sock = await connect(self.endpoint)
-                try:
-                    answer, keep = await _exchange(sock, data, method == "HEAD")
-                except Unanswered:
-                    sock.close()
-                    if reused and replayable(method, headers):
-                        continue  # the server closed it while idle: once more, on a new connection
-                    raise
-                except BaseException:
-                    sock.close()  # mid-answer: never reused
-                    raise
-                if keep and generation == self._generation:  # at most ``limit``: one per slot
-                    self._idle.append(sock)
-                else:
-                    sock.close()
-                return answer
+        sent = False  # our timeout passed after the request went out: the connection was silent
+        try:
+            async with asyncio.timeout(timeout), self._slots:
+                while True:
+                    sock, generation, sent = self._take(), self._generation, False
+                    reused = sock is not None
+                    if sock is None:
+                        sock = await connect(self.endpoint)
+                    try:
+                        sent = True
+                        answer, keep = await _exchange(sock, data, method == "HEAD")
+                    except Unanswered:
+                        sock.close()
+                        if reused and replayable(method, headers):
+                            continue  # the server closed it while idle: once more, on a new connection
+                        raise
+                    except BaseException:
+                        sock.close()  # mid-answer: never reused
+                        raise
+                    if keep and generation == self._generation:  # at most ``limit``: one per slot
+                        self._idle.append(sock)
+                    else:
+                        sock.close()
+                    return answer
+        except TimeoutError:
+            if sent and self.on_silent is not None:
+                self.on_silent()
+            raise
 
     def renew(self) -> None:
         """Requests from now on go on new connections; those under way finish on theirs."""

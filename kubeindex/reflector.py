@@ -232,6 +232,8 @@ class Reflector(Generic[T]):
         # last one a complete pass (LIST or WatchList) served.
         self._redeliver_requests = self._pass_requests = self._redelivered = 0
         self._relist_requested = asyncio.Event()
+        self._reconnect_requested = asyncio.Event()
+        self._watching = False  # watching past its sync: what reconnect() may end
         self._list_done = asyncio.Event()  # replaced after every completed LIST
         self._item = msgspec.json.Decoder(item_type)
         # _Page of the item type, made at run time; mypy takes a subscript by a variable for no type.
@@ -337,6 +339,18 @@ class Reflector(Generic[T]):
         self._relist_requested.set()  # also when out of contact now: the LIST comes once it is back
         await self.relist()
 
+    def reconnect(self) -> bool:
+        """The watch's connection may be dead without a word (another request's went silent): end
+        it and watch again, from the last resourceVersion, on a new connection. No LIST: the
+        watch cache replays what the silence hid (or answers 410, and the relist follows). A
+        watch that starts after this call is left alone; a sync under way goes on. True when a
+        watch was ended."""
+        if not self._watching or self._reconnect_requested.is_set():
+            return False
+        self.stats.restart("reconnect")
+        self._reconnect_requested.set()
+        return True
+
     def _listed(self) -> None:
         """A LIST or WatchList completed the store: in sync."""
         self._need_sync = False
@@ -347,17 +361,22 @@ class Reflector(Generic[T]):
         self.stats.synced = True
 
     async def _watch_unless_relist(self, stream: bool) -> bool:
-        """Watch until the watch ends (True) or a relist is requested (False)."""
+        """Watch until the watch ends or a reconnect is requested (True), or a relist is requested
+        (False)."""
+        self._reconnect_requested.clear()  # this watch's connection is new: it serves earlier requests
+        self._watching = not stream  # a WatchList is a sync: it completes first
         watch = asyncio.ensure_future(self._watch(stream))
         request = asyncio.ensure_future(self._relist_requested.wait())
+        reconnect = asyncio.ensure_future(self._reconnect_requested.wait())
         try:
-            await asyncio.wait({watch, request}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({watch, request, reconnect}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (watch, request):
+            self._watching = False
+            for task in (watch, request, reconnect):
                 task.cancel()
-            # Both end here; the watch's error is raised after, never in place of this task's own
+            # All end here; the watch's error is raised after, never in place of this task's own
             # cancellation (a watch failing in the turn that stop() cancelled us: lost, we went on).
-            await asyncio.wait({watch, request})
+            await asyncio.wait({watch, request, reconnect})
         if not watch.cancelled() and (error := watch.exception()) is not None:
             raise error
         return request.cancelled()
@@ -406,6 +425,8 @@ class Reflector(Generic[T]):
         if not await self._watch_unless_relist(self._streaming):
             self._need_sync = True
             return True
+        if self._reconnect_requested.is_set():
+            return True  # ended on purpose: watch again at once
         if self._need_sync and self._streaming and self.settings.initial_list == "auto" and \
                 self.api.watch_list_refused:
             return True  # the WatchList was refused: list at once
@@ -663,4 +684,5 @@ class Reflector(Generic[T]):
         self._replace(seen)
         self.resource_version = version
         self._listing = False
+        self._watching = True
         self._listed()

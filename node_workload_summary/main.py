@@ -164,6 +164,7 @@ def build(settings: Settings) -> Service:
     # LISTs or the metrics' TokenReviews, and a renewal that waited past its deadline loses the lease.
     lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS, metrics=requests)
     sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
+    lease_api.on_silence.append(sources.reconnect)  # a silent lease connection: the watches' may be too
     fleet = fleet_of(settings, api, sources, watch) if settings.fleet else None
     elector = reconciler = None
     if settings.reconciler:

@@ -16,7 +16,7 @@ from typing import TypeVar
 import pytest
 from kubernetes import client as k8s_client
 
-from kubeindex.api import NO_ANSWER, ApiClient, Connection, NotFound, Transient
+from kubeindex.api import NO_ANSWER, SILENCE_EVERY, ApiClient, Connection, NotFound, Transient
 from kubeindex.exchange import replayable
 
 APPLY = "application/apply-patch+yaml"
@@ -199,6 +199,27 @@ def test_a_silent_server_is_a_timeout_and_its_connection_is_dropped() -> None:
     failure, second = server.run(client)
     assert isinstance(failure, Transient) and failure.reason == "timeout" and second == obj(2)
     assert server.connections == 2
+
+
+def test_a_silent_connection_drops_the_idle_ones_and_tells_the_watches_once_in_a_while() -> None:
+    """A request that went out and got no answer: the connections opened before it may be as dead
+    (a path that drops flows without a reset), so the idle ones go and ApiClient.on_silence's
+    listeners (the watches) are told, at most every SILENCE_EVERY seconds."""
+    server = Server(lambda conn, n, request: SILENT if b"/silent" in request else plain(obj(conn)))
+    told: list[str] = []
+
+    async def client(api: ApiClient) -> list[bytes]:
+        api.on_silence.append(lambda: told.append("silent"))
+        answers = list(await asyncio.gather(api.request("GET", "/a"), api.request("GET", "/b")))  # 2 idle after
+        for _ in range(2):
+            with pytest.raises(Transient):
+                await api.request("GET", "/silent", timeout=0.3)  # on an idle one, which goes silent
+            answers.append(await api.request("GET", "/c"))  # the other idle one dropped: a new connection
+        return answers
+
+    assert server.run(client) == [obj(1), obj(2), obj(3), obj(4)]
+    assert told == ["silent"]  # silent twice within SILENCE_EVERY: told once
+    assert SILENCE_EVERY >= 5
 
 
 def test_renewing_the_pool_drops_its_connections_idle_and_busy() -> None:

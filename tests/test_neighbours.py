@@ -362,6 +362,33 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
         leader.start()
 
 
+def test_a_stalled_leader_sees_again_long_before_its_read_timeout(kube: LocalCluster, leader: Service) -> None:
+    """The leader's connections go silent, its watches with them, while new connections pass (a
+    load balancer that lost its flows). Its lease renewals fail over to new connections, so it
+    keeps leading: before, on a view frozen until the read timeout (120 s here). Now the first of
+    its requests that gets no answer has every watch reconnect from where it was, and a change
+    made after the stall is summarized in seconds."""
+    proxy, proxied = through_proxy(kube, "stalled-leader")
+    leader.stop()  # releases the lease: the proxied replica leads
+    stalled = Service(kube, (f"--kubeconfig={proxied}", "--identity=stalled-leader", "--read-timeout=120",
+                             *FAST_LEASE)).start()
+    try:
+        wait_for(lambda: is_leader(stalled) and "every watch relisted" in stalled.log_text(), timeout=20)
+        time.sleep(2)  # its watches, opened again after the relist, are running
+        assert proxy.stall_existing() > 0  # they, and the lease's connection, now hear nothing
+        stalled_at = time.monotonic()
+        deployment(kube, NS, "after-stall")
+        wait_for(lambda: summary(kube, "workloadsummaries", "after-stall", NS) is not None, timeout=60)
+        took = time.monotonic() - stalled_at
+        print(f"a change made after the stall summarized {took:.1f}s later (read timeout 120 s)")
+        assert select(stalled.scrape(), "nws_watch_restarts_total", reason="reconnect")
+        assert "they reconnect" in stalled.log_text()
+    finally:
+        stalled.stop()
+        proxy.close()
+        leader.start()
+
+
 def test_the_leader_renews_in_one_request_and_gives_way_to_another_writer_of_the_lease(kube: LocalCluster) -> None:
     """The leader renews the lease as its last write left it (a PUT alone). Someone else writing the
     lease meanwhile (kubectl annotating it) moves its resourceVersion: the API server refuses that

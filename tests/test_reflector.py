@@ -744,6 +744,32 @@ def test_a_silent_connection_is_dropped_after_the_read_timeout_and_watched_again
     assert reflector.lists == 1
 
 
+def test_reconnect_ends_a_silent_watch_at_once_and_watches_again_from_its_version() -> None:
+    """Another request's connection went silent (Sources.reconnect): the watch, as silent, is not
+    waited on for its read timeout; it watches again from where it was, without a LIST, and a
+    sync under way is not cut."""
+    async def main() -> tuple[Reflector, ScriptedApi, list[bool]]:
+        clock = FakeClock()
+        api = ScriptedApi(clock, lists=[page("10", obj("a", "1"))],
+                          watches=[[event("MODIFIED", obj("a", "11")), SILENT], [event("MODIFIED", obj("a", "12"))]])
+        reflector, calls, task = start(api, clock)
+        ended = [reflector.reconnect()]  # before the first sync completes: nothing to end
+        await settle()
+        ended += [reflector.reconnect(), reflector.reconnect()]  # the second: already reconnecting
+        await settle()
+        await clock.advance(1)
+        await settle()
+        assert calls.calls[-1] == ("upsert", "a@12")  # the new watch's event, long before a read timeout
+        await stop(task)
+        return reflector, api, ended
+
+    reflector, api, ended = asyncio.run(main())
+    assert ended == [False, True, False]
+    assert watch_versions(api)[:2] == ["10", "11"]  # from where it was (then 12, after the script's end)
+    assert reflector.lists == 1
+    assert reflector.stats.restarts == {"reconnect": 1, "closed": 1}  # closed: the second script's end
+
+
 def test_forbidden_backs_off_up_to_the_slow_cap_and_a_timeout_up_to_the_short_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With the jitter at its maximum, 10 failures in a row cost exactly the capped doubling sum:
