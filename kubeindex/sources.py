@@ -11,7 +11,10 @@ server serves them: looked up at start and, while not served, again (a CRD insta
 picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
 forbidden is reported as for owner kinds, never against readiness. Kueue's kinds are read at the
 version the API server prefers among KUEUE_VERSIONS; one served only at other versions is in
-``unknown_versions`` (a warning once, a metric, a line of /readyz, the claims' Ready).
+``unknown_versions`` (a warning once, a metric, a line of /readyz, the claims' Ready). An optional
+kind's watch answered 404 (its version no longer served: Kueue upgraded to one that dropped
+v1beta1) is stopped, and the kind looked up again at the next retry: watched at the version served
+now, its objects listed again.
 
 ``missing_kinds`` holds the (group, kind) of every kind needed now (configured, or referenced by
 a live object while not watched) that discovery says is not served; only those are looked up
@@ -107,6 +110,7 @@ class Sources:
                 (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
+        self._optional_tasks: dict[GroupKind, asyncio.Task] = {}
         self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional, {KUEUE_GROUP: KUEUE_VERSIONS})
         self.owner_kinds = OwnerKinds(index, self.discovery, self._start_metadata_watch, reserved=CORE)
         api.on_silence.append(self.reconnect)
@@ -314,7 +318,26 @@ class Sources:
     # -- kinds needed ---------------------------------------------------------------------------
 
     def _needs(self) -> set[Need]:
+        self._rewatch_unserved()
         return self.owner_kinds.needs() | self.optional.keys()
+
+    def _rewatch_unserved(self) -> None:
+        """Stop each optional kind's watch the API server answers 404 (its version no longer
+        served), and forget the kind's resource: it is looked up again, at the version served now.
+        (An object deleted meanwhile stays in the index until the process restarts: rare, and the
+        next LIST of the new watch brings every object that exists.)"""
+        for need in list(self.optional):
+            gk = (need[0], need[1])
+            reflector = self._optional_reflectors.get(gk)
+            if reflector is None or not reflector.not_served:
+                continue
+            log.warning("%s is no longer served (%s): looking %s up again", reflector.path, reflector.last_error,
+                        describe(need), extra=fields(reflector.name))
+            del self._optional_reflectors[gk]
+            self.reflectors.pop(reflector.name, None)
+            self.stats.pop(reflector.name, None)
+            self._optional_tasks.pop(gk).cancel()
+            self.discovery.forget(need)
 
     @property
     def missing_kinds(self) -> set[GroupKind]:
@@ -335,7 +358,9 @@ class Sources:
         log.info("watching %s", resource.path, extra=fields(resource.name))
         reflector = Reflector(self.api, resource.name, resource.path, item_type, handler, settings=self.settings)
         self._optional_reflectors[gk] = reflector
-        self._add(reflector)
+        self.stats[reflector.name] = reflector.stats
+        self.reflectors[reflector.name] = reflector
+        self._optional_tasks[gk] = self._spawn(reflector.run())
 
     # -- pods ------------------------------------------------------------------------------------
 
