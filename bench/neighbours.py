@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from demo import kueue
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.objects import API_PATH, Node, Pod
 from localkube.cluster import LocalCluster, Options
@@ -296,7 +297,7 @@ class Bench:
 
     # -- checks --
 
-    def check(self, reason: str) -> dict:
+    def check(self, reason: str, timeout: float | None = None) -> dict:
         """Wait until every live replica's metrics and the summaries equal the recomputation.
         Called with churn paused, so the truth stays put while the service catches up."""
         since = time.monotonic()
@@ -320,7 +321,7 @@ class Bench:
         pending["quota"] = quota_probe(self.cluster, POOL_LABEL, self.neighbour)
         latency: dict[str, float] = {}
         last: dict[str, list[str]] = {}
-        deadline = time.monotonic() + self.args.timeout
+        deadline = time.monotonic() + (timeout or self.args.timeout)
         while pending and time.monotonic() < deadline:
             for what, probe in list(pending.items()):
                 try:
@@ -522,7 +523,7 @@ class Bench:
         """Once the replicas have summarized what populate made: their writes so far are not the
         first minute's."""
         self.started = time.monotonic()
-        record = self.check("start")
+        record = self.check("start", timeout=60)  # the pods' discovery looks for new kinds every 30 s
         log(self.started, f"replicas in step after {record['converged_s']:.1f} s" if record["ok"]
             else f"replicas NOT in step after {self.args.timeout:g} s: {record['failed']}")
         for r in self.live():
@@ -758,6 +759,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quota-writes-per-hour", type=int, default=600,
                         help="--quota-max-writes-per-hour of the replicas: the churn flaps pool-0 far more often than "
                              "a real pool flaps (default 600)")
+    parser.add_argument("--kueue", choices=sorted(kueue.CELLS), default=kueue.NEWEST,
+                        help=f"the Kueue whose CRDs the claim's flavor and queues are made with (default "
+                             f"{kueue.NEWEST}: what Kueue v0.20 and later serve)")
     parser.add_argument("--as-pods", action="store_true",
                         help="run the replicas as the chart's two pods on a real node (root; `make node-tools`): "
                              "the image is built, the leader's container killed, its connections dropped in its "
@@ -769,6 +773,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the replicas' and the control plane's logs are copied at the end")
     add_out(parser, "neighbours.json", (".md", ".png"))
     args = parser.parse_args(argv)
+    kueue.select(args.kueue)
     if args.as_pods:
         from .neighbours_pods import Pods, cluster_options  # needs root and the node's tools
         options = cluster_options()
@@ -777,9 +782,7 @@ def main(argv: list[str] | None = None) -> int:
         runner: Runner = Pods(cluster, args) if args.as_pods else Processes(cluster, args)
         bench = Bench(cluster, runner, args, rng=random.Random(args.seed))
         try:
-            prepare = getattr(runner, "prepare", None)
-            if prepare is not None:  # the chart installed before the bench's objects exist
-                prepare()
+            runner.prepare()
             populate(bench)
             runner.start()
             bench.baseline()

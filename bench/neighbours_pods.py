@@ -41,6 +41,7 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+from demo.kueue import install_kueue
 from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
@@ -103,6 +104,7 @@ class Pods:
             "image": {"repository": IMAGE, "tag": TAG, "pullPolicy": "Never"}, **POD_PLACEMENT,
             "quota": {"actuation": True},
             "extraArgs": [*extra, f"--initial-list={self.args.initial_list}"]}))
+        install_kueue(self.cluster)  # the pods find Kueue's kinds served from their start
         say("helm install: the chart's two pods on the real node ...")
         self.helm("install", RELEASE, str(ROOT / "charts/node-workload-summary"), "--namespace", NS,
                   "--create-namespace", "-f", str(values), "--wait", "--timeout", "300s")

@@ -52,7 +52,8 @@ class Runner(Protocol):
     replicas: list[Replica]
     where: str  # "processes" or "pods"
 
-    def start(self) -> None: ...
+    def prepare(self) -> None: ...  # before the soak's objects exist
+    def start(self) -> None: ...  # after
     def deaths(self) -> list[tuple[Replica, dict]]: ...  # replicas that died since the last call
     def kill(self, leader: Replica) -> str: ...  # the leader killed as by a crash, and replaced
     def stall(self) -> list[Replica]: ...  # the API connections of some replicas made silent
@@ -79,6 +80,9 @@ class Processes:
         self.proxy, self.proxied_kubeconfig = through_proxy(cluster)
         self.replicas: list[Replica] = []
         self.services: dict[str, Service] = {}
+
+    def prepare(self) -> None:
+        pass  # the processes start once the objects exist: they read them in their first list
 
     def start(self) -> None:
         self._start("a", stallable=False)

@@ -14,10 +14,11 @@ from .cluster import LocalCluster, free_port
 
 
 class StallingProxy:
-    def __init__(self, target_host: str, target_port: int) -> None:
+    def __init__(self, target_host: str, target_port: int, listen_host: str = "127.0.0.1") -> None:
         self.target = (target_host, target_port)
+        self.host = listen_host  # a real node's pods reach it at the node's address (localkube.node)
         self.port = free_port()
-        self._server = socket.create_server(("127.0.0.1", self.port))
+        self._server = socket.create_server((listen_host, self.port))
         self._lock = threading.Lock()
         self._connections: list[tuple[socket.socket, socket.socket, threading.Event]] = []
         self._closed = False
@@ -45,7 +46,7 @@ class StallingProxy:
 
     @property
     def url(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"https://{self.host}:{self.port}"
 
     def close(self) -> None:
         self._closed = True

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import BESIDE, RESULTS
-from localkube.build import KUBE_STATE_METRICS, KUEUE, Component, ensure_binaries
+from localkube.build import KUBE_STATE_METRICS, KUEUE, KUEUE_019, Component, ensure_binaries
 from tests.paths import ROOT
 
 TIMEOUT = 300  # seconds a smoke run may take (each took 1 to 27 here, 2 cores)
@@ -91,7 +91,7 @@ SMOKE: dict[str, Smoke] = {
                          "summary.by_reason.label.checks", "summary.by_reason.blip.checks",
                          "summary.by_reason.lease.checks", "summary.neighbour_edits", "minutes.0.writes",
                          "rss.0.bytes"),
-                        needs=(KUEUE,)),
+                        needs=(KUEUE_019,)),
     "fleet": Smoke(("--members", "1", "--rest", "0", "--sample", "1", "--quiet", "1", "--timeout", "60"),
                    ("members_reached", "rows.0.sync_seconds", "rows.0.rss_per_member_kb",
                     "rows.0.summary.quiet_requests_per_minute"),

@@ -20,7 +20,6 @@ import asyncio
 import base64
 import contextlib
 import json
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
@@ -60,8 +58,20 @@ from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.claims import CLAIMS, Claims, ClaimSettings, member_claim_name
 from tests.clock import FakeClock, settle
+from tests.fleetkit import (
+    GPU,
+    READER,
+    RELEASE,
+    assign,
+    chart_rbac,
+    claims,
+    gpu_quota,
+    hub_readers_rbac,
+    join,
+    member_secret,
+    ready,
+)
 from tests.kube import create_node, set_node_status, summarized_cluster, token_kubeconfig
-from tests.paths import ROOT
 
 pytestmark = [pytest.mark.needs(HELM), pytest.mark.kueue]  # kueue: and in make test-kueue-matrix
 
@@ -69,10 +79,6 @@ NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
 # A stall of STALL seconds, then the reconnection's backoff (at most kubeindex.api.BACKOFF_CAP) and a
 # read timeout, stay well inside GRACE even on a loaded machine.
 GRACE, STALL, SETTLE, READ_TIMEOUT = 30.0, 8.0, 2.0, 3.0
-READER = {"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}
-GPU = ("a100", "nvidia.com/gpu")
-RELEASE = "node-workload-summary"
-RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
 @dataclass
@@ -277,33 +283,6 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
 
 # -- a hub and two members ------------------------------------------------------------------------
 
-def reader_kubeconfig(kube: LocalCluster, server: str) -> str:
-    """A self-contained kubeconfig (CA inline, a token) of the hub's reader in the member."""
-    token = kube.kubectl("create", "token", READER["name"], "-n", READER["namespace"], "--duration=2h").stdout.strip()
-    config = json.loads(kube.inline_kubeconfig(server))
-    config["users"] = [{"name": "reader", "user": {"token": token}}]
-    config["contexts"][0]["context"]["user"] = "reader"
-    return json.dumps(config)
-
-
-def chart_rbac(helm: list[str], tmp_path: Path, values: dict[str, Any]) -> list[dict[str, Any]]:
-    """The RBAC objects (and ServiceAccount) the chart renders with ``values``."""
-    file = tmp_path / "values.yaml"
-    file.write_text(yaml.safe_dump(values))
-    rendered = subprocess.run([*helm, "template", RELEASE, str(ROOT / "charts" / "node-workload-summary"),
-                               "--namespace", RELEASE, "-f", str(file)], capture_output=True, text=True, check=True,
-                              timeout=120).stdout
-    return [d for d in yaml.safe_load_all(rendered) if d and d["kind"] in RBAC_KINDS]
-
-
-def hub_readers_rbac(helm: list[str], tmp_path: Path) -> str:
-    """The chart's member-side RBAC (fleet.hubReaders), as `helm template` renders it."""
-    docs = [d for d in chart_rbac(helm, tmp_path, {"fleet": {"hubReaders": [READER]}})
-            if d["metadata"]["name"].endswith("-fleet-reader")]
-    assert {d["kind"] for d in docs} == {"ClusterRole", "ClusterRoleBinding"}
-    return "\n---\n".join(json.dumps(d) for d in docs)
-
-
 @pytest.fixture(scope="module")
 def members(binaries: dict[str, Path], helm: list[str],
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Member]]:
@@ -340,11 +319,7 @@ def hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in rbac))
     cluster_queue(cluster, "research", {"a100": {"cpu": "0", "nvidia.com/gpu": "0"}})
     for name, member in members.items():
-        server = member.proxy.url if member.proxy is not None else member.kube.server
-        config = reader_kubeconfig(member.kube, server)
-        cluster.kubectl("apply", "-f", "-", input=json.dumps({
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"member-{name}", "namespace": "kueue-system"},
-            "data": {"kubeconfig": base64.b64encode(config.encode()).decode()}}))
+        member_secret(cluster, member.kube, name, member.proxy.url if member.proxy is not None else member.kube.server)
     account = token_kubeconfig(cluster, RELEASE, RELEASE, "fleet-hub")
     svc = Service(cluster, (f"--kubeconfig={account}", f"--lease-namespace={RELEASE}", "--identity=hub", "--fleet",
                             "--fleet-namespace=kueue-system", f"--member-grace={GRACE}",
@@ -362,33 +337,8 @@ def hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
                         input="\n---\n".join(json.dumps(d) for d in rbac))
 
 
-def join(kube: LocalCluster, name: str) -> None:
-    kueue.multikueue_cluster(kube, name, f"member-{name}")
-
-
-def claims(kube: LocalCluster) -> dict[str, dict[str, Any]]:
-    return {c["metadata"]["name"]: c for c in json.loads(
-        kube.kubectl("get", "clusterresourceclaims", "-o", "json").stdout)["items"]}
-
-
-def ready(kube: LocalCluster, name: str) -> dict[str, Any]:
-    return next((c for c in claims(kube).get(name, {}).get("status", {}).get("conditions", [])
-                 if c["type"] == "Ready"), {})
-
-
-def gpu_quota(kube: LocalCluster) -> str:
-    spec = json.loads(kube.kubectl("get", "clusterqueues.kueue.x-k8s.io", "research", "-o", "json").stdout)["spec"]
-    return next(str(r["nominalQuota"]) for g in spec["resourceGroups"] for f in g["flavors"] if f["name"] == GPU[0]
-                for r in f["resources"] if r["name"] == GPU[1])
-
-
 def applied(svc: Service) -> float:
     return sum(v for k, v in select(svc.scrape(), "nws_quota_writes_total").items() if ("result", "applied") in k)
-
-
-def assign(kube: LocalCluster, name: str, assignment: dict[str, Any], **spec: Any) -> None:
-    kube.kubectl("patch", "clusterresourceclaims", name, "--type=merge", "-p", json.dumps(
-        {"spec": {"resourceAssignments": [{"clusterQueueName": "research", **assignment}], **spec}}))
 
 
 def test_members_join_get_claims_and_the_hub_quota_follows_them_without_flapping(

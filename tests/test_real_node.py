@@ -15,7 +15,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
@@ -33,15 +32,14 @@ from localkube.cluster import LocalCluster, Options
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
 from localkube.prometheus import start_operator
 from localkube.service import wait_for
+from tests import realnode
 from tests.paths import CRDS, ROOT
+from tests.realnode import IMAGE, TAG, build_image, helm_process, ready, run_helm
 
 pytestmark = pytest.mark.node
 
-IMAGE = "localhost/node-workload-summary"
-TAG = "node-test"
 NS = "nws"
 POOL = "example.com/pool"
-APP = "app.kubernetes.io/name=node-workload-summary"
 SA = f"system:serviceaccount:{NS}:node-workload-summary"
 GRACE = 15  # the chart's terminationGracePeriodSeconds
 PROMETHEUS_IMAGE = "localhost/prometheus:debian"
@@ -60,10 +58,7 @@ LEASE_SECONDS = 15  # --lease-duration's default
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The image built as `make image` builds it, saved as an OCI archive for the node."""
-    archive = tmp_path_factory.mktemp("image") / "nws.oci.tar"
-    subprocess.run([sys.executable, "-m", "deploy.image", "--tag", f"{IMAGE}:{TAG}", "--save", str(archive)],
-                   check=True, cwd=ROOT)
-    return archive
+    return build_image(tmp_path_factory.mktemp("image"))
 
 
 @pytest.fixture(scope="module")
@@ -127,31 +122,12 @@ def release(kube: LocalCluster, node: RealNode, helm: list[str], tmp_path_factor
     return "nws"
 
 
-def helm_process(kube: LocalCluster, helm: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    env, command = helm[:1], helm[1:]  # ["env", HELM_*=..., helm]
-    return subprocess.run([*env, f"KUBECONFIG={kube.kubeconfig}", *command, *args], capture_output=True, text=True)
-
-
-def run_helm(kube: LocalCluster, helm: list[str], *args: str) -> str:
-    proc = helm_process(kube, helm, *args)
-    assert proc.returncode == 0, f"helm {' '.join(args[:2])}: {proc.stderr}"
-    return proc.stdout
-
-
 def pods(kube: LocalCluster) -> list[dict]:
-    return json.loads(kube.kubectl("get", "pods", "-n", NS, "-l", APP, "-o", "json").stdout)["items"]
-
-
-def ready(pod: dict) -> bool:
-    conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions", [])}
-    return pod["status"].get("phase") == "Running" and conditions.get("Ready") == "True" \
-        and "deletionTimestamp" not in pod["metadata"]
+    return realnode.pods(kube, NS)
 
 
 def holder(kube: LocalCluster) -> str:
-    lease = json.loads(kube.kubectl("get", "lease", "-n", NS, "node-workload-summary", "-o", "json",
-                                    check=False).stdout or "{}")
-    return lease.get("spec", {}).get("holderIdentity", "")
+    return realnode.holder(kube, NS)
 
 
 def test_two_pods_ready_through_the_kubelets_probes_and_one_holds_the_lease(kube: LocalCluster, release: str) -> None:
