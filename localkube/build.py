@@ -427,9 +427,10 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 # What the tests build on first use beyond CORE, in the order `make test` builds them in the
 # background (tests/conftest.py --prebuild; the modules that need them declare it, and run last in
 # this order): Kueue's CRDs are a download; the rest are Go builds of minutes each on a fresh machine.
-# Kueue: the newest cell's (v0.19); make test-kueue-matrix builds v0.14's controller on first use.
-TEST_TOOLS: tuple[Component, ...] = (KUEUE_019, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR, ACTIONLINT,
-                                     JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_019_CONTROLLER,
+# Kueue: the newest cell's CRDs and controller (v0.19), and v0.14's CRDs (bench.fleet's smoke run writes
+# v1beta1); make test-kueue-matrix builds v0.14's controller on first use.
+TEST_TOOLS: tuple[Component, ...] = (KUEUE_019, KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR,
+                                     ACTIONLINT, JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_019_CONTROLLER,
                                      KUBE_STATE_METRICS)
 
 
