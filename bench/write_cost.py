@@ -23,8 +23,8 @@ import aiohttp
 from kubeindex.api import ApiClient, load_connection
 from kubeindex.objects import API_PATH, API_VERSION
 from localkube.cluster import LocalCluster, Options
-from reconciler.controller import APPLY
 from reconciler.desired import MANAGER
+from reconciler.writer import APPLY
 
 from .common import CRDS, add_out, sayer, write_results
 

@@ -392,25 +392,30 @@ def _quantile(q: float, family: str, sel: str, by: str = "") -> str:
 
 
 def self_metrics_panels(job: str, y: int) -> list:
-    """The write queue and the API requests, in client-go's workqueue_* and rest_client_* shapes:
-    depth per replica (only the leader's queue fills), the rest over all replicas (the followers'
-    queues stay empty; every replica's requests are real ones)."""
+    """The controllers' work queues and the API requests, in client-go's workqueue_* and
+    rest_client_* shapes: depth per replica and controller (only the leader's queues fill), the
+    rest per controller over all replicas (a follower's queues stay near empty; every replica's
+    requests are real ones)."""
     queue, requests = "nws_workqueue", "nws_rest_client"
+    waits, works = f"{queue}_queue_duration_seconds", f"{queue}_work_duration_seconds"
     return [
-        TimeSeries(title="Write queue: keys waiting for a worker, per replica", dataSource=DS,
+        TimeSeries(title="Work queues: keys waiting for a worker, per replica and controller", dataSource=DS,
                    gridPos=_pos(0, y, 8, 8), unit="short",
-                   targets=[_t(f"max by (instance) ({queue}_depth{{{job}}})", "{{instance}}")]),
-        TimeSeries(title="Write queue: adds and retries / s", dataSource=DS, gridPos=_pos(8, y, 8, 8), unit="ops",
-                   targets=[_t(f"sum(rate({queue}_adds_total{{{job}}}[$__rate_interval]))", "adds", "A"),
-                            _t(f"sum(rate({queue}_retries_total{{{job}}}[$__rate_interval]))", "retries", "B")]),
-        TimeSeries(title="Write queue: time waiting and working (p50, p99)", dataSource=DS,
+                   targets=[_t(f"max by (instance, name) ({queue}_depth{{{job}}})", "{{instance}} {{name}}")]),
+        TimeSeries(title="Work queues: adds and retries / s, per controller", dataSource=DS, gridPos=_pos(8, y, 8, 8),
+                   unit="ops",
+                   targets=[_t(f"sum by (name) (rate({queue}_adds_total{{{job}}}[$__rate_interval]))",
+                               "{{name}} adds", "A"),
+                            _t(f"sum by (name) (rate({queue}_retries_total{{{job}}}[$__rate_interval]))",
+                               "{{name}} retries", "B")]),
+        TimeSeries(title="Work queues: time waiting and working (p50, p99), per controller", dataSource=DS,
                    description="Waiting: from queued to taken by a worker. Working: deciding and writing one key, "
                                "the wait for --writes-per-second included.",
                    gridPos=_pos(16, y, 8, 8), unit="s",
-                   targets=[_t(_quantile(0.5, f"{queue}_queue_duration_seconds", job), "waiting p50", "A"),
-                            _t(_quantile(0.99, f"{queue}_queue_duration_seconds", job), "waiting p99", "B"),
-                            _t(_quantile(0.5, f"{queue}_work_duration_seconds", job), "working p50", "C"),
-                            _t(_quantile(0.99, f"{queue}_work_duration_seconds", job), "working p99", "D")]),
+                   targets=[_t(_quantile(0.5, waits, job, "name"), "{{name}} waiting p50", "A"),
+                            _t(_quantile(0.99, waits, job, "name"), "{{name}} waiting p99", "B"),
+                            _t(_quantile(0.5, works, job, "name"), "{{name}} working p50", "C"),
+                            _t(_quantile(0.99, works, job, "name"), "{{name}} working p99", "D")]),
         TimeSeries(title="API request latency p99 by verb and resource", dataSource=DS,
                    description="WATCH: until the API server answered (the stream then lasts minutes); LIST: the "
                                "whole response read.",

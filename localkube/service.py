@@ -45,12 +45,13 @@ def parse(text: str) -> Samples:
     return samples
 
 
-def select(samples: Samples, name: str, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+def select(samples: Samples, name: str, /, **labels: str) -> dict[frozenset[tuple[str, str]], float]:
+    """The samples of ``name`` with at least these labels (a label may be called ``name`` too)."""
     want = set(labels.items())
     return {lbl: v for (n, lbl), v in samples.items() if n == name and want <= lbl}
 
 
-def value(samples: Samples, name: str, **labels: str) -> float | None:
+def value(samples: Samples, name: str, /, **labels: str) -> float | None:
     """The one sample of ``name`` with exactly these labels, or None."""
     return samples.get((name, frozenset(labels.items())))
 

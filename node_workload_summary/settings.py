@@ -21,8 +21,8 @@ from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_
 from kubeindex.reflector import Encoding, InitialList, WatchSettings
 from kubeindex.sources import SYNC_GRACE
 from reconciler.claims import ClaimSettings
-from reconciler.controller import ReconcilerSettings
 from reconciler.leader import LeaseSettings
+from reconciler.manager import ReconcilerSettings
 
 from .logs import LogFormat
 

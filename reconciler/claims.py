@@ -1,11 +1,12 @@
-"""The ClusterResourceClaim controller: keeps the ClusterQueues' nominalQuota equal to what the
-claims assign, and each claim's status, on the reconciler's write path (its work queue, its
+"""The ClusterResourceClaim and ClusterQueue controllers: keep the ClusterQueues' nominalQuota
+equal to what the claims assign, and each claim's status, through the manager's writer (its
 leadership checks, its token bucket).
 
-- **Keys.** ("clusterresourceclaims", name) and ("clusterqueues", name). A pass queues every
-  claim and every queue a claim names when a claim or a ClusterQueue changed (``KueueIndex.version``)
-  or a claimed flavor's capacity did; a settle timer or a throttled queue queues its key again
-  when it is due.
+- **Keys.** ("clusterresourceclaims", name) in ``ClaimController``'s queue, ("clusterqueues", name)
+  in ``ClusterQueueController``'s. Each one's pass queues every claim, or every queue a claim
+  names, when a claim or a ClusterQueue changed (``KueueIndex.version``) or a claimed flavor's
+  capacity did since that controller last looked (``Claims.changed``); a settle timer or a
+  throttled queue queues its key again when it is due.
 - **At take time** (client-go style) the whole plan is evaluated again (reconciler/quota.py's
   ``evaluate``: claims are few), from the index as it is then: the claims, the ClusterQueue objects,
   and each claim's capacity. Capacity: for clusterName ``local``, the allocatable of the flavor's
@@ -45,14 +46,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Any, Protocol
+from typing import Any, ClassVar
 
 import msgspec
 
-from kubeindex.api import ApiError, Conflict
+from kubeindex.api import Conflict
 from kubeindex.fleet import Fleet
 from kubeindex.kueue import KueueIndex
 from kubeindex.logfields import fields
@@ -60,8 +61,8 @@ from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSIONS, C
 from kubeindex.quantity import parse_nano
 
 from .conditions import rfc3339, with_times
-from .desired import MANAGER
 from .events import Event, EventRecorder, Ref
+from .manager import DONE, RETRY, Controller, Key, Result
 from .names import hashed_name, is_dns1123_subdomain
 from .quota import (
     LOCAL,
@@ -76,24 +77,16 @@ from .quota import (
     parse_claim,
     parse_time,
 )
+from .writer import Done, Failed, Writer
 
 log = logging.getLogger(__name__)
 CLAIMS = "clusterresourceclaims"
 QUEUES = "clusterqueues"
-JSON_PATCH = "application/json-patch+json"
 HOUR = 3600.0
 # A Ready reason under which no capacity was in effect.
 UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown", "KueueVersionUnknown", "MemberUnsupported")
-Key = tuple[str, str]
 MEMBER_LABEL = f"{GROUP}/member"  # on the claims made for a member's flavors
 QUOTA_WRITTEN, WRITE_QUOTA = "QuotaWritten", "WriteQuota"  # the Event of a quota write: reason, action
-
-
-class Request(Protocol):
-    """The reconciler's write (token bucket, leadership check, Retry on failure)."""
-
-    def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                 content_type: str = ...) -> Awaitable[bool]: ...
 
 
 @dataclass
@@ -261,7 +254,8 @@ def member_claim_name(member: str, flavor: str, taken: Container[str]) -> str:
 
 
 class Claims:
-    """The claims' evaluation and writes; the Reconciler owns the queue and calls ``sync``."""
+    """The claims' evaluation and writes, shared by the two controllers (ClaimController,
+    ClusterQueueController), each of which owns a queue and calls its ``reconcile_*``."""
 
     def __init__(self, kueue: KueueIndex, settings: ClaimSettings | None = None,
                  clock: Callable[[], float] = time.time, fleet: Fleet | None = None,
@@ -275,7 +269,7 @@ class Claims:
         self.settler = Settler(self.settings.settle)
         self.writes = QuotaWrites()
         self.last: Evaluation | None = None  # the latest evaluation (to inspect; the metrics read the status)
-        self._seen: tuple[int, int, str | None, dict[tuple[str, str], Capacity | None]] | None = None
+        self._seen: dict[str, tuple[int, int, str | None, dict[tuple[str, str], Capacity | None]]] = {}
         self.wanted: dict[str, tuple[str, str]] = {}  # claims to create: name -> (member, flavor)
 
     # -- what to queue ----------------------------------------------------------------------------
@@ -299,19 +293,25 @@ class Claims:
                 taken.add(name)
         return wanted
 
-    def changed_keys(self, everything: bool = False) -> list[Key]:
-        """Every key, when a claim, a ClusterQueue or a claimed capacity changed since the last
-        call (or ``everything``); else none."""
-        claims = list(self.kueue.claims.values())
-        claimed = {_parsed(c).key for c in claims}  # as the evaluation reads them: a bad name is local
+    def changed(self, consumer: str) -> bool:
+        """Whether a claim, a ClusterQueue or a claimed capacity changed since ``consumer`` last asked."""
+        claimed = {_parsed(c).key for c in self.kueue.claims.values()}  # as the evaluation reads them
         fleet = self.fleet.version if self.fleet is not None else 0
         seen = (self.kueue.version, fleet, self.kueue_problem(), {k: self._live(*k) for k in claimed})
-        if seen == self._seen and not everything:
-            return []
-        self._seen = seen
+        if seen == self._seen.get(consumer):
+            return False
+        self._seen[consumer] = seen
+        return True
+
+    def claim_keys(self) -> list[Key]:
+        """Every claim's key, and those of the claims to create (``wanted``, looked up again)."""
+        claims = list(self.kueue.claims.values())
         self.wanted = self._wanted(claims)
-        return [*((CLAIMS, c.metadata.name) for c in claims), *((CLAIMS, name) for name in self.wanted),
-                *((QUEUES, q) for q in sorted(named_queues(claims)))]
+        return [*((CLAIMS, c.metadata.name) for c in claims), *((CLAIMS, name) for name in self.wanted)]
+
+    def queue_keys(self) -> list[Key]:
+        """The key of every ClusterQueue a claim names."""
+        return [(QUEUES, q) for q in sorted(named_queues(self.kueue.claims.values()))]
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -369,61 +369,53 @@ class Claims:
 
     # -- writes ----------------------------------------------------------------------------------
 
-    async def sync(self, key: Key, request: Request) -> float | None:
-        """Do what the key needs now; the seconds after which to take it again, if any."""
-        plural, name = key
-        return await (self._sync_claim(name, request) if plural == CLAIMS else self._sync_queue(name, request))
-
-    async def _sync_claim(self, name: str, request: Request) -> float | None:
+    async def reconcile_claim(self, name: str, writer: Writer) -> Result:
+        """The claim's status; a member flavor's claim created."""
         claim = self.kueue.claims.get(name)
         if claim is None:
-            if name in self.wanted:
-                await self._create(name, *self.wanted[name], request)
-            return None
+            return await self._create(name, *self.wanted[name], writer) if name in self.wanted else DONE
         ev = self.evaluate()
         status = self.claim_status(claim, ev)
         if status != claim.status:
             body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": name},
                     "status": status}
-            await request("apply_status", "PATCH", f"/apis/{API_VERSION}/{CLAIMS}/{name}/status", body,
-                          {"fieldManager": MANAGER, "force": "true"})
-        return self.due(claim, ev)
+            outcome = await writer.apply_status(f"/apis/{API_VERSION}/{CLAIMS}/{name}", body)
+            if not isinstance(outcome, Done):  # failed, or deleted meanwhile
+                return RETRY if isinstance(outcome, Failed) else DONE
+        return Result(requeue_after=self.due(claim, ev))
 
-    async def _create(self, name: str, member: str, flavor: str, request: Request) -> None:
+    async def _create(self, name: str, member: str, flavor: str, writer: Writer) -> Result:
         """A member's flavor joined: its claim, with no assignments (the administrator's part)."""
         if (member, flavor) in {_parsed(c).key for c in self.kueue.claims.values()}:
-            return  # made meanwhile (by us, seen since, or by someone else)
+            return DONE  # made meanwhile (by us, seen since, or by someone else)
         body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim",
                 "metadata": {"name": name, "labels": {MEMBER_LABEL: member} if len(member) <= 63 else {}},
                 "spec": {"clusterName": member, "flavor": flavor, "resourceAssignments": []}}
-        await request("create", "POST", f"/apis/{API_VERSION}/{CLAIMS}", body, {"fieldManager": MANAGER},
-                      content_type="application/json")
+        return RETRY if isinstance(await writer.create(f"/apis/{API_VERSION}/{CLAIMS}", body), Failed) else DONE
 
-    async def _sync_queue(self, name: str, request: Request) -> float | None:
+    async def reconcile_queue(self, name: str, writer: Writer) -> Result:
+        """The ClusterQueue's nominalQuota (with actuation on), bounded per hour."""
         ev = self.evaluate()
         queue = ev.queues.get(name)
         patch = ev.plan.patch(queue) if queue is not None else []
         if queue is None or not patch or not self.settings.actuation:
-            return None
+            return DONE
         allowed = self.writes.next_allowed(name, ev.now, self.settings.max_writes_per_hour)
         if allowed > ev.now:
             self.writes.count(name, "throttled")
-            return allowed - ev.now
+            return Result(requeue_after=allowed - ev.now)
         changes = ev.plan.changes(queue)
-        try:
-            await request("patch_quota", "PATCH", f"/apis/{queue_api_version(queue)}/{QUEUES}/{name}", patch,
-                          {"fieldManager": MANAGER}, content_type=JSON_PATCH)
-        except Exception as err:  # the reconciler's Retry, caused by the API's answer; or Deposed
-            if isinstance(err.__cause__, ApiError):
-                self.writes.count(name, "conflict" if isinstance(err.__cause__, Conflict) else "error")
-            raise
+        outcome = await writer.json_patch(f"/apis/{queue_api_version(queue)}/{QUEUES}/{name}", patch)
+        if isinstance(outcome, Failed):
+            self.writes.count(name, "conflict" if isinstance(outcome.error, Conflict) else "error")
+            return RETRY
         self.writes.times[name].append(ev.now)
         self.writes.count(name, "applied")
-        await self._written(name, queue, changes, ev.plan, request)
-        return None
+        await self._written(name, queue, changes, ev.plan, writer)
+        return DONE
 
     async def _written(self, name: str, queue: Mapping[str, Any], changes: list[QuotaChange], plan: Plan,
-                       request: Request) -> None:
+                       writer: Writer) -> None:
         """A ClusterQueue's quota was written: a log line with every change and its claims, and an
         Event on each claim whose quota changed."""
         claims_of = {(c.flavor, c.resource): tuple(plan.claims_of(name, c.flavor, c.resource)) for c in changes}
@@ -446,4 +438,46 @@ class Claims:
             note = (f"ClusterQueue {name} nominalQuota written: {changes_text(written)}"
                     + (f" (summed with claims {', '.join(others)})" if others else ""))
             regarding = Ref(API_VERSION, "ClusterResourceClaim", claim, obj.metadata.uid)
-            await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), request)
+            await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), writer)
+
+
+class ClaimController(Controller):
+    """Each ClusterResourceClaim's status; a member flavor's claim created."""
+
+    name = CLAIMS
+    kinds: ClassVar[dict[str, str]] = {CLAIMS: "ClusterResourceClaim"}
+
+    def __init__(self, claims: Claims, writer: Writer) -> None:
+        super().__init__()
+        self.claims = claims
+        self.writer = writer
+
+    def queue_changes(self) -> None:
+        if self.claims.changed(self.name) or self._resync:
+            self._resync = False
+            for key in self.claims.claim_keys():
+                self.queue.add(key)
+
+    async def reconcile(self, key: Key) -> Result:
+        return await self.claims.reconcile_claim(key[1], self.writer)
+
+
+class ClusterQueueController(Controller):
+    """The nominalQuota of each ClusterQueue a claim names (with actuation on)."""
+
+    name = QUEUES
+    kinds: ClassVar[dict[str, str]] = {QUEUES: "ClusterQueue"}
+
+    def __init__(self, claims: Claims, writer: Writer) -> None:
+        super().__init__()
+        self.claims = claims
+        self.writer = writer
+
+    def queue_changes(self) -> None:
+        if self.claims.changed(self.name) or self._resync:
+            self._resync = False
+            for key in self.claims.queue_keys():
+                self.queue.add(key)
+
+    async def reconcile(self, key: Key) -> Result:
+        return await self.claims.reconcile_queue(key[1], self.writer)

@@ -18,7 +18,7 @@ written), rate-limited and deduplicated as client-go's event recorder does.
   ``lastObservedTime``; a JSON merge patch) instead of creating another. An Event gone meanwhile
   (the API server's ``--event-ttl``, an hour by default) is created again.
 - Both caches keep the 4096 most recently used keys (client-go's ``maxLruCacheEntries``).
-- **Writes** go through the reconciler's request: its token bucket and its leadership check, so only
+- **Writes** go through the manager's writer: its token bucket and its leadership check, so only
   the leader records. A failed write is logged (once a minute at most, per object) and the Event
   dropped: an Event is never a reason to retry the write it reports.
 """
@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -37,6 +37,7 @@ from kubeindex.logfields import fields
 from kubeindex.throttle import ThrottledLog
 
 from .ratelimit import TokenBucket
+from .writer import NOT_FOUND, Done, Failed, Outcome
 
 log = logging.getLogger(__name__)
 API = "events.k8s.io/v1"
@@ -47,16 +48,15 @@ SPAM_REFILL = 300.0  # seconds per token: client-go's defaultSpamQPS, 1/300
 CACHE_SIZE = 4096  # client-go's maxLruCacheEntries
 NOTE_LIMIT = 1024  # bytes: the API server refuses a longer note
 INSTANCE_LIMIT = 128  # characters of reportingInstance
-EVENT_VERBS = frozenset({"create_event", "patch_event"})  # the writes an Event takes (reconciler._write)
 NAME_LIMIT = 253  # characters of an Event's name (a DNS-1123 subdomain)
-MERGE_PATCH = "application/merge-patch+json"
 
 
-class Request(Protocol):
-    """The reconciler's write (token bucket, leadership check); False: the object was not found."""
+class EventWriter(Protocol):
+    """The writes of an Event (writer.Writer)."""
 
-    def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                 content_type: str = ...) -> Awaitable[bool]: ...
+    async def create_event(self, path: str, body: Any) -> Outcome: ...
+
+    async def patch_event(self, path: str, body: Any) -> Outcome: ...
 
 
 @dataclass(frozen=True)
@@ -152,7 +152,7 @@ class EventRecorder:
             key, TokenBucket(1 / self.refill, self.burst, self.clock))
         return bool(bucket.try_take())
 
-    async def record(self, event: Event, request: Request) -> str:
+    async def record(self, event: Event, writer: EventWriter) -> str:
         """Create the Event, or count a repeat of an identical one: "created", "patched",
         "throttled" (the spam filter dropped it) or "failed" (logged)."""
         identity = (event.regarding, event.related, event.reason, event.action, event.type, event.note)
@@ -163,19 +163,24 @@ class EventRecorder:
             return self._count("throttled")
         now = self.clock()
         try:
-            if recorded is not None and await self._patch(recorded, now, request):
+            outcome = await self._patch(recorded, now, writer) if recorded is not None else NOT_FOUND
+            if isinstance(outcome, Done):
                 return self._count("patched")
-            self._recorded.put(identity, await self._create(event, now, request))
-        except Exception as err:  # the reconciler's Retry (the API's answer), or Deposed: dropped
-            self._recorded.pop(identity, None)  # the next identical one is created afresh, not patched
-            cause = err.__cause__ or err
-            regarding = event.regarding
-            self._failures(f"{regarding.kind}/{regarding.namespace}/{regarding.name}", type(cause).__name__,
-                           logging.WARNING, "Event %s on %s %s not recorded: %s", event.reason, regarding.kind,
-                           regarding.name, cause, extra=fields("events.events.k8s.io", regarding.namespace,
-                                                               regarding.name, cause))
-            return self._count("failed")
-        return self._count("created")
+            if not isinstance(outcome, Failed):  # none yet, or expired: created
+                created, outcome = await self._create(event, now, writer)
+                self._recorded.put(identity, created)
+            error: Exception | None = outcome.error if isinstance(outcome, Failed) else None
+        except Exception as err:  # Deposed: dropped
+            error = err
+        if error is None:
+            return self._count("created")
+        self._recorded.pop(identity, None)  # the next identical one is created afresh, not patched
+        regarding = event.regarding
+        self._failures(f"{regarding.kind}/{regarding.namespace}/{regarding.name}", type(error).__name__,
+                       logging.WARNING, "Event %s on %s %s not recorded: %s", event.reason, regarding.kind,
+                       regarding.name, error, extra=fields("events.events.k8s.io", regarding.namespace,
+                                                           regarding.name, error))
+        return self._count("failed")
 
     def _name(self, regarding: str, now: float) -> str:
         """client-go's: the object's name and the time; new for each Event, and within 253 characters."""
@@ -184,7 +189,7 @@ class EventRecorder:
         suffix = f".{nanos:x}"
         return regarding[:NAME_LIMIT - len(suffix)].rstrip(".-") + suffix
 
-    async def _create(self, event: Event, now: float, request: Request) -> _Recorded:
+    async def _create(self, event: Event, now: float, writer: EventWriter) -> tuple[_Recorded, Outcome]:
         namespace = event.regarding.namespace or CLUSTER_SCOPED_NAMESPACE
         name = self._name(event.regarding.name, now)
         body: dict[str, Any] = {
@@ -194,12 +199,11 @@ class EventRecorder:
             "regarding": event.regarding.body(), "note": _note(event.note), "type": event.type}
         if event.related is not None:
             body["related"] = event.related.body()
-        await request("create_event", "POST", f"/apis/{API}/namespaces/{namespace}/events", body,
-                      content_type="application/json")
-        return _Recorded(namespace, name)
+        outcome = await writer.create_event(f"/apis/{API}/namespaces/{namespace}/events", body)
+        return _Recorded(namespace, name), outcome
 
-    async def _patch(self, recorded: _Recorded, now: float, request: Request) -> bool:
-        """The repeat on the Event's series; False when the Event is gone (expired)."""
+    async def _patch(self, recorded: _Recorded, now: float, writer: EventWriter) -> Outcome:
+        """The repeat on the Event's series; NOT_FOUND when the Event is gone (expired)."""
         series = {"series": {"count": recorded.count, "lastObservedTime": micro_time(now)}}
-        return await request("patch_event", "PATCH", f"/apis/{API}/namespaces/{recorded.namespace}/events/"
-                             f"{recorded.name}", series, content_type=MERGE_PATCH)
+        return await writer.patch_event(f"/apis/{API}/namespaces/{recorded.namespace}/events/{recorded.name}",
+                                        series)

@@ -2,8 +2,10 @@
 WorkloadSummarizer's KindsServed condition.
 
 Computed from the index and from what the sources can read (``Sources.kind_problem``); the
-reconciler queues the summarizers whose status is not what it should be (``stale``) and writes
-``status_to_write``. Ready says whether the summarizer works for the kinds the API server serves:
+summarizer controller looks every ``summarizer_interval`` for the summarizers whose status is not
+what it should be (``stale``), queues them, and applies ``status_to_write``.
+
+Ready says whether the summarizer works for the kinds the API server serves:
 a configured kind that is served but cannot be summarized makes a WorkloadSummarizer
 ``Ready=False`` with the reason (KindForbidden, KindNotNamespaced). A kind not served (its CRD not
 installed, or not at the listed version) is a warning, not a failure: ``KindsServed=False``, reason
@@ -16,15 +18,24 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Container, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from kubeindex.index import ClusterIndex, WorkloadAgg
 from kubeindex.logfields import fields
-from kubeindex.objects import GROUP, LABEL_WORKLOAD_PREFIX, NodeSummarizer, WorkloadSummarizer, WorkloadSummarizerSpec
+from kubeindex.objects import (
+    API_VERSION,
+    GROUP,
+    LABEL_WORKLOAD_PREFIX,
+    NodeSummarizer,
+    WorkloadSummarizer,
+    WorkloadSummarizerSpec,
+)
 from kubeindex.owners import GroupKind
 from kubeindex.sources import Summarizers
 
 from .conditions import with_times
+from .manager import DONE, RETRY, Controller, Key, Result
+from .writer import Failed, Writer
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +151,40 @@ class SummarizerStatuses:
                 self._logged.add((obj.metadata.uid, message))
                 log.warning("%s: %s", reason, message,
                             extra=fields(f"workloadsummarizers.{GROUP}", name=obj.metadata.name, reason=reason))
+
+
+class SummarizerController(Controller):
+    """Writes a summarizer's status when it is not what it should be, looked at every ``interval``.
+    ``usable``: the kinds whose WorkloadSummaries can be written now (the summary controller's)."""
+
+    name = "summarizers"
+    kinds: ClassVar[dict[str, str]] = {"nodesummarizers": "NodeSummarizer", "workloadsummarizers": "WorkloadSummarizer"}
+
+    def __init__(self, statuses: SummarizerStatuses, writer: Writer, usable: Callable[[], Container[GroupKind]],
+                 debounce: float, interval: float) -> None:
+        super().__init__(debounce)
+        self.statuses = statuses
+        self.writer = writer
+        self.usable = usable
+        self.interval = interval
+        self._next = 0.0
+
+    def queue_changes(self) -> None:
+        now = time.monotonic()
+        if now >= self._next:
+            self._next = now + self.interval
+            for key in self.statuses.stale(self.usable()):
+                self.queue.add(key)
+
+    async def reconcile(self, key: Key) -> Result:
+        plural, name = key
+        status = self.statuses.status_to_write(plural, name, self.usable())
+        if status is None:
+            return DONE
+        self.queue.wrote(key)
+        body = {"apiVersion": API_VERSION, "kind": self.kinds[plural], "metadata": {"name": name}, "status": status}
+        return RETRY if isinstance(await self.writer.apply_status(f"/apis/{API_VERSION}/{plural}/{name}", body),
+                                   Failed) else DONE
 
 
 def _counts_for(w: WorkloadAgg, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> bool:

@@ -4,20 +4,21 @@
   if it is added meanwhile it is queued again when the worker is done (nothing is lost).
 - Items carry no state: the worker computes what to do when it takes the key.
 - ``add`` after a write of the same key waits until ``debounce`` seconds after that write (the
-  first change goes out at once, a flapping object costs one write per debounce period);
-  ``add(key, delay)`` holds even the first change ``delay`` seconds, so that a burst of changes is
-  one write (the endpointslice controller's batch period). Later adds never push it further off.
-  ``add(key, debounce=...)`` asks a longer debounce of this change (a change of less weight);
-  ``add(key, beat=...)`` rounds its time up to a whole multiple of ``beat`` on the queue's clock,
-  so that such changes of many keys fall due together (one burst of writes, not a trickle).
+  first change goes out at once, a flapping object costs one write per debounce period). A
+  change may carry a ``Pacing``, the controller's named policy for it: ``delay`` holds even the
+  first change, so that a burst of changes is one write (the endpointslice controller's batch
+  period; later adds never push it further off); ``debounce`` asks a longer debounce of this
+  change (a change of less weight); ``beat`` rounds its time up to a whole multiple of ``beat`` on
+  the queue's clock, so that such changes of many keys fall due together (one burst of writes,
+  not a trickle).
 - ``retry`` re-adds with a per-key exponential backoff; ``forget`` resets it.
 - ``clear`` drops everything that waits (leadership lost): keys in flight finish, nothing more.
 
-Its own metrics, client-go's (``workqueue_*``), kept in O(1) per key: ``depth`` (keys queued to
-be taken, client-go's count: a key re-added while in flight included, keys waiting for a debounce
-or a backoff not yet), ``adds`` (keys queued, each time one becomes due), ``retries``,
-``queue_duration`` (from queued to taken) and ``work_duration`` (from taken to done: deciding
-and writing, the token bucket's wait included).
+Its own metrics, client-go's (``workqueue_*``, labelled by the queue's ``name``), kept in O(1)
+per key: ``depth`` (keys queued to be taken, client-go's count: a key re-added while in flight
+included, keys waiting for a debounce or a backoff not yet), ``adds`` (keys queued, each time one
+becomes due), ``retries``, ``queue_duration`` (from queued to taken) and ``work_duration`` (from
+taken to done: deciding and writing, the token bucket's wait included).
 
 Waiting costs O(1) per change, as client-go's: a key made ready wakes one idle worker (not all
 of them), and one timer, for the earliest key that waits for its time, stands for every worker.
@@ -32,6 +33,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from kubeindex.api import SLOW_BACKOFF_CAP, backoff
@@ -41,9 +43,23 @@ from kubeindex.histogram import QUEUE_BUCKETS, Histogram
 K = TypeVar("K", bound=Hashable)
 
 
+@dataclass(frozen=True)
+class Pacing:
+    """When a change falls due: ``delay`` after it, ``debounce`` after the key's last write (None:
+    the queue's), rounded up to a multiple of ``beat`` (0: not rounded)."""
+
+    delay: float = 0.0
+    debounce: float | None = None
+    beat: float = 0.0
+
+
+AT_ONCE = Pacing()  # the queue's debounce after the last write, else now
+
+
 class WorkQueue(Generic[K]):
     def __init__(self, debounce: float = 1.0, base_delay: float = 0.2, max_delay: float = SLOW_BACKOFF_CAP,
-                 clock: Clock = REAL) -> None:
+                 clock: Clock = REAL, name: str = "") -> None:
+        self.name = name  # the controller's: its metrics' label
         self.debounce = debounce
         self.clock = clock
         self.base_delay, self.max_delay = base_delay, max_delay
@@ -73,18 +89,16 @@ class WorkQueue(Generic[K]):
     def __len__(self) -> int:
         return len(self._dirty | self._waiting_at.keys())
 
-    def add(self, key: K, delay: float = 0.0, debounce: float | None = None, beat: float = 0.0) -> None:
+    def add(self, key: K, pacing: Pacing = AT_ONCE) -> None:
         now = self.clock.monotonic()
-        due = now + delay
-        if debounce is None:
-            debounce = self.debounce
-        else:
-            self._longest = max(self._longest, debounce)
+        due = now + pacing.delay
+        debounce = self.debounce if pacing.debounce is None else pacing.debounce
+        self._longest = max(self._longest, debounce)
         written = self._done_at.get(key)
         if written is not None and now < written + debounce:
             due = max(due, written + debounce)
-        if beat > 0:
-            due = math.ceil(due / beat) * beat
+        if pacing.beat > 0:
+            due = math.ceil(due / pacing.beat) * pacing.beat
         if key in self._dirty:
             return
         if due > now:

@@ -1,7 +1,7 @@
-"""The ClusterResourceClaim controller without a cluster: the index fed projections, a fake clock,
-a request that records: status and patches, the dry run, the settle timer kept in the status (a
-new leader goes on with it), condition times, ClusterUnknown, the writes bounded per hour, a 409
-counted, Hold."""
+"""The ClusterResourceClaim and ClusterQueue controllers without a cluster: the index fed
+projections, a fake clock, an API server that records the writer's requests: status and patches,
+the dry run, the settle timer kept in the status (a new leader goes on with it), condition times,
+ClusterUnknown, the writes bounded per hour, a 409 counted, Hold."""
 
 from __future__ import annotations
 
@@ -27,9 +27,20 @@ from kubeindex.objects import (
     ResourceGroup,
     ResourceQuota,
 )
-from reconciler.claims import CLAIMS, QUEUES, Claims, ClaimSettings, changes_text, settle_state
+from reconciler.claims import (
+    CLAIMS,
+    QUEUES,
+    ClaimController,
+    Claims,
+    ClaimSettings,
+    ClusterQueueController,
+    changes_text,
+    settle_state,
+)
 from reconciler.events import EventRecorder
+from reconciler.manager import DONE, RETRY, Key, Result
 from reconciler.quota import QuotaChange, evaluate, parse_claim, queue_patch
+from reconciler.writer import Writer
 from tests.builders import GPU, make_node
 
 NODE = {"cpu": "8", GPU: "4"}
@@ -44,18 +55,19 @@ class Clock:
 
 
 class Recorder:
-    """The reconciler's request: records each call; ``fail`` raises it (as a Retry from it)."""
+    """The API server as the writer meets it: records each request (method, path, body); ``fail``
+    is its answer while set."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, Any]] = []
         self.fail: Exception | None = None
 
-    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                       content_type: str = "") -> bool:
+    async def request(self, method: str, path: str, body: object = None, *, params: dict[str, str] | None = None,
+                      content_type: str = "", timeout: float = 30) -> bytes:
         if self.fail is not None:
-            raise RuntimeError("retry") from self.fail
-        self.calls.append((verb, path, body))
-        return True
+            raise self.fail
+        self.calls.append((method, path, body))
+        return b"{}"
 
 
 def queue(name: str, version: str = "1", gpu: str = "0", api: str = "kueue.x-k8s.io/v1beta2") -> ClusterQueue:
@@ -83,13 +95,20 @@ def index() -> ClusterIndex:
     return index
 
 
-def run(claims: Claims, key: tuple[str, str], request: Recorder) -> float | None:
-    return asyncio.run(claims.sync(key, request))
+def run(claims: Claims, key: Key, api: Recorder | Cluster) -> Result:
+    """What the key's controller does with it, through a writer that leads, unthrottled."""
+    controller = (ClaimController if key[0] == CLAIMS else ClusterQueueController)(claims, Writer(api))
+    return asyncio.run(controller.reconcile(key))
+
+
+def changed(claims: Claims) -> list[Key]:
+    """The keys a pass of both controllers queues: all of them after a change, else none."""
+    return [*claims.claim_keys(), *claims.queue_keys()] if claims.changed("test") else []
 
 
 def written_status(request: Recorder) -> dict[str, Any]:
-    verb, path, body = request.calls[-1]
-    assert verb == "apply_status" and path.endswith("/clusterresourceclaims/pool/status")
+    method, path, body = request.calls[-1]
+    assert method == "PATCH" and path.endswith("/clusterresourceclaims/pool/status")
     return body["status"]
 
 
@@ -104,9 +123,9 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
     index.kueue.upsert_claim(claim())
     for actuation in (True, False):
         claims, request = Claims(index.kueue, ClaimSettings(actuation=actuation), Clock()), Recorder()
-        assert set(claims.changed_keys()) == {(CLAIMS, "pool"), (QUEUES, "prod"), (QUEUES, "research")}
-        assert claims.changed_keys() == []  # nothing changed since
-        assert run(claims, (CLAIMS, "pool"), request) is None
+        assert set(changed(claims)) == {(CLAIMS, "pool"), (QUEUES, "prod"), (QUEUES, "research")}
+        assert changed(claims) == []  # nothing changed since
+        assert run(claims, (CLAIMS, "pool"), request) == DONE
         status = written_status(request)
         assert status["observedGeneration"] == 3 and "pendingSince" not in status
         assert status["settledFor"] == {"clusterName": "local", "flavor": "a100"}
@@ -116,8 +135,8 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
         request.calls.clear()
         run(claims, (QUEUES, "prod"), request)
         if actuation:
-            verb, path, body = request.calls[0]
-            assert (verb, path) == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod")
+            method, path, body = request.calls[0]
+            assert (method, path) == ("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod")
             assert body == [{"op": "replace", "path": "/metadata/resourceVersion", "value": "1"},
                             {"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
                              "value": "8"},
@@ -137,7 +156,7 @@ def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index
     index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
     clock.now += 10
     again = run(claims, (CLAIMS, "pool"), request)
-    assert again == pytest.approx(120.5)
+    assert again.requeue_after == pytest.approx(120.5)
     status = written_status(request)
     assert status["pendingSince"] == "2027-01-15T08:00:10Z" and status["settledResources"][GPU] == "8"
     assert status["nominalResources"][GPU] == "4"
@@ -148,13 +167,13 @@ def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index
     leader, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
     assert settle_state(status, ("local", "a100")).since == clock.now - 60
     assert settle_state(status, ("local", "h100")).effective is None  # another flavor: afresh
-    assert run(leader, (CLAIMS, "pool"), request) == pytest.approx(60.5)
+    assert run(leader, (CLAIMS, "pool"), request).requeue_after == pytest.approx(60.5)
     assert request.calls == []  # nothing to write: the same status
     run(leader, (QUEUES, "prod"), request)
     assert [op["value"] for op in request.calls[0][2][1:]] == ["8", "4"]  # still the settled capacity
     clock.now += 61
     request.calls.clear()
-    assert run(leader, (CLAIMS, "pool"), request) is None
+    assert run(leader, (CLAIMS, "pool"), request) == DONE
     status = written_status(request)
     assert "pendingSince" not in status and status["settledResources"][GPU] == "4"
     over = next(c for c in status["conditions"] if c["type"] == "OverAllocated")
@@ -184,7 +203,7 @@ def test_a_queue_is_patched_at_the_version_it_was_read_at(index: ClusterIndex) -
     index.kueue.upsert_claim(claim())
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
     run(claims, (QUEUES, "prod"), request)
-    assert request.calls[0][:2] == ("patch_quota", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
+    assert request.calls[0][:2] == ("PATCH", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
 
 
 def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(index: ClusterIndex) -> None:
@@ -192,9 +211,9 @@ def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(in
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock(),
                              kueue_problem=lambda: problem[0]), Recorder()
     index.kueue.upsert_claim(claim())
-    assert claims.changed_keys() and claims.changed_keys() == []
+    assert changed(claims) and changed(claims) == []
     problem[0] = "ClusterQueue (kueue.x-k8s.io): served only at kueue.x-k8s.io/v1"
-    assert (CLAIMS, "pool") in claims.changed_keys()  # the problem's change alone queues the claims again
+    assert (CLAIMS, "pool") in changed(claims)  # the problem's change alone queues the claims again
     run(claims, (CLAIMS, "pool"), request)
     ready = next(c for c in written_status(request)["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "KueueVersionUnknown")
@@ -221,12 +240,11 @@ def test_writes_per_queue_are_bounded_per_hour_and_a_conflict_is_counted(index: 
         run(claims, (QUEUES, "prod"), request)
         index.kueue.upsert_cluster_queue(queue("prod", version=str(n + 2)))  # as if another manager reset it
         clock.now += 60
-    assert run(claims, (QUEUES, "prod"), request) == pytest.approx(3600 - 120)
+    assert run(claims, (QUEUES, "prod"), request).requeue_after == pytest.approx(3600 - 120)
     assert claims.writes.counts == {("prod", "applied"): 2, ("prod", "throttled"): 1}
     clock.now += 3600
     request.fail = Conflict(409, "Conflict", "the object has been modified")
-    with pytest.raises(RuntimeError):
-        run(claims, (QUEUES, "prod"), request)
+    assert run(claims, (QUEUES, "prod"), request) == RETRY  # with backoff
     assert claims.writes.counts[("prod", "conflict")] == 1
 
 
@@ -257,13 +275,13 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     index.kueue.upsert_claim(claim())
     caplog.set_level("INFO", logger="reconciler.claims")
     run(claims, (QUEUES, "prod"), request)
-    assert [c[0] for c in request.calls] == ["patch_quota", "create_event"]
+    assert [c[:2] for c in request.calls] == [("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod"),
+                                              ("POST", "/apis/events.k8s.io/v1/namespaces/default/events")]
     [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
     assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8,"
                                  " nvidia.com/gpu 0 -> 4 (claim pool)")
     assert getattr(line, FIELDS) == {"resource": "clusterqueues.kueue.x-k8s.io", "name": "prod", "claim": "pool"}
-    _, path, event = request.calls[1]
-    assert path == "/apis/events.k8s.io/v1/namespaces/default/events"
+    event = request.calls[1][2]
     assert event["regarding"] == {"apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim",
                                   "name": "pool"}
     assert event["related"] == {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "name": "prod"}
@@ -275,13 +293,13 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     index.kueue.upsert_cluster_queue(queue("research"))
     request.calls.clear()
 
-    async def refuse_events(verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                            content_type: str = "") -> bool:
-        if verb == "create_event":
-            raise RuntimeError("retry") from Forbidden(403, "Forbidden", "events is forbidden")
-        return await request(verb, method, path, body, params, content_type)
+    class RefusingEvents(Recorder):
+        async def request(self, method: str, path: str, body: object = None, **kwargs: Any) -> bytes:
+            if path.endswith("/events"):
+                raise Forbidden(403, "Forbidden", "events is forbidden")
+            return await super().request(method, path, body, **kwargs)
 
-    assert asyncio.run(claims.sync((QUEUES, "research"), refuse_events)) is None
+    assert run(claims, (QUEUES, "research"), RefusingEvents()) == DONE
     assert claims.writes.counts[("research", "applied")] == 1 and recorder.counts["failed"] == 1
     assert "ClusterQueue research nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 3 (claim pool)" in caplog.text
 
@@ -307,7 +325,7 @@ def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: Clust
     moved.spec["flavor"] = "h100"
     index.kueue.upsert_claim(moved)
     clock.now += 1
-    assert run(claims, (CLAIMS, "pool"), request) is None  # nothing pending: no 120 s on a100's capacity
+    assert run(claims, (CLAIMS, "pool"), request) == DONE  # nothing pending: no 120 s on a100's capacity
     status = written_status(request)
     assert status["settledResources"][GPU] == "4" and status["settledFor"]["flavor"] == "h100"
     assert "pendingSince" not in status
@@ -326,15 +344,15 @@ class Cluster:
         self.index = index
         self.version = 1
 
-    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                       content_type: str = "") -> bool:
-        if verb == "apply_status":
+    async def request(self, method: str, path: str, body: Any = None, *, params: dict[str, str] | None = None,
+                      content_type: str = "", timeout: float = 30) -> bytes:
+        if path.endswith("/status"):
             old = self.index.kueue.claims[body["metadata"]["name"]]
             self.index.kueue.upsert_claim(ClusterResourceClaim(old.metadata, old.spec, body["status"]))
-            return True
-        if verb in ("create_event", "patch_event"):
-            return True
-        assert verb == "patch_quota", verb
+            return b"{}"
+        if "/events" in path:
+            return b"{}"
+        assert content_type == "application/json-patch+json", content_type
         name = path.rsplit("/", 1)[1]
         queue = msgspec.to_builtins(self.index.kueue.queue_objects[name])
         for op in body:
@@ -344,23 +362,21 @@ class Cluster:
             for part in parents:
                 target = target[int(part)] if isinstance(target, list) else target[part]
             if op["path"] == "/metadata/resourceVersion" and op["value"] != target[last]:
-                raise RuntimeError("retry") from Conflict(409, "Conflict", "the object has been modified")
+                raise Conflict(409, "Conflict", "the object has been modified")
             target[last] = op["value"]
         self.version += 1
         queue["metadata"]["resourceVersion"] = str(self.version)
         self.index.kueue.upsert_cluster_queue(msgspec.convert(queue, ClusterQueue))
-        return True
+        return b"{}"
 
 
 def reconcile(claims: Claims, cluster: Cluster, now: float, due: dict[tuple[str, str], float]) -> None:
-    """One reconciler pass and its worker: the changed keys and those due, each synced once."""
-    keys = set(claims.changed_keys()) | {k for k, when in due.items() if when <= now}
+    """One pass of the controllers and their workers: the changed keys and those due, each once."""
+    keys = set(changed(claims)) | {k for k, when in due.items() if when <= now}
     for key in sorted(keys):
         due.pop(key, None)
-        try:
-            again = run(claims, key, cluster)  # type: ignore[arg-type]
-        except RuntimeError:  # the queue would retry it
-            again = 0.0
+        result = run(claims, key, cluster)
+        again = 0.0 if result.requeue else result.requeue_after  # a retry: at once, as backoff would soon
         if again is not None:
             due[key] = now + again
 

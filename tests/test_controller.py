@@ -1,34 +1,38 @@
-"""The reconciler's leadership handling, without a cluster: nothing here reaches an API server."""
+"""The reconciler's manager (leadership, its watches) and the summary controller (pacing, made at
+take time, compared with the last sync), without a cluster: nothing here reaches an API server."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import json
 import math
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from kubernetes import client
 
 from kubeindex.api import ApiClient, Connection
 from kubeindex.index import ClusterIndex
-from kubeindex.objects import NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
+from kubeindex.objects import API_VERSION, NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
 from kubeindex.sources import Sources
 from reconciler import desired
-from reconciler.controller import Reconciler, ReconcilerSettings, Summary, SummaryMeta
-from reconciler.desired import Desired, TypeInfo, desired_state
+from reconciler.desired import TypeInfo, desired_state
 from reconciler.leader import LeaderElector, LeaseSettings
+from reconciler.manager import DONE, RETRY, Controller, Key, Manager, ReconcilerSettings, Result
+from reconciler.summaries import Summary, SummaryController, SummaryMeta
+from reconciler.writer import Writer
 from tests.builders import make_node, make_pod, ref
 from tests.reference import Owner
 
 
-def _reconciler(relist_timeout: float) -> tuple[Reconciler, LeaderElector]:
+def _manager(relist_timeout: float) -> tuple[Manager, SummaryController, LeaderElector]:
     api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
     elector = LeaderElector(api, LeaseSettings("default", identity="me"))
     sources = Sources(api, ClusterIndex())
     settings = ReconcilerSettings(relist_timeout=relist_timeout)
-    return Reconciler(api, sources.index, sources, elector, settings), elector
+    manager = Manager(api, sources, elector, settings)
+    return manager, manager.add(SummaryController(api, sources.index, sources, manager.writer, settings)), elector
 
 
 def _lead(elector: LeaderElector) -> None:
@@ -41,18 +45,18 @@ def test_a_stalled_relist_holds_a_new_leaders_writes_only_until_the_bound(caplog
     delays the first write of a new leader by relist_timeout, not for ever; the log names it."""
 
     async def main() -> tuple[bool, float, bool]:
-        reconciler, elector = _reconciler(relist_timeout=0.3)
-        stalled = reconciler.reflectors[0]
+        manager, _, elector = _manager(relist_timeout=0.3)
+        stalled = manager.watches[0]
         stalled.connected = True  # in contact, but its LIST never completes
         _lead(elector)
         started = time.monotonic()
-        assert not reconciler.leading  # not before the relists (or the bound)
-        while not reconciler.leading and time.monotonic() - started < 5:
+        assert not manager.leading  # not before the relists (or the bound)
+        while not manager.leading and time.monotonic() - started < 5:
             await asyncio.sleep(0.02)
         waited = time.monotonic() - started
         relist_still_pending = stalled._relist_requested.is_set()  # the relist itself goes on
-        await reconciler.api.close()
-        return reconciler.leading, waited, relist_still_pending
+        await manager.api.close()
+        return manager.leading, waited, relist_still_pending
 
     leading, waited, pending = asyncio.run(main())
     assert leading
@@ -65,12 +69,12 @@ def test_a_new_leader_writes_at_once_when_every_relist_is_done() -> None:
     """Watches out of contact have nothing fresher to give: their relists return at once."""
 
     async def main() -> float:
-        reconciler, elector = _reconciler(relist_timeout=30)
+        manager, _, elector = _manager(relist_timeout=30)
         _lead(elector)
         started = time.monotonic()
-        while not reconciler.leading and time.monotonic() - started < 5:
+        while not manager.leading and time.monotonic() - started < 5:
             await asyncio.sleep(0.01)
-        await reconciler.api.close()
+        await manager.api.close()
         return time.monotonic() - started
 
     assert asyncio.run(main()) < 1
@@ -78,14 +82,14 @@ def test_a_new_leader_writes_at_once_when_every_relist_is_done() -> None:
 
 def test_losing_the_lease_stops_the_writes_at_once() -> None:
     async def main() -> tuple[bool, bool]:
-        reconciler, elector = _reconciler(relist_timeout=30)
+        manager, _, elector = _manager(relist_timeout=30)
         _lead(elector)
-        while not reconciler.leading:
+        while not manager.leading:
             await asyncio.sleep(0.01)
-        before = reconciler.leading
+        before = manager.leading
         elector._set(False)
-        await reconciler.api.close()
-        return before, reconciler.leading
+        await manager.api.close()
+        return before, manager.leading
 
     assert asyncio.run(main()) == (True, False)
 
@@ -95,38 +99,114 @@ def test_the_reconcilers_watches_are_the_sources() -> None:
     not part of the index's readiness, but of the reconciler's."""
 
     async def main() -> None:
-        reconciler, _ = _reconciler(relist_timeout=30)
-        sources = reconciler.sources
+        manager, _, _ = _manager(relist_timeout=30)
+        sources = manager.sources
         names = ["own-nodesummaries", "own-workloadsummaries"]
         assert [r.name for r in sources.watches()] == names and list(sources.stats) == names
         assert not [p for p in sources.sync_problems() if p.startswith("own-")]
-        assert [p.split(":")[0] for p in reconciler.not_ready() if p.startswith("own-")] == names
+        assert [p.split(":")[0] for p in manager.not_ready() if p.startswith("own-")] == names
         with pytest.raises(ValueError):
-            sources.add_watch(reconciler.reflectors[0])
-        await reconciler.api.close()
+            sources.add_watch(manager.watches[0])
+        await manager.api.close()
 
     asyncio.run(main())
+
+
+class Things(Controller):
+    """The smallest controller: one key, queued by its first pass, and what each reconcile of it
+    answers, in turn."""
+
+    name = "things"
+    kinds: ClassVar[dict[str, str]] = {"things": "Thing"}
+
+    def __init__(self, answers: list[Result | Exception]) -> None:
+        super().__init__()
+        self.answers = answers
+        self.taken: list[float] = []
+
+    def queue_changes(self) -> None:
+        if self._resync:
+            self._resync = False
+            self.queue.add(("things", "a"))
+
+    async def reconcile(self, key: Key) -> Result:
+        self.taken.append(time.monotonic())
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_controller_is_one_class_and_one_add_and_its_worker_does_what_reconcile_asks(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A retry is backed off (0.2 s, then 0.4 s); an exception is logged with the key and retried
+    the same way; ``requeue_after`` takes the key again after that long; done is done (the key is
+    not taken a fifth time). The queue carries the controller's name (its metrics' label)."""
+
+    async def main() -> Things:
+        api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
+        sources = Sources(api, ClusterIndex())
+        sources.ready.set()
+        manager = Manager(api, sources, None, ReconcilerSettings(interval=0.01))
+        things = manager.add(Things([RETRY, RuntimeError("a bug"), Result(requeue_after=0.1), DONE]))
+        running = asyncio.create_task(manager.run())
+        started = time.monotonic()
+        while len(things.taken) < 4 and time.monotonic() - started < 5:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # nothing more
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await api.close()
+        return things
+
+    things = asyncio.run(main())
+    gaps = [b - a for a, b in zip(things.taken, things.taken[1:], strict=False)]
+    assert len(things.taken) == 4 and things.answers == []
+    assert gaps[0] >= 0.2 and gaps[1] >= 0.4 and gaps[2] >= 0.1, gaps  # never sooner; later on a loaded machine
+    assert (things.queue.name, things.queue.retries) == ("things", 2)
+    assert "sync of Thing a failed" in caplog.text and "a bug" in caplog.text
 
 
 DEPLOYMENTS = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
 RS = Owner("r1", "apps", "ReplicaSet", "ns", "web-1", "d1")
 
 
-def _one_deployment(monkeypatch: pytest.MonkeyPatch) -> Reconciler:
-    """A reconciler whose index holds node group pool=a (node n-1) and Deployment ns/web, whose
-    ReplicaSet's pod p runs on n-1."""
-    reconciler, _ = _reconciler(relist_timeout=30)
-    index = reconciler.index
+class Writes:
+    """The API server as the writer meets it: each request recorded, answered with the object at a
+    new resourceVersion."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+        self.version = 6
+
+    async def request(self, method: str, path: str, body: object = None, *, params: dict[str, str] | None = None,
+                      content_type: str = "", timeout: float = 30) -> bytes:
+        self.calls.append((method, path, body))
+        self.version += 1
+        return json.dumps({"metadata": {"resourceVersion": str(self.version)}}).encode()
+
+    def take(self) -> list[tuple[str, str, Any]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def _one_deployment(monkeypatch: pytest.MonkeyPatch) -> tuple[SummaryController, Writes]:
+    """A summary controller whose index holds node group pool=a (node n-1) and Deployment ns/web,
+    whose ReplicaSet's pod p runs on n-1; its writes recorded."""
+    api = ApiClient(Connection("https://127.0.0.1:1", False, client.Configuration()))
+    sources, writes = Sources(api, ClusterIndex()), Writes()
+    controller = SummaryController(api, sources.index, sources, Writer(writes))
+    index = controller.index
     index.set_node_summarizer("pool", "pool")
     index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
     index.upsert_node(make_node("n-1", {"pool": "a"}))
     index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
     index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-1", "r1", ("apps/v1", "Deployment", "d1"))
     index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS)))
-    reconciler.sources.summarizers.node["pool"] = NodeSummarizer(ObjectMeta(name="pool", uid="uid-pool"),
-                                                                 NodeSummarizerSpec("pool"))
-    monkeypatch.setattr(reconciler, "type_infos", lambda: DEPLOYMENTS)
-    return reconciler
+    sources.summarizers.node["pool"] = NodeSummarizer(ObjectMeta(name="pool", uid="uid-pool"),
+                                                      NodeSummarizerSpec("pool"))
+    monkeypatch.setattr(controller, "type_infos", lambda: DEPLOYMENTS)
+    return controller, writes
 
 
 def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -143,25 +223,28 @@ def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypat
     monkeypatch.setattr(desired, "workload_summary", counted)
 
     async def main() -> None:
-        reconciler = _one_deployment(monkeypatch)
-        index = reconciler.index
+        controller, writes = _one_deployment(monkeypatch)
+        index = controller.index
         key = ("workloadsummaries", "ns/web")
-        reconciler.queue_changes()  # the first: a full pass
-        first = reconciler.desired[key]
-        assert len(made) == 1 and first.status["pods"] == {"Running": 1}
-        reconciler.queue.clear()  # taken,
-        reconciler.queue.wrote(key)  # and just written: the next changes wait for the debounce
+        controller.queue_changes()  # the first: a full pass
+        assert len(made) == 1
+        controller.queue.clear()  # taken,
+        controller.queue.wrote(key)  # and just written: the next changes wait for the debounce
         for phase in ("Pending", "Running", "Succeeded", "Failed", "Pending"):
             index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase=phase))
-            reconciler.queue_changes()
-        assert len(made) == 1 and reconciler.desired[key] is first  # no pass made it again
-        assert key in reconciler.queue._waiting_at  # queued, due after the debounce
-        taken = reconciler._desired_now(key)
-        assert len(made) == 2 and taken is not None and taken.status["pods"] == {"Pending": 1}
-        assert reconciler._desired_now(key) is taken and len(made) == 2  # taken again: nothing new to make
+            controller.queue_changes()
+        assert len(made) == 1  # no pass made it again
+        assert key in controller.queue._waiting_at  # queued, due after the debounce
+        assert await controller.reconcile(key) == DONE
+        (_, path, body), (_, status_path, status) = writes.take()  # none of it exists: applied, then its status
+        assert len(made) == 2 and status["status"]["pods"] == {"Pending": 1}
+        assert (path, status_path) == (f"/apis/{API_VERSION}/namespaces/ns/workloadsummaries/web",
+                                       f"/apis/{API_VERSION}/namespaces/ns/workloadsummaries/web/status")
+        await controller.reconcile(key)
+        assert len(made) == 2  # taken again: nothing new to make
         scratch = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, DEPLOYMENTS)}
-        assert (taken.body, taken.status) == (scratch["ns/web"].body, scratch["ns/web"].status)
-        await reconciler.api.close()
+        assert (body, status["status"]) == (scratch["ns/web"].body, scratch["ns/web"].status)
+        await controller.sources.api.close()
 
     asyncio.run(main())
 
@@ -173,17 +256,17 @@ def test_pod_changes_batch_the_workload_summary_and_wait_longer_for_the_node_sum
     waits ``pod_debounce`` after its last write; a node's news (a cordon) brings it to one
     debounce after that write."""
     async def main() -> None:
-        reconciler = _one_deployment(monkeypatch)
-        index, queue, settings = reconciler.index, reconciler.queue, reconciler.settings
+        controller, _ = _one_deployment(monkeypatch)
+        index, queue, settings = controller.index, controller.queue, controller.settings
         node, work = ("nodesummaries", "pool-a"), ("workloadsummaries", "ns/web")
-        reconciler.queue_changes()  # the first pass: every object, at once
+        controller.queue_changes()  # the first pass: every object, at once
         assert {node, work} <= set(queue._queue)
         queue.clear()
         queue.wrote(node)
         written = queue._done_at[node]
         for phase in ("Pending", "Running", "Failed"):
             index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase=phase))
-            reconciler.queue_changes()
+            controller.queue_changes()
             await asyncio.sleep(0.05)
         assert not queue._queue
         # On the debounce's beat (whole seconds of the queue's clock): a second later at most.
@@ -191,9 +274,9 @@ def test_pod_changes_batch_the_workload_summary_and_wait_longer_for_the_node_sum
         assert queue._waiting_at[work] % settings.debounce == 0
         assert queue._waiting_at[node] == math.ceil(written + settings.pod_debounce)
         index.upsert_node(make_node("n-1", {"pool": "a"}, unschedulable=True))
-        reconciler.queue_changes()
+        controller.queue_changes()
         assert queue._waiting_at[node] == written + settings.debounce
-        await reconciler.api.close()
+        await controller.sources.api.close()
 
     asyncio.run(main())
 
@@ -204,48 +287,58 @@ def test_a_written_workload_summary_whose_pods_alone_changed_waits_the_pod_debou
     ``pod_debounce`` after that write, as a NodeSummary does; one of its nodes going NotReady (its
     podsOnUnhealthyNodes) brings it to one debounce after the write."""
     async def main() -> None:
-        reconciler = _one_deployment(monkeypatch)
-        index, queue, settings = reconciler.index, reconciler.queue, reconciler.settings
+        controller, _ = _one_deployment(monkeypatch)
+        index, queue, settings = controller.index, controller.queue, controller.settings
         work = ("workloadsummaries", "ns/web")
-        reconciler.queue_changes()
+        controller.queue_changes()
         queue.clear()
         queue.wrote(work)
         written = queue._done_at[work]
         index.upsert_pod(make_pod("p", "p", node="n-1", owner=ref(RS), phase="Running"))
         index.upsert_pod(make_pod("q", "q", node="n-1", owner=ref(RS)))
-        reconciler.queue_changes()
+        controller.queue_changes()
         assert queue._waiting_at[work] == math.ceil(written + settings.pod_debounce)  # on the 1 s beat
         more = {"cpu": "8", "memory": "16Gi", "pods": "110"}  # news for its NodeSummary, not for it
         index.upsert_node(make_node("n-1", {"pool": "a"}, allocatable=more))
-        reconciler.queue_changes()
+        controller.queue_changes()
         assert queue._waiting_at[work] == math.ceil(written + settings.pod_debounce)
         index.upsert_node(make_node("n-1", {"pool": "a"}, ready="False", allocatable=more))
-        reconciler.queue_changes()
+        controller.queue_changes()
         assert written + settings.debounce <= queue._waiting_at[work] < written + settings.pod_debounce
-        await reconciler.api.close()
+        await controller.sources.api.close()
 
     asyncio.run(main())
 
 
-def test_an_object_at_the_version_our_last_sync_left_is_compared_with_what_that_sync_applied() -> None:
+def test_an_object_at_the_version_our_last_sync_left_is_compared_with_what_that_sync_applied(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Most syncs find the object as the last one left it (its echo, at the version the write's
     answer gave): it is compared with what that sync applied, without projecting its
-    managedFields. At any other version (another manager's write) the object itself decides."""
+    managedFields, and its echo queues nothing. At any other version (another manager's write) the
+    object itself decides."""
 
     async def main() -> None:
-        reconciler, _ = _reconciler(relist_timeout=30)
+        controller, writes = _one_deployment(monkeypatch)
+        own = controller.watches[0].handler  # the watch of our NodeSummaries
         key = ("nodesummaries", "pool-a")
-        body = {"kind": "NodeSummary", "metadata": {"name": "pool-a"},
-                "spec": {"selector": {"matchLabels": {"p": "a"}}}}
-        applied = Desired("nodesummaries", "", "pool-a", body, {"nodeCount": 3})
-        echo = Summary(SummaryMeta(name="pool-a", resourceVersion="7"))  # nothing of ours on it, read as it is
-        assert reconciler._compare(key, applied, echo) == (False, False)
-        reconciler._synced[key] = ("7", applied)
-        assert reconciler._compare(key, applied, echo) == (True, True)
-        assert reconciler._compare(key, dataclasses.replace(applied, status={"nodeCount": 4}), echo) == (True, False)
-        edited = Summary(SummaryMeta(name="pool-a", resourceVersion="8"))
-        assert reconciler._compare(key, applied, edited) == (False, False)
-        assert reconciler._compare(key, applied, None) == (False, False)
-        await reconciler.api.close()
+        controller.queue_changes()
+        controller.queue.clear()
+        await controller.reconcile(key)
+        assert [path.rsplit("/", 1)[1] for _, path, _ in writes.take()] == ["pool-a", "status"]
+        echo = Summary(SummaryMeta(name="pool-a", resourceVersion=str(writes.version)))  # nothing of ours on it
+        own.upsert(echo)
+        assert len(controller.queue) == 0  # our own write coming back
+        await controller.reconcile(key)
+        assert writes.take() == []  # as the last sync left it
+        controller.index.upsert_node(make_node("n-2", {"pool": "a"}))
+        controller.queue_changes()
+        await controller.reconcile(key)
+        [(_, path, body)] = writes.take()  # the status alone differs from what the last sync applied
+        assert path.endswith("/pool-a/status") and body["status"]["nodeCount"] == 2
+        own.upsert(Summary(SummaryMeta(name="pool-a", resourceVersion="99")))  # another manager's write
+        assert len(controller.queue) == 1
+        await controller.reconcile(key)
+        assert [path.rsplit("/", 1)[1] for _, path, _ in writes.take()] == ["pool-a", "status"]  # taken back
+        await controller.sources.api.close()
 
     asyncio.run(main())

@@ -16,7 +16,6 @@ from kubeindex.discovery import describe
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import parse_nano
-from reconciler.controller import Summary, SummaryMeta, claim_of_summary
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
     NODE_SUMMARY_STATUS,
@@ -39,6 +38,7 @@ from reconciler.desired import (
     workload_claim,
 )
 from reconciler.names import NameAllocator
+from reconciler.summaries import Summary, SummaryMeta, claim_of_summary
 from tests.builders import SUBDOMAIN, label_values, make_node, make_pod, ref
 from tests.paths import CRDS
 from tests.reference import Owner, old_from_new, old_quantity

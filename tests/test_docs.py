@@ -28,17 +28,15 @@ def exposed_families() -> set[str]:
     the /metrics authorizer), each fed enough to show everything."""
     registry = prometheus_client.CollectorRegistry()
     sources = SimpleNamespace(stats={"pods": SourceStats()}, sync_seconds=1.0, missing_kinds={("x.io", "X")},
-                              forbidden_kinds={("y.io", "Y")})
-    reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 1}, errors={"409": 1}),
-                                 actual={"nodesummaries": {}},
-                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={("q", "applied"): 1})),
-                                 queue=WorkQueue[str]())
+                              forbidden_kinds={("y.io", "Y")}, unknown_versions={("z.io", "Z"): ("v9",)})
+    reconciler = ReconcilerCollector(SimpleNamespace(writes={"apply": 1}, errors={"409": 1}), [WorkQueue[str]()],
+                                     {"nodesummaries": {}}, SimpleNamespace(counts={("q", "applied"): 1}))
     requests = RequestMetrics()
     requests.observe("GET", "/api/v1/pods", None, "200", 0.01)
     registry.register(SourcesCollector(sources))
     registry.register(RequestCollector(requests))
     registry.register(FleetCollector(SimpleNamespace(specs={"a": None}, problem=lambda name: None)))
-    registry.register(ReconcilerCollector(reconciler, None))
+    registry.register(reconciler)
     registry.register(AuthCollector(Authorizer(SimpleNamespace())))
     text = Renderer(ClusterIndex(), 10, registry=registry).render().decode()
     return set(re.findall(r"^# TYPE (nws_\w+) ", text, re.M))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kubeindex.api import Forbidden
+from kubeindex.api import Forbidden, NotFound
 from reconciler.events import Event, EventRecorder, Ref
+from reconciler.writer import Writer
 
 CLAIM = Ref("ux.sean.example.com/v1alpha1", "ClusterResourceClaim", "gpu", "uid-1")
 QUEUE = Ref("kueue.x-k8s.io/v1beta1", "ClusterQueue", "prod", "uid-2")
@@ -23,35 +24,36 @@ class Clock:
 
 
 class Server:
-    """The reconciler's request as the API server answers Events: each create stored, a patch of
-    one that is not there False (as the reconciler's request answers a 404 on patch_event)."""
+    """The API server as the writer meets it, for Events: each create stored, a patch of one that
+    is not there answered 404; ``fail`` is its answer while set."""
 
     def __init__(self) -> None:
         self.events: dict[str, dict[str, Any]] = {}
-        self.calls: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[str, str]] = []  # (method, content type)
         self.fail: Exception | None = None
 
-    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                       content_type: str = "") -> bool:
-        self.calls.append((verb, method, content_type))
+    async def request(self, method: str, path: str, body: Any = None, *, params: dict[str, str] | None = None,
+                      content_type: str = "", timeout: float = 30) -> bytes:
+        self.calls.append((method, content_type))
         if self.fail is not None:
-            raise RuntimeError("retry") from self.fail
-        if verb == "create_event":
+            raise self.fail
+        if method == "POST":
             assert path == f"/apis/events.k8s.io/v1/namespaces/{body['metadata']['namespace']}/events"
-            assert body["metadata"]["name"] not in self.events
+            assert body["metadata"]["name"] not in self.events and content_type == "application/json"
             self.events[body["metadata"]["name"]] = body
-            return True
-        assert verb == "patch_event" and content_type == "application/merge-patch+json", verb
+            return b"{}"
+        assert method == "PATCH" and content_type == "application/merge-patch+json", method
         name = path.rsplit("/", 1)[1]
         if name not in self.events:
-            return False
+            raise NotFound(404, "NotFound", f'events.events.k8s.io "{name}" not found')
         self.events[name] = {**self.events[name], **body}
-        return True
+        return b"{}"
 
 
 def record(recorder: EventRecorder, server: Server, note: str = "prod cpu 64 -> 32",
            regarding: Ref = CLAIM) -> str:
-    return asyncio.run(recorder.record(Event(regarding, "QuotaWritten", "WriteQuota", note, related=QUEUE), server))
+    event = Event(regarding, "QuotaWritten", "WriteQuota", note, related=QUEUE)
+    return asyncio.run(recorder.record(event, Writer(server)))
 
 
 def test_an_event_is_an_events_k8s_io_v1_event_in_default_for_a_cluster_scoped_object() -> None:
@@ -137,8 +139,7 @@ def test_an_event_gone_is_created_again_and_a_failure_is_dropped() -> None:
     assert record(recorder, server, "another") == "failed"  # no exception: the write it reports stands
     server.fail = None
     assert record(recorder, server, "another") == "created"  # not cached as recorded
-    assert [c[0] for c in server.calls] == ["create_event", "patch_event", "create_event", "create_event",
-                                            "create_event"]
+    assert [c[0] for c in server.calls] == ["POST", "PATCH", "POST", "POST", "POST"]
 
 
 def test_an_identical_event_after_a_failed_patch_is_created_afresh() -> None:
@@ -152,4 +153,4 @@ def test_an_identical_event_after_a_failed_patch_is_created_afresh() -> None:
     server.fail = None
     clock.now += 1
     assert record(recorder, server) == "created"
-    assert [verb for verb, _, _ in server.calls] == ["create_event", "patch_event", "create_event"]
+    assert [method for method, _ in server.calls] == ["POST", "PATCH", "POST"]

@@ -522,15 +522,15 @@ def test_every_unresolved_reason_is_present_at_zero() -> None:
 def test_sources_and_reconciler_collectors() -> None:
     stats = SourceStats(events={"ADDED": 3}, relists=1, objects=3, synced=True)
     sources = SimpleNamespace(stats={"pods": stats}, sync_seconds=None, missing_kinds={("kubeflow.org", "Notebook")},
-                              forbidden_kinds={("serving.knative.dev", "Revision")})
-    reconciler = SimpleNamespace(stats=SimpleNamespace(writes={"apply": 2}, errors={"409": 1}),
-                                 actual={"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}},
-                                 claims=SimpleNamespace(writes=SimpleNamespace(counts={})),
-                                 queue=WorkQueue[str]())
+                              forbidden_kinds={("serving.knative.dev", "Revision")}, unknown_versions={})
+    writes = SimpleNamespace(writes={"apply": 2}, errors={"409": 1})
+    summaries = {"nodesummaries": {"a": 1, "b": 2}, "workloadsummaries": {}}
+    queues = [WorkQueue[str](name="summaries"), WorkQueue[str](name="clusterqueues")]
+    queues[1].add("q")
     elector = SimpleNamespace(is_leader=False)
     registry = CollectorRegistry()
     registry.register(SourcesCollector(sources))
-    registry.register(ReconcilerCollector(reconciler, elector))
+    registry.register(ReconcilerCollector(writes, queues, summaries, SimpleNamespace(counts={}), elector))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
     assert value(s, "nws_watch_events_total", resource="pods", type="ADDED") == 3
     assert value(s, "nws_watch_synced", resource="pods") == 1
@@ -541,7 +541,9 @@ def test_sources_and_reconciler_collectors() -> None:
     assert value(s, "nws_reconciler_write_errors_total", code="409") == 1
     assert value(s, "nws_reconciler_leader") == 0
     assert value(s, "nws_reconciler_summaries", kind="nodesummaries") == 2
-    assert value(s, "nws_workqueue_depth") == 0  # the write queue's own families
+    assert value(s, "nws_workqueue_depth", name="summaries") == 0  # each controller's queue, by its name
+    assert value(s, "nws_workqueue_depth", name="clusterqueues") == 1
+    assert value(s, "nws_workqueue_adds_total", name="clusterqueues") == 1
     elector.is_leader = True
     sources.missing_kinds.clear()  # a kind no longer configured: its series goes
     s = _render(Renderer(ClusterIndex(), 10, registry=registry))
@@ -549,6 +551,6 @@ def test_sources_and_reconciler_collectors() -> None:
     sources.forbidden_kinds.clear()  # the kind was granted: its series goes
     registry2 = CollectorRegistry()
     registry2.register(SourcesCollector(sources))
-    registry2.register(ReconcilerCollector(reconciler, None))
+    registry2.register(ReconcilerCollector(writes, queues, summaries, SimpleNamespace(counts={})))
     s = _render(Renderer(ClusterIndex(), 10, registry=registry2))
     assert not select(s, "nws_kind_forbidden") and value(s, "nws_reconciler_leader") == 1

@@ -56,7 +56,8 @@ from localkube.build import HELM
 from localkube.cluster import LocalCluster
 from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
-from reconciler.claims import CLAIMS, Claims, ClaimSettings, member_claim_name
+from reconciler.claims import CLAIMS, ClaimController, Claims, ClaimSettings, member_claim_name
+from reconciler.writer import Writer
 from tests.clock import FakeClock, settle
 from tests.fleetkit import (
     GPU,
@@ -207,15 +208,24 @@ def test_a_members_flavor_gets_a_claim_named_after_both() -> None:
 
 
 class Requests:
-    """The reconciler's request, recorded."""
+    """The API server as the writer meets it: each request recorded (method, path, body)."""
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, str, str, Any]] = []
+        self.calls: list[tuple[str, str, Any]] = []
 
-    async def __call__(self, verb: str, method: str, path: str, body: Any, params: dict[str, str] | None = None,
-                       content_type: str = "") -> bool:
-        self.calls.append((verb, method, path, body))
-        return True
+    async def request(self, method: str, path: str, body: object = None, *, params: dict[str, str] | None = None,
+                      content_type: str = "", timeout: float = 30) -> bytes:
+        self.calls.append((method, path, body))
+        return b"{}"
+
+
+async def reconcile(claims: Claims, name: str, requests: Requests) -> None:
+    await ClaimController(claims, Writer(requests)).reconcile((CLAIMS, name))
+
+
+def queued(claims: Claims) -> list[tuple[str, str]]:
+    """The claim keys a pass queues: all of them after a change, else none."""
+    return claims.claim_keys() if claims.changed("test") else []
 
 
 def seen(name: str, spec: dict[str, Any], status: dict[str, Any] | None = None) -> ClusterResourceClaim:
@@ -231,19 +241,19 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         claims = Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now, fleet=fleet)
         fleet.upsert(multikueue_cluster("a", "member-a"))
         await settle()
-        assert (CLAIMS, "a-a100") not in claims.changed_keys()  # not synced yet: no capacity, no claim
+        assert (CLAIMS, "a-a100") not in queued(claims)  # not synced yet: no capacity, no claim
         feed(fleet.members["a"])
-        assert (CLAIMS, "a-a100") in claims.changed_keys()
-        await claims.sync((CLAIMS, "a-a100"), requests)
-        verb, method, path, body = requests.calls[-1]
-        assert (verb, method, path) == ("create", "POST", f"/apis/{API_VERSION}/clusterresourceclaims")
+        assert (CLAIMS, "a-a100") in queued(claims)
+        await reconcile(claims, "a-a100", requests)
+        method, path, body = requests.calls[-1]
+        assert (method, path) == ("POST", f"/apis/{API_VERSION}/clusterresourceclaims")
         assert body["metadata"] == {"name": "a-a100", "labels": {"ux.sean.example.com/member": "a"}}
         assert body["spec"] == {"clusterName": "a", "flavor": "a100", "resourceAssignments": []}
 
         index.kueue.upsert_claim(seen("a-a100", body["spec"]))
-        assert (CLAIMS, "a-a100") in claims.changed_keys() and claims.wanted == {}
-        await claims.sync((CLAIMS, "a-a100"), requests)
-        status = requests.calls[-1][3]["status"]
+        assert (CLAIMS, "a-a100") in queued(claims) and claims.wanted == {}
+        await reconcile(claims, "a-a100", requests)
+        status = requests.calls[-1][2]["status"]
         assert status["nominalResources"] == {"cpu": "16", GPU[1]: "8"}
         ready = next(c for c in status["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("True", "AssignmentsFit")
@@ -255,8 +265,8 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         await settle()
         assert _reason(restarted, "a") == "MemberConnecting"
         writes = len(requests.calls)
-        await Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now,
-                     fleet=restarted).sync((CLAIMS, "a-a100"), requests)
+        await reconcile(Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now,
+                               fleet=restarted), "a-a100", requests)
         assert len(requests.calls) == writes
         await restarted.stop()
 
@@ -264,16 +274,16 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         for reflector in fleet.members["a"].reflectors:
             reflector.connected, reflector.lost_at = False, clock.now
         await clock.advance(11)
-        await claims.sync((CLAIMS, "a-a100"), requests)
-        ready = next(c for c in requests.calls[-1][3]["status"]["conditions"] if c["type"] == "Ready")
+        await reconcile(claims, "a-a100", requests)
+        ready = next(c for c in requests.calls[-1][2]["status"]["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("False", "MemberUnreachable") and "member a" in ready["message"]
 
         # A claim on a member whose kubeconfig cannot be read: no capacity ever known, and why.
         fleet.upsert(multikueue_cluster("b", "member-b"))
         await settle()
         index.kueue.upsert_claim(seen("b", {"clusterName": "b", "flavor": "a100"}))
-        await claims.sync((CLAIMS, "b"), requests)
-        ready = next(c for c in requests.calls[-1][3]["status"]["conditions"] if c["type"] == "Ready")
+        await reconcile(claims, "b", requests)
+        ready = next(c for c in requests.calls[-1][2]["status"]["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("False", "CapacityUnknown")
         assert 'secrets "member-b" not found' in ready["message"] and ready["message"].endswith("is kept")
         await fleet.stop()

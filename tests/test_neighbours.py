@@ -23,8 +23,9 @@ from kubeindex.sources import Sources
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import Service, select, wait_for
-from reconciler.controller import Reconciler, ReconcilerSettings, Summary
 from reconciler.leader import LeaderElector, LeaseSettings
+from reconciler.manager import Manager, ReconcilerSettings
+from reconciler.summaries import Summary, SummaryController
 from tests.kube import (
     RecordingApi,
     create_node,
@@ -119,15 +120,17 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
         async with RecordingApi(load_connection(str(kube.kubeconfig))) as api:
             sources = Sources(api, ClusterIndex())
             sources.ready.set()
-            reconciler = Reconciler(api, sources.index, sources, None, ReconcilerSettings(debounce=0))
-            for reflector in reconciler.reflectors:
+            settings = ReconcilerSettings(debounce=0)
+            manager = Manager(api, sources, None, settings)
+            manager.add(SummaryController(api, sources.index, sources, manager.writer, settings))
+            for reflector in manager.watches:
                 reflector.selector = {"labelSelector": "test.example.com/delete-404=yes"}
             # Its own watches run without the Sources' others (which would see the replicas' summarizers).
-            watches = [asyncio.create_task(r.run()) for r in reconciler.reflectors]
-            running = asyncio.create_task(reconciler.run())
+            watches = [asyncio.create_task(r.run()) for r in manager.watches]
+            running = asyncio.create_task(manager.run())
             try:
-                await until(reconciler.ready.is_set)
-                reconciler.reflectors[0].handler.upsert(stale)  # as the watch hands over an object
+                await until(manager.ready.is_set)
+                manager.watches[0].handler.upsert(stale)  # as the watch hands over an object
 
                 def deletes() -> dict[str, int]:
                     return {path: status for method, path, status in api.requests if method == "DELETE"}
@@ -137,7 +140,7 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
                 for task in (running, *watches):
                     task.cancel()
                 await asyncio.gather(running, *watches, return_exceptions=True)
-            return deletes(), reconciler.stats.writes, reconciler.stats.errors
+            return deletes(), manager.writer.stats.writes, manager.writer.stats.errors
 
     try:
         deletes, written, failed = asyncio.run(main())

@@ -195,7 +195,7 @@ def test_our_own_writes_coming_back_queue_nothing(kube: LocalCluster, service: S
     back, none."""
     def counts() -> tuple[float, float]:
         s = service.scrape()
-        return (value(s, "nws_workqueue_adds_total") or 0,
+        return (value(s, "nws_workqueue_adds_total", name="summaries") or 0,
                 value(s, "nws_watch_events_total", resource="own-nodesummaries", type="MODIFIED") or 0)
 
     settled(service)

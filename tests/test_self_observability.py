@@ -91,15 +91,18 @@ def _count(samples: Samples, family: str, **labels: str) -> float:
 
 def test_a_scrape_shows_the_write_queue_and_the_api_requests(cluster: LocalCluster, leader: Service) -> None:
     samples = leader.scrape()
-    # The write queue: the summaries and summarizers' status were queued, taken and written.
-    adds = value(samples, "nws_workqueue_adds_total") or 0
-    assert adds >= 4, adds  # NodeSummary, WorkloadSummary, and each summarizer's status
-    assert value(samples, "nws_workqueue_depth") is not None
-    assert value(samples, "nws_workqueue_retries_total") is not None
+    # Each controller's queue, by name: the summaries and the summarizers' status were queued,
+    # taken and written.
+    names = ("summaries", "summarizers", "clusterresourceclaims", "clusterqueues")
+    assert {dict(k)["name"] for k in select(samples, "nws_workqueue_depth")} == set(names)
+    assert {dict(k)["name"] for k in select(samples, "nws_workqueue_retries_total")} == set(names)
+    adds = {name: value(samples, "nws_workqueue_adds_total", name=name) or 0 for name in names}
+    assert adds["summaries"] >= 2 and adds["summarizers"] >= 2, adds  # NodeSummary, WorkloadSummary; each summarizer
     for family in ("nws_workqueue_queue_duration_seconds", "nws_workqueue_work_duration_seconds"):
-        count = value(samples, f"{family}_count") or 0
-        assert 0 < count <= adds, family
-        assert value(samples, f"{family}_bucket", le="+Inf") == count, family
+        for name in names:
+            count = value(samples, f"{family}_count", name=name) or 0
+            assert 0 < count <= adds[name] or count == adds[name] == 0, (family, name)
+            assert value(samples, f"{family}_bucket", le="+Inf", name=name) == count, (family, name)
     # The API requests: the watches' LIST or WATCH, the summaries' apply (PATCH), the Lease.
     durations = "nws_rest_client_request_duration_seconds"
     pairs = {(dict(k)["verb"], dict(k)["resource"]) for k in select(samples, f"{durations}_count")}

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from kubeindex.histogram import Histogram
-from reconciler.workqueue import WorkQueue
+from reconciler.workqueue import Pacing, WorkQueue
 from tests.clock import FakeClock, settle
 
 
@@ -41,21 +41,21 @@ def test_debounce_holds_a_rewritten_key_and_merges_its_adds() -> None:
 
 
 def test_a_delayed_add_holds_the_first_change_and_later_adds_do_not_push_it_off() -> None:
-    """``add(key, delay)``: a burst of changes is one write, ``delay`` after its first change (never
+    """``Pacing(delay=...)``: a burst of changes is one write, ``delay`` after its first change (never
     later, however long the burst goes on), and the debounce after a write still holds."""
     async def main() -> tuple[float, float, float, int]:
         clock = FakeClock()
         q: WorkQueue[str] = WorkQueue(debounce=2.0, clock=clock)
-        q.add("k", 1.0)
+        q.add("k", Pacing(delay=1.0))
         for _ in range(9):  # the burst goes on for 0.9 s
             await clock.advance(0.1)
-            q.add("k", 1.0)
+            q.add("k", Pacing(delay=1.0))
         first = round(0.9 + await _due(q, clock, "k", 2), 6)  # from the burst's first add
         q.wrote("k")
-        q.add("k", 1.0)  # the debounce (2 s) is longer than the delay: it decides
+        q.add("k", Pacing(delay=1.0))  # the debounce (2 s) is longer than the delay: it decides
         second = await _due(q, clock, "k", 5)
         await clock.advance(5)
-        q.add("k", 0.5)  # long after the debounce: the delay alone
+        q.add("k", Pacing(delay=0.5))  # long after the debounce: the delay alone
         third = await _due(q, clock, "k", 5)
         return first, second, third, len(q)
 
@@ -63,23 +63,23 @@ def test_a_delayed_add_holds_the_first_change_and_later_adds_do_not_push_it_off(
 
 
 def test_a_change_of_less_weight_asks_a_longer_debounce_and_news_still_go_out_at_once() -> None:
-    """``add(key, debounce=5)`` waits 5 s from the last write, not the queue's 1 s; a plain add
+    """``Pacing(debounce=5)`` waits 5 s from the last write, not the queue's 1 s; a plain add
     while it waits goes out at once (past the 1 s), and the longer wait it replaced is void."""
     async def main() -> tuple[float, float, int, float]:
         clock = FakeClock()
         q: WorkQueue[str] = WorkQueue(debounce=1.0, clock=clock)
         q.wrote("k")
-        q.add("k", debounce=5.0)
+        q.add("k", Pacing(debounce=5.0))
         slow = await _due(q, clock, "k", 10)  # 5 s after the write
         q.wrote("k")
-        q.add("k", debounce=5.0)
+        q.add("k", Pacing(debounce=5.0))
         await clock.advance(2)
         q.add("k")  # news: its 1 s debounce is over
         news = await _due(q, clock, "k", 1)
         q.wrote("k")
         await clock.advance(6)
         void = len(q)  # the wait the news replaced (due 5 s after the second write) handed out nothing
-        q.add("k", debounce=5.0)  # long after the last write: at once
+        q.add("k", Pacing(debounce=5.0))  # long after the last write: at once
         quiet = await _due(q, clock, "k", 1)
         return slow, news, void, quiet
 
@@ -99,14 +99,14 @@ def test_changes_on_a_beat_fall_due_together_and_never_before_their_debounce() -
         await clock.advance(0.4)
         q.wrote("c")
         for key in "abc":
-            q.add(key, debounce=5.0, beat=1.0)
+            q.add(key, Pacing(debounce=5.0, beat=1.0))
         beat = sorted(q._waiting_at.values())
         q.clear()
         for key in "abc":
             q.wrote(key)  # at 1000.8, all three
         await clock.advance(0.2)
-        q.add("a", debounce=5.0)
-        q.add("b", delay=1.0, debounce=5.0)
+        q.add("a", Pacing(debounce=5.0))
+        q.add("b", Pacing(delay=1.0, debounce=5.0))
         return beat, sorted(q._waiting_at.values())
 
     beat, own = asyncio.run(main())

@@ -109,17 +109,17 @@ def _install(path: str) -> None:
 
     metrics.Renderer.render = traced_render  # type: ignore[method-assign]  # wrapped; types still checked
 
-    import reconciler.controller as controller
+    import reconciler.manager as manager
 
-    queue_changes = controller.Reconciler.queue_changes
+    queue_changes = manager.Manager.queue_changes
 
-    def traced_refresh(self: controller.Reconciler) -> None:
+    def traced_refresh(self: manager.Manager) -> None:
         t, c = now(), cpu()
         queue_changes(self)
         if now() - t > 0.001:
             rec("refresh", t=t, d=now() - t, cpu=cpu() - c)
 
-    controller.Reconciler.queue_changes = traced_refresh  # type: ignore[method-assign]  # wrapped; types still checked
+    manager.Manager.queue_changes = traced_refresh  # type: ignore[method-assign]  # wrapped; types still checked
 
 
 if PATH:
