@@ -472,15 +472,22 @@ class ApiClient:
         """A request went out and no answer came within its timeout. A path that drops flows
         without a reset (a load balancer or NAT that lost its state) leaves every connection opened
         before as dead, and a silent watch is otherwise noticed only after its read timeout
-        (minutes): the idle connections go, and the watches are told (at most every
-        SILENCE_EVERY seconds: an overloaded server is not answered with a storm of new watches)."""
-        self._pool.renew()
+        (minutes): the idle connections go; at most every SILENCE_EVERY seconds (an overloaded
+        server is not answered with a storm of new requests) the requests under way end too, to be
+        sent again on new connections, and the watches are told."""
         now = time.monotonic()
         if now - self._silence_told < SILENCE_EVERY:
+            self._pool.renew()
             return
         self._silence_told = now
+        self.abandon()
         for listener in self.on_silence:
             listener()
+
+    def abandon(self) -> None:
+        """Every connection of this client is presumed dead (another client's went silent): the
+        idle ones go, the requests under way end at once, unanswered."""
+        self._pool.abandon()
 
     def _headers(self, accept: str) -> dict[str, str]:
         return {"Accept": accept, "User-Agent": USER_AGENT, **self.connection.headers()}

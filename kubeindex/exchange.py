@@ -18,6 +18,7 @@ Go's net/http does (idempotent methods; and apply patches, which state a whole i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +62,7 @@ class ConnectionPool:
         self.endpoint = endpoint
         self._slots = asyncio.Semaphore(limit)
         self._idle: list[socket.socket] = []
+        self._busy: set[socket.socket] = set()  # carrying a request now
         self._generation = 0  # a connection taken before a renew is not kept after it
         # Called when a request went out and its timeout passed with no complete answer (not a
         # wait for a connection or a slot): the connection, and maybe the path, went silent.
@@ -79,6 +81,7 @@ class ConnectionPool:
                     reused = sock is not None
                     if sock is None:
                         sock = await connect(self.endpoint)
+                    self._busy.add(sock)
                     try:
                         sent = True
                         answer, keep = await _exchange(sock, data, method == "HEAD")
@@ -90,6 +93,8 @@ class ConnectionPool:
                     except BaseException:
                         sock.close()  # mid-answer: never reused
                         raise
+                    finally:
+                        self._busy.discard(sock)
                     if keep and generation == self._generation:  # at most ``limit``: one per slot
                         self._idle.append(sock)
                     else:
@@ -104,6 +109,14 @@ class ConnectionPool:
         """Requests from now on go on new connections; those under way finish on theirs."""
         self._generation += 1
         self.close()
+
+    def abandon(self) -> None:
+        """As ``renew``, and the requests under way end at once, unanswered (their connections are
+        shut down under them: a silent one would hold its request until the timeout)."""
+        self.renew()
+        for sock in list(self._busy):
+            with contextlib.suppress(OSError):
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)  # the TCP connection, not a TLS close
 
     def close(self) -> None:
         """Closes the idle connections."""

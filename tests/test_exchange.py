@@ -222,6 +222,32 @@ def test_a_silent_connection_drops_the_idle_ones_and_tells_the_watches_once_in_a
     assert SILENCE_EVERY >= 5
 
 
+@pytest.mark.parametrize("method", ["GET", "PATCH"])
+def test_abandoning_ends_the_requests_under_way_at_once(method: str) -> None:
+    """Another client's connection went silent (ApiClient.abandon): a request waiting on a silent
+    connection of this one ends now, not at its timeout; one safe to repeat (a GET) is sent again
+    on a new connection, any other (a PATCH) is unanswered, for its caller to retry."""
+    server = Server(lambda conn, n, request: SILENT if conn == 1 and n > 1 else plain(obj(conn)))
+
+    async def client(api: ApiClient) -> tuple[bytes | BaseException, float]:
+        await api.request("GET", "/a")  # connection 1, idle after; silent from now on
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        waiting = asyncio.ensure_future(api.request(method, "/b", body={} if method == "PATCH" else None,
+                                                    timeout=30))  # on connection 1
+        await asyncio.sleep(0.2)
+        api.abandon()
+        outcome = (await asyncio.gather(waiting, return_exceptions=True))[0]
+        return outcome, loop.time() - started
+
+    outcome, took = server.run(client)
+    assert took < 5  # not its 30 s timeout
+    if method == "GET":
+        assert outcome == obj(2)
+    else:
+        assert isinstance(outcome, Transient) and outcome.reason == "unanswered", outcome
+
+
 def test_renewing_the_pool_drops_its_connections_idle_and_busy() -> None:
     server = Server(lambda conn, n, request: plain(obj(conn)))
 
