@@ -32,10 +32,14 @@ from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
 from kubeindex.objects import MultiKueueCluster
 from kubeindex.reflector import Handler, WatchSettings
 from kubeindex.sources import Sources
-from reconciler.claims import ClaimSettings
-from reconciler.controller import Reconciler, ReconcilerSettings
+from reconciler.claims import ClaimController, Claims, ClaimSettings, ClusterQueueController
+from reconciler.desired import MANAGER
+from reconciler.events import EventRecorder
 from reconciler.leader import LeaderElector, LeaseSettings, identity
+from reconciler.manager import Manager, ReconcilerSettings
 from reconciler.metrics import ReconcilerCollector
+from reconciler.summaries import SummaryController
+from reconciler.summarizers import SummarizerController, SummarizerStatuses
 
 from .gcfreeze import Freezer
 from .logs import configure as configure_logs
@@ -136,7 +140,7 @@ class Service:
     sources: Sources
     fleet: Fleet | None
     elector: LeaderElector | None
-    reconciler: Reconciler | None
+    reconciler: Manager | None
     runner: web.AppRunner
     probe_runner: web.AppRunner | None
     tls: ssl.SSLContext | None
@@ -168,17 +172,13 @@ def build(settings: Settings) -> Service:
     lease_api.on_silence += [sources.reconnect, api.abandon]
     api.on_silence.append(lease_api.abandon)
     fleet = fleet_of(settings, api, sources, watch) if settings.fleet else None
-    elector = reconciler = None
+    elector = reconciler = collector = None
     if settings.reconciler:
         if settings.leader_election:
             elector = LeaderElector(lease_api, LeaseSettings(
                 lease_namespace(settings), settings.lease_name, settings.identity or identity(),
                 settings.lease_duration, settings.renew_deadline, settings.retry_period))
-        reconciler = Reconciler(api, index, sources, elector, ReconcilerSettings(
-            debounce=settings.write_debounce, pod_debounce=settings.pod_write_debounce,
-            writes_per_second=settings.writes_per_second), ClaimSettings(
-            settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
-            max_writes_per_hour=settings.quota_max_writes_per_hour), fleet)
+        reconciler, collector = reconciler_of(settings, api, index, sources, fleet, elector)
         if elector is not None:
             elector.may_lead = reconciler.not_ready  # an unsynced replica must not hold the lease
     renderer = Renderer(index, settings.max_workload_series, settings.max_nodegroup_series,
@@ -187,8 +187,8 @@ def build(settings: Settings) -> Service:
     renderer.registry.register(RequestCollector(requests))
     if fleet is not None:
         renderer.registry.register(FleetCollector(fleet))
-    if reconciler is not None:
-        renderer.registry.register(ReconcilerCollector(reconciler, elector))
+    if collector is not None:
+        renderer.registry.register(collector)
     tls, cert_files = metrics_tls(settings)
     authorizer = Authorizer(api, "/metrics", settings.metrics_auth_cache_ttl, settings.metrics_auth_cache_size,
                             settings.metrics_auth_reviews_per_second,
@@ -201,6 +201,26 @@ def build(settings: Settings) -> Service:
     probe_runner = web.AppRunner(make_app(None, sources), access_log=None) if apart else None
     return Service(settings, connection, api, lease_api, sources, fleet, elector, reconciler, runner, probe_runner,
                    tls, cert_files)
+
+
+def reconciler_of(settings: Settings, api: ApiClient, index: ClusterIndex, sources: Sources, fleet: Fleet | None,
+                  elector: LeaderElector | None) -> tuple[Manager, ReconcilerCollector]:
+    """The manager and its controllers, a line each, and their metrics."""
+    writes = ReconcilerSettings(debounce=settings.write_debounce, pod_debounce=settings.pod_write_debounce,
+                                writes_per_second=settings.writes_per_second)
+    manager = Manager(api, sources, elector, writes)
+    summaries = manager.add(SummaryController(api, index, sources, manager.writer, writes))
+    statuses = SummarizerStatuses(index, sources.summarizers, sources.kind_problem)
+    manager.add(SummarizerController(statuses, manager.writer, summaries.usable, writes.debounce,
+                                     writes.summarizer_interval))
+    claims = Claims(index.kueue, ClaimSettings(settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
+                                               max_writes_per_hour=settings.quota_max_writes_per_hour),
+                    fleet=fleet, recorder=EventRecorder(MANAGER, elector.settings.identity if elector else identity()),
+                    kueue_problem=sources.kueue_problem)
+    manager.add(ClaimController(claims, manager.writer))
+    manager.add(ClusterQueueController(claims, manager.writer))
+    return manager, ReconcilerCollector(manager.writer.stats, [c.queue for c in manager.controllers],
+                                        summaries.actual, claims.writes, elector)
 
 
 def fleet_of(settings: Settings, api: ApiClient, sources: Sources, watch: WatchSettings) -> Fleet:
