@@ -183,8 +183,13 @@ class Manager:
             log.info("reconciler synced: %s", "; ".join(filter(None, (c.synced() for c in self.controllers))))
             tasks += [asyncio.create_task(self._worker(c)) for c in self.controllers
                       for _ in range(self.settings.concurrency)]
+            in_contact = True
             while True:
+                in_contact, was = all(r.connected for r in self.sources.watches()), in_contact
                 if self.leading:
+                    if in_contact and not was:  # the API server is back: retry what failed meanwhile
+                        for controller in self.controllers:
+                            controller.queue.retry_now()
                     self.queue_changes()
                 await asyncio.sleep(self.settings.interval)
         finally:

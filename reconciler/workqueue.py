@@ -125,6 +125,14 @@ class WorkQueue(Generic[K]):
         self.retries += 1
         self._add_at(key, self.clock.monotonic() + backoff(failures, self.base_delay, self.max_delay))
 
+    def retry_now(self) -> None:
+        """Every key waiting out a retry's backoff is due now: the API server answers again, and
+        what failed while it did not (a restart's refused connections and 503s) need not wait out
+        backoffs grown meanwhile. The failure counts stay: a key that fails again backs off on."""
+        now = self.clock.monotonic()
+        for key in [k for k in self._failures if k in self._waiting_at]:
+            self._add_at(key, now)
+
     def forget(self, key: K) -> None:
         self._failures.pop(key, None)
 

@@ -130,6 +130,31 @@ def test_failures_grow_the_next_delay_up_to_the_cap_and_forget_resets_it() -> No
     assert asyncio.run(main()) == [0.5, 1.0, 2.0, 3.0, 3.0, 0.5]
 
 
+def test_retry_now_makes_the_keys_in_backoff_due_and_keeps_their_failures() -> None:
+    """The API server answers again (the manager's retry_now): what failed while it was away is
+    tried at once, not after backoffs grown meanwhile; failing again, a key backs off from where
+    it was. Keys waiting for anything else (a delayed add) keep their time."""
+    async def main() -> list[float]:
+        clock = FakeClock()
+        q: WorkQueue[str] = WorkQueue(debounce=0, base_delay=1.0, max_delay=60.0, clock=clock)
+        for _ in range(4):
+            q.retry("k")
+            await _due(q, clock, "k", 20)  # 1, 2, 4, 8 s
+        q.retry("k")  # due in 16 s
+        q.add_after("later", 5.0)
+        await clock.advance(1)
+        q.retry_now()
+        due = [await _due(q, clock, "k", 1)]
+        due.append(await _due(q, clock, "later", 5))
+        q.retry("k")  # its sixth failure: 32 s
+        due.append(await _due(q, clock, "k", 40))
+        return due
+
+    now, later, again = asyncio.run(main())
+    assert (now, later) == (0, 4.0)
+    assert again == pytest.approx(32.0, abs=0.11)  # the fake clock steps 0.1 s at a time
+
+
 def test_the_earlier_due_time_wins() -> None:
     async def main() -> tuple[float, float]:
         clock = FakeClock()
