@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from . import tasks
 from .api import ApiClient, ApiError, ApiResource, ConfigError, backoff, connection_from_kubeconfig
 from .clock import REAL, Clock
 from .discovery import choose
@@ -224,14 +225,8 @@ class Fleet:
             self._tasks[name] = asyncio.get_running_loop().create_task(self._keep_connected(name))
 
     async def stop(self) -> None:
-        tasks = [self._tasks.pop(name) for name in list(self._tasks)]
-        for task in tasks:
-            task.cancel()
-        if tasks:  # a cancellation of stop() itself goes on out, never taken for one of theirs
-            await asyncio.wait(tasks)
-        for task in tasks:
-            if not task.cancelled():
-                task.exception()  # taken: ended with an error as it was cancelled, nothing to log
+        running, self._tasks = list(self._tasks.values()), {}
+        await tasks.stop(running)
 
     # -- connecting ---------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from . import tasks
 from .api import ApiClient, ApiResource
 from .discovery import KindDiscovery, Need, describe
 from .index import ClusterIndex
@@ -194,14 +195,7 @@ class Sources:
         await asyncio.gather(*(r.relist() for r in self.watches()))
 
     async def stop(self) -> None:
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:  # a cancellation of stop() itself goes on out, never taken for one of theirs
-            await asyncio.wait(tasks)
-        for task in tasks:
-            if not task.cancelled():
-                task.exception()  # taken: ended with an error as it was cancelled, nothing to log
+        await tasks.stop(self._tasks)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import dataclasses
 import logging
 import os
@@ -13,7 +12,6 @@ import signal
 import socket
 import ssl
 import sys
-from asyncio import sslproto
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +42,7 @@ from reconciler.summarizers import SummarizerController, SummarizerStatuses
 from .gcfreeze import Freezer
 from .logs import configure as configure_logs
 from .settings import InvalidSettings, Settings, UsageError, load
+from .tuning import pin_mmap_threshold, size_tls_reads
 from .version import build_info
 
 log = logging.getLogger("node-workload-summary")
@@ -53,38 +52,10 @@ LEASE_CONNECTIONS = 2
 # release is best effort, an unreleased lease expires on its own.
 LEASE_RELEASE_SECONDS = 2.0
 STEP_SECONDS = 0.75
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-MMAP_THRESHOLD = 128 * 1024  # glibc's initial value
-TLS_READ_SIZE = 64 * 1024  # below MMAP_THRESHOLD: see size_tls_reads
 
 
 class StartupError(Exception):
     """A start that cannot work; the message says what to fix."""
-
-
-def pin_mmap_threshold() -> bool:
-    """Keep glibc's mmap threshold at its initial 128 KiB. glibc raises it to the size of any
-    larger block freed (a LIST page of a few MB), and from then on transient buffers up to that
-    size come from the brk heap: under pod churn the heap fragments and RSS creeps (about 100
-    bytes per replaced pod) while the Python objects stay flat. Setting it also stops the raising.
-    False without glibc, or where MALLOC_MMAP_THRESHOLD_ already decides."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return False
-    return libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
-
-
-def size_tls_reads() -> None:
-    """Read TLS records into 64 KiB buffers, not asyncio's 256 KiB. asyncio's TLS layer reads into a
-    new bytes object of ``SSLProtocol.max_size`` at every call, at least twice per watch event (the
-    last call finds no data), and above the pinned mmap threshold each of those buffers is an mmap
-    and a munmap, or a heap trim: 33 µs of TLS per 2.4 KB event instead of 5 (docs/benchmarks.md). A
-    TLS record holds at most 16 KiB of data, so a smaller buffer reads as much per call."""
-    if getattr(sslproto.SSLProtocol, "max_size", 0) > TLS_READ_SIZE:
-        sslproto.SSLProtocol.max_size = TLS_READ_SIZE
 
 
 def lease_namespace(settings: Settings) -> str:
@@ -299,7 +270,7 @@ async def serve(settings: Settings) -> None:
 
     def crashed(task: asyncio.Task) -> None:  # a loop that dies must not go unnoticed: exit
         if not task.cancelled() and task.exception() is not None:
-            log.error("%s failed: %r; exiting", task.get_name(), task.exception())
+            log.error("%s failed: %r; exiting", task.get_name(), task.exception(), exc_info=task.exception())
             stopping.set()
 
     try:
@@ -338,8 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, StartupError, CertificateError) as err:  # one line saying what to fix
         log.error("%s", err)
         return 1
-    except Exception as err:  # a clear line, not a traceback
-        log.error("%s: %s", type(err).__name__, err)
+    except Exception as err:  # unexpected: a bug, whose traceback says where
+        log.exception("%s: %s", type(err).__name__, err)
         return 1
     return 0
 

@@ -54,7 +54,7 @@ class SummarizerStatuses:
         self.index = index
         self.summarizers = summarizers
         self.kind_problem = kind_problem
-        self._logged: set[tuple[str, str]] = set()  # (summarizer uid, message) said once in the log
+        self._logged: set[tuple[str, str]] = set()  # (summarizer uid, message) said once in the log (pruned)
         # Workload counts by (kinds, label keys), good while the index's shape and the usable kinds
         # are those they were counted at: the status is evaluated every second, the count is O(workloads).
         self._counts: dict[tuple[frozenset[GroupKind], frozenset[str]], int] = {}
@@ -62,6 +62,9 @@ class SummarizerStatuses:
 
     def stale(self, usable: Container[GroupKind]) -> list[tuple[str, str]]:
         """(plural, name) of the summarizers whose status differs from what it should be."""
+        if self._logged:  # the marks of summarizers gone: none outlives its object
+            live = {obj.metadata.uid for obj in self.summarizers.workload.values()}
+            self._logged = {(uid, message) for uid, message in self._logged if uid in live}
         objects: list[tuple[str, Mapping[str, Summarizer]]] = [("nodesummarizers", self.summarizers.node),
                                                                ("workloadsummarizers", self.summarizers.workload)]
         return [(plural, name) for plural, by_name in objects

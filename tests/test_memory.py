@@ -11,14 +11,14 @@ from asyncio import sslproto
 
 import pytest
 
-from node_workload_summary.main import MMAP_THRESHOLD, size_tls_reads
+from node_workload_summary.tuning import MMAP_THRESHOLD, size_tls_reads
 
 # In a fresh process, with or without pin_mmap_threshold() first (as the service does at start):
 # is a 2 MiB block mmapped (returned to the OS when freed) after a large block was freed?
 SCRIPT = """
 import ctypes
 import sys
-from node_workload_summary.main import pin_mmap_threshold
+from node_workload_summary.tuning import pin_mmap_threshold
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",

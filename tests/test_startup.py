@@ -1,6 +1,6 @@
 """Start and stop of the real `node-workload-summary` process: a start that cannot work ends with
 one line naming what to fix (exit 1), and SIGTERM ends the process within seconds even when the
-API server hangs."""
+API server hangs; an unexpected error is logged with its traceback."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import pytest
 from localkube.cluster import LocalCluster, free_port
 from localkube.proxy import through_proxy
 from localkube.service import Service, wait_for
+from node_workload_summary import main as service_main
 
 FAST_LEASE = ("--lease-duration=6", "--renew-deadline=4", "--retry-period=1")
 SHUTDOWN_BOUND = 8.0  # seconds from SIGTERM to exit; the service budgets 5
@@ -34,6 +35,20 @@ def one_error(code: int, lines: list[str]) -> str:
     assert code == 1 and len(lines) == 1, (code, lines)
     assert " ERROR " in lines[0] and "Traceback" not in lines[0], lines
     return lines[0]
+
+
+def test_an_unexpected_error_is_logged_with_its_traceback(monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """A bug must not hide behind one line: the exception's type and message, and where it came from."""
+    async def broken(settings: object) -> None:
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(service_main, "configure_logs", lambda *_: None)  # caplog's handler stays
+    monkeypatch.setattr(service_main, "serve", broken)
+    assert service_main.main(["--kubeconfig=/dev/null"]) == 1
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == "KeyError: 'a bug'"
+    assert record.exc_info is not None and "in broken" in caplog.text
 
 
 @pytest.fixture

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from kubeindex.index import ClusterIndex, WorkloadAgg
 from kubeindex.objects import ObjectMeta, PodLabelWorkload, WorkloadSummarizer, WorkloadSummarizerSpec, WorkloadType
 from kubeindex.sources import Summarizers
@@ -104,3 +106,25 @@ def test_a_kind_served_but_not_summarizable_still_fails_ready() -> None:
     assert (conditions["Ready"]["status"], conditions["Ready"]["reason"]) == ("False", "KindForbidden")
     assert conditions["Ready"]["message"] == "list/watch of deployments.apps is denied"
     assert (conditions["KindsServed"]["status"], conditions["KindsServed"]["reason"]) == ("False", "KindNotServed")
+
+
+def test_a_problem_is_said_once_per_summarizer_and_forgotten_with_the_summarizer(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Evaluated every second, a kind not served is one log line, not one a second; once the
+    summarizer is gone its mark goes too (the marks do not grow with summarizers come and gone)."""
+    index = ClusterIndex()
+    index.set_workload_summarizer("workloads", [JOBSET])
+    summarizer = WorkloadSummarizer(ObjectMeta(name="workloads", uid="u1"), WorkloadSummarizerSpec([JOBSET]))
+    summarizers = Summarizers(workload={"workloads": summarizer})
+    statuses = SummarizerStatuses(index, summarizers, lambda *_: ("KindNotServed", "JobSet is not served"))
+
+    def said() -> int:
+        statuses.stale(set())
+        return sum("JobSet is not served" in r.getMessage() for r in caplog.records)
+
+    assert [said(), said()] == [1, 1]
+    del summarizers.workload["workloads"]
+    statuses.stale(set())
+    summarizers.workload["workloads"] = summarizer  # as if it came back: its problem is said again
+    assert said() == 2
+
