@@ -212,6 +212,7 @@ class Bench:
     expected_writes: int = 0  # writes the neighbours' actions call for this minute
     rng: random.Random = field(default_factory=random.Random)
     neighbour: Neighbour = field(default_factory=Neighbour)
+    killed_writes: float = 0.0  # this minute's writes of the leaders killed in it
     rss: list[dict] = field(default_factory=list)  # t, identity, started (its process's start time), bytes
 
     def elapsed(self) -> float:
@@ -424,7 +425,7 @@ class Bench:
         leader = self.leader(timeout=10)
         if leader is None:
             return "rollout skipped: no leader"
-        leader.scrape_writes()
+        self.killed_writes += leader.scrape_writes()  # what it wrote this minute, before the kill
         killed_at = time.monotonic()
         what = self.runner.kill(leader)
         took = time.monotonic() - killed_at if self.leader(timeout=30) else float("nan")
@@ -542,13 +543,12 @@ class Bench:
     # -- writes per minute --
 
     def close_minute(self, minute: int, quiet: bool) -> None:
-        before = sum(r.writes for r in self.replicas)
+        writes, self.killed_writes = self.killed_writes, 0.0
         for r in self.live():
             try:
-                r.scrape_writes()
-            except AssertionError:
+                writes += r.scrape_writes()
+            except Exception:  # restarting: its writes count in the next minute
                 self.watch_deaths()
-        writes = sum(r.writes for r in self.replicas) - before
         self.sample_rss()
         bound = self.changed + self.expected_writes + self.args.slack
         self.minutes.append({"minute": minute, "quiet": quiet, "writes": writes, "changed": self.changed,
@@ -604,6 +604,10 @@ def populate(bench: Bench) -> None:
     workload_summarizer(cluster, "apps", [("apps", "Deployment")])
     ok(cluster.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace",
                                                       "metadata": {"name": NS}}))
+    # Pods need it where the ServiceAccount admission plugin runs (a control plane with a real node),
+    # and no controller makes it there once the soak has stopped kube-controller-manager.
+    ok(cluster.request(f"/api/v1/namespaces/{NS}/serviceaccounts", "POST", {
+        "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}))
     for i in range(args.nodes):
         alloc = {"cpu": "32", "memory": "128Gi", "pods": "110"}
         ok(cluster.request("/api/v1/nodes", "POST", {"apiVersion": "v1", "kind": "Node", "metadata": {
@@ -795,7 +799,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
               "summary": summary, "minutes": bench.minutes, "actions": bench.actions, "deaths": bench.deaths,
               "replicas": [{"identity": r.identity, "initial_list": r.initial_list, "stallable": r.stallable,
-                            "gone": r.gone, "writes": r.writes} for r in bench.replicas],
+                            "gone": r.gone, "writes": r.written} for r in bench.replicas],
               "rss": bench.rss, "checks": bench.checks}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     write_markdown(bench, summary, args.out.with_suffix(".md"))

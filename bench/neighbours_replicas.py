@@ -33,14 +33,25 @@ class Replica:
     initial_list: str
     stallable: bool = False  # its API connections can be stalled
     writes: float = 0.0  # nws_reconciler_writes_total at the last scrape
+    written: float = 0.0  # its writes since it started, through restarts in place
+    started: float | None = None  # process_start_time_seconds at the last scrape
     gone: str = ""  # "killed" on purpose, "died" otherwise
     stalled_until: float = 0.0  # its stalled watches are noticed only by its read timeout
     # False while its container restarts in place after a kill (pods): not checked meanwhile
     ready: Callable[[], bool] = lambda: True
 
-    def scrape_writes(self) -> None:
-        if not self.gone:
-            self.writes = sum(select(self.scrape(), "nws_reconciler_writes_total").values())
+    def scrape_writes(self) -> float:
+        """Its writes since the last scrape. A process restarted in place (a pod's container: a new
+        start time) counts from 0."""
+        if self.gone:
+            return 0.0
+        samples = self.scrape()
+        now = sum(select(samples, "nws_reconciler_writes_total").values())
+        started = value(samples, "process_start_time_seconds")
+        increase = now if started != self.started or now < self.writes else now - self.writes
+        self.writes, self.started = now, started
+        self.written += increase
+        return increase
 
     def leader(self) -> bool:
         return not self.gone and value(self.scrape(), "nws_reconciler_leader") == 1
