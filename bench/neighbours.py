@@ -53,7 +53,7 @@ from tests.paths import FAILED_LOGS
 from tests.reference import Owner, World, recompute
 
 from .common import CRDS, add_out, percentile
-from .neighbours_quota import FLAVOR, QUEUES, Neighbour, quota_probe
+from .neighbours_quota import FLAVOR, GITOPS, QUEUES, Neighbour, quota_probe
 from .neighbours_quota import setup as quota_setup
 from .neighbours_quota import versions as quota_versions
 from .neighbours_replicas import Processes, Replica, Runner
@@ -704,10 +704,12 @@ def seconds(value: float | None) -> str:
 
 
 def write_markdown(bench: Bench, summary: dict[str, Any], path: Path) -> None:
-    lines = [f"# neighbours: {bench.args.minutes:g} minutes, {bench.args.nodes} nodes, {bench.args.pods} pods, "
-             f"{len(bench.replicas)} replicas in all", "",
-             f"{summary['checks']} checks, {summary['failed_checks']} failed; "
-             f"{summary['minutes_over_bound']} minutes over the write bound; {summary['deaths']} replica deaths.", "",
+    lines = [f"# neighbours: {bench.args.minutes:g} minutes as {bench.runner.where}, {bench.args.nodes} nodes, "
+             f"{bench.args.pods} pods, {len(bench.replicas)} replicas in all, Kueue {bench.args.kueue}", "",
+             f"{summary['checks']} checks, {summary['failed_checks']} failed (worst converged in "
+             f"{summary['worst_converge_s']:.2f} s); {summary['minutes_over_bound']} minutes over the write bound; "
+             f"{summary['deaths']} replica deaths; {summary['neighbour_edits']} edits of the ClusterQueues by "
+             f"`{GITOPS}`, none reverted.", "",
              "| check after | checks | not converged in 10 s | converged p50 | max |", "|---|---|---|---|---|"]
     # p50_s is None where no check after that action converged.
     lines += [f"| {reason} | {r['checks']} | {r['failed']} | {seconds(r['p50_s'])} | {r['max_s']:.2f} s |"
@@ -716,6 +718,11 @@ def write_markdown(bench: Bench, summary: dict[str, Any], path: Path) -> None:
               "|---|---|---|---|---|---|---|"]
     lines += [f"| {m['minute']} | {'yes' if m['quiet'] else ''} | {m['changed']} | {m['expected_action_writes']} | "
               f"{m['writes']:g} | {m['bound']} | {'yes' if m['ok'] else 'NO'} |" for m in bench.minutes]
+    lines += ["", "| process (replica, life) | minutes sampled | RSS first | RSS last | slope after warm-up |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {life['identity']} | {life['minutes']:g} | {life['start_mb']:g} MB | {life['end_mb']:g} MB | "
+              + ("-" if life["slope_mb_per_hour"] is None else f"{life['slope_mb_per_hour']:+.2f} MB/h") + " |"
+              for life in summary["rss"]]
     path.write_text("\n".join(lines) + "\n")
 
 
