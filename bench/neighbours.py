@@ -323,8 +323,13 @@ class Bench:
         latency: dict[str, float] = {}
         last: dict[str, list[str]] = {}
         deadline = time.monotonic() + (timeout or self.args.timeout)
-        while pending and time.monotonic() < deadline:
+        # A capacity change the leader sees at the end of that time is written a settle time later,
+        # by design: the quota has that much more.
+        deadlines = {what: deadline + (self.args.settle if what == "quota" else 0) for what in pending}
+        while pending and time.monotonic() < max(deadlines[what] for what in pending):
             for what, probe in list(pending.items()):
+                if time.monotonic() >= deadlines[what]:
+                    continue  # out of time: stays pending, with its last differences
                 try:
                     last[what] = probe()
                 except Exception as err:  # a replica mid-relist, a refused connection: poll on

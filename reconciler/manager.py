@@ -183,11 +183,11 @@ class Manager:
             log.info("reconciler synced: %s", "; ".join(filter(None, (c.synced() for c in self.controllers))))
             tasks += [asyncio.create_task(self._worker(c)) for c in self.controllers
                       for _ in range(self.settings.concurrency)]
-            in_contact = True
+            in_contact = 0
             while True:
-                in_contact, was = all(r.connected for r in self.sources.watches()), in_contact
+                in_contact, was = sum(r.connected for r in self.sources.watches()), in_contact
                 if self.leading:
-                    if in_contact and not was:  # the API server is back: retry what failed meanwhile
+                    if in_contact > was:  # the API server answers again: retry what failed meanwhile
                         for controller in self.controllers:
                             controller.queue.retry_now()
                     self.queue_changes()
