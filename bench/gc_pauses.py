@@ -22,6 +22,7 @@ import time
 import prometheus_client
 
 from exporter.metrics import Renderer
+from kubeindex.revision import Stamped
 from node_workload_summary.gcfreeze import Freezer
 from reconciler.desired import Naming, TypeInfo, desired_state
 
@@ -46,7 +47,7 @@ async def _run(args: argparse.Namespace) -> dict:
             await asyncio.sleep(0)
     churn = lines[args.pods:]
     infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
-    cache: dict = {}
+    cache: Stamped = Stamped()
     naming = Naming.empty()
     renderer = Renderer(index, 100_000, registry=prometheus_client.CollectorRegistry())
     ready = asyncio.Event()

@@ -27,6 +27,7 @@ import prometheus_client
 from exporter.metrics import Renderer
 from kubeindex.api import ApiClient, ApiError, load_connection
 from kubeindex.index import interned_vectors
+from kubeindex.revision import Stamped
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state
@@ -101,7 +102,7 @@ def offline(args: argparse.Namespace) -> None:
     index, pods, _ = build(args)
     renderer = Renderer(index, 1000, registry=prometheus_client.CollectorRegistry())
     infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
-    cache: dict = {}
+    cache: Stamped = Stamped()
     naming = Naming.empty()
     rv = 10
 

@@ -7,10 +7,11 @@ function from the aggregate to its samples, so a new family is one row (and its 
 docs/metrics.md, which tests/test_docs.py checks).
 
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
-lines cached under the aggregate's generation stamp, so only what changed since the last scrape
-is formatted again; the rest is a join of cached strings. (prometheus-client's generic path costs
-about 10 us per labelled sample; it renders the other collectors of the registry, appended at
-the end: process, watches (kubeindex.metrics), reconciler (reconciler.metrics).)
+lines cached under the aggregate's revision stamp (kubeindex/revision.py's ``Stamped``), so only
+what changed since the last scrape is formatted again; the rest is a join of cached strings.
+(prometheus-client's generic path costs about 10 us per labelled sample; it renders the other
+collectors of the registry, appended at the end: process, watches (kubeindex.metrics),
+reconciler (reconciler.metrics).)
 
 Every family has a bound (docs/metrics.md): node groups per summarizer are capped by
 ``max_nodegroup_series``, workloads by ``max_workload_series``; what is beyond a cap is summed
@@ -41,6 +42,7 @@ from kubeindex.kueue import FlavorAgg
 from kubeindex.objects import ClusterResourceClaim
 from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
 from kubeindex.quantity import NANO, parse_or_zero
+from kubeindex.revision import Revision, Stamped
 
 PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -349,15 +351,16 @@ RENDERER_FAMILIES: tuple[FamilyGenerator[Renderer], ...] = (
 
 class SeriesCap(Generic[K]):
     """At most ``limit`` keys have series of their own. A key keeps its slot while it exists (no
-    series churn); new keys take free slots; the rest overflow. ``epoch`` moves whenever the set
-    of overflowing keys changes."""
+    series churn); new keys take free slots; the rest overflow. ``revision`` is stamped (from the
+    index's counter) whenever the set of overflowing keys changes."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, counter: Revision) -> None:
         self.limit = limit
         self.slots: set[K] = set()
         self.overflowed: set[K] = set()
         self.dropped_total: int = 0  # annotated: RENDERER_FAMILIES, above the class, reads it
-        self.epoch = 0
+        self.counter = counter
+        self.revision = 0
 
     def assign(self, keys: Iterable[K]) -> list[K]:
         """The overflowing keys among ``keys`` (all the keys that exist now). O(keys)."""
@@ -366,7 +369,7 @@ class SeriesCap(Generic[K]):
         self.slots &= present
         if not self.overflowed <= present:
             self.overflowed &= present
-            self.epoch += 1
+            self.revision = next(self.counter)
         overflow = []
         for key in keys:
             if key in self.slots:
@@ -375,13 +378,13 @@ class SeriesCap(Generic[K]):
                 self.slots.add(key)
                 if key in self.overflowed:
                     self.overflowed.discard(key)
-                    self.epoch += 1
+                    self.revision = next(self.counter)
             else:
                 overflow.append(key)
                 if key not in self.overflowed:
                     self.overflowed.add(key)
                     self.dropped_total += 1
-                    self.epoch += 1
+                    self.revision = next(self.counter)
         return overflow
 
 
@@ -403,14 +406,14 @@ class Renderer:
         self.max_nodegroup_series: int = max_nodegroup_series
         self.build_info: dict[str, str] = build_info or {"version": "unknown"}  # nws_build_info's labels
         self.registry = registry if registry is not None else prometheus_client.REGISTRY
-        self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series)
+        self.workload_cap: SeriesCap[str] = SeriesCap(max_workload_series, index.revision)
         self.node_group_caps: dict[str, SeriesCap[NodeGroupKey]] = {}  # per summarizer
         self._overflowed_node_groups: set[NodeGroupKey] = set()
-        self._node_groups_epoch = 0  # moves whenever _overflowed_node_groups does
-        self._node_groups: dict[NodeGroupKey, tuple[int, tuple[str, ...]]] = {}
-        self._other_node_groups: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
-        self._workloads: dict[str, tuple[tuple[int, str, int], tuple[str, ...]]] = {}
-        self._flavors: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._node_groups_revision = 0  # stamped whenever _overflowed_node_groups changes
+        self._node_groups: Stamped[NodeGroupKey, tuple[str, ...]] = Stamped()
+        self._other_node_groups: Stamped[str, tuple[str, ...]] = Stamped()
+        self._workloads: Stamped[str, tuple[str, ...]] = Stamped()
+        self._flavors: Stamped[str, tuple[str, ...]] = Stamped()
         self.last_render_seconds: float = 0.0
 
     # -- node groups under the cap -------------------------------------------------------------
@@ -424,7 +427,9 @@ class Renderer:
         out: list[tuple[str, ...]] = []
         overflowed: set[NodeGroupKey] = set()
         for summarizer, aggs in by_summarizer.items():
-            cap = self.node_group_caps.setdefault(summarizer, SeriesCap(self.max_nodegroup_series))
+            cap = self.node_group_caps.get(summarizer)
+            if cap is None:
+                cap = self.node_group_caps[summarizer] = SeriesCap(self.max_nodegroup_series, self.index.revision)
             overflow = set(cap.assign((a.summarizer, a.value) for a in aggs))
             out.extend(self._cached_node_group(a) for a in aggs if (a.summarizer, a.value) not in overflow)
             if overflow:
@@ -435,7 +440,7 @@ class Renderer:
             del self._node_groups[key]
         if overflowed != self._overflowed_node_groups:
             self._overflowed_node_groups = overflowed
-            self._node_groups_epoch += 1
+            self._node_groups_revision = next(self.index.revision)
         return out
 
     def _forget_summarizer(self, summarizer: str) -> None:
@@ -443,24 +448,16 @@ class Renderer:
         self._other_node_groups.pop(summarizer, None)
 
     def _cached_node_group(self, agg: NodeGroupAgg) -> tuple[str, ...]:
-        key = (agg.summarizer, agg.value)
-        hit = self._node_groups.get(key)
-        if hit is None or hit[0] != agg.generation:
-            hit = self._node_groups[key] = (agg.generation, chunks(NODEGROUP_FAMILIES, _labels(
-                summarizer=agg.summarizer, group=agg.value), agg))
-        return hit[1]
+        return self._node_groups.made((agg.summarizer, agg.value), agg.revision, lambda: chunks(
+            NODEGROUP_FAMILIES, _labels(summarizer=agg.summarizer, group=agg.value), agg))
 
     def _cached_other_node_group(self, summarizer: str, cap: SeriesCap[NodeGroupKey],
                                  aggs: list[NodeGroupAgg]) -> tuple[str, ...]:
-        # Generation stamps grow monotonically across the index: (set epoch, newest stamp) changes
-        # whenever the sum does, and checking it costs no dict arithmetic.
-        stamp = (cap.epoch, max(a.generation for a in aggs))
-        hit = self._other_node_groups.get(summarizer)
-        if hit is None or hit[0] != stamp:
-            total = _sum_node_groups(summarizer, aggs)
-            hit = self._other_node_groups[summarizer] = (stamp, chunks(NODEGROUP_FAMILIES, _labels(
-                summarizer=summarizer, group=OTHER), total))
-        return hit[1]
+        # Stamps grow monotonically across the index: (the set's revision, the newest stamp in it)
+        # changes whenever the sum does, and checking it costs no dict arithmetic.
+        stamp = (cap.revision, max(a.revision for a in aggs))
+        return self._other_node_groups.made(summarizer, stamp, lambda: chunks(
+            NODEGROUP_FAMILIES, _labels(summarizer=summarizer, group=OTHER), _sum_node_groups(summarizer, aggs)))
 
     # -- workloads under the cap ---------------------------------------------------------------
 
@@ -476,13 +473,9 @@ class Renderer:
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
-        stamp = (agg.generation, kind, self._node_groups_epoch)
-        hit = self._workloads.get(agg.uid)
-        if hit is None or hit[0] != stamp:
-            base = _labels(namespace=agg.namespace, workload=agg.name, kind=kind)
-            series = self._series(agg)
-            hit = self._workloads[agg.uid] = (stamp, chunks(WORKLOAD_FAMILIES, base, series))
-        return hit[1]
+        stamp = (agg.revision, kind, self._node_groups_revision)
+        return self._workloads.made(agg.uid, stamp, lambda: chunks(
+            WORKLOAD_FAMILIES, _labels(namespace=agg.namespace, workload=agg.name, kind=kind), self._series(agg)))
 
     def _workload_chunks(self) -> list[tuple[str, ...]]:
         workloads = self.index.workloads
@@ -511,10 +504,8 @@ class Renderer:
         return [self._cached_flavor(flavors[name]) for name in sorted(flavors)]
 
     def _cached_flavor(self, agg: FlavorAgg) -> tuple[str, ...]:
-        hit = self._flavors.get(agg.name)
-        if hit is None or hit[0] != agg.generation:
-            hit = self._flavors[agg.name] = (agg.generation, chunks(FLAVOR_FAMILIES, _labels(flavor=agg.name), agg))
-        return hit[1]
+        return self._flavors.made(agg.name, agg.revision,
+                                  lambda: chunks(FLAVOR_FAMILIES, _labels(flavor=agg.name), agg))
 
     # -- render ---------------------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ Node groups and Kueue flavors are both node sets, summed by one arithmetic (node
 flavors, with the nominal quota of the ClusterQueues that name them, are an aggregate of their own
 (kueue.py, ``ClusterIndex.kueue``) that sees the same node and pod events.
 
-Aggregates carry a ``generation`` stamp that changes whenever their content does, so consumers
-(the exporter's renderer, the reconciler) redo only what changed. The reconciler, which would
-otherwise look at every aggregate to find those, is told which (``take_changes``).
+Aggregates carry a stamp of the index's revision (``revision``, revision.py) that moves whenever
+their content does, so consumers (the exporter's renderer, the reconciler) redo only what changed.
+A consumer that would otherwise look at every aggregate to find those is told which by a change
+cursor of its own (``cursor``).
 
 A pod update that changes nothing an aggregate counts (most of them: conditions, container
 states) stops at that comparison; one that changes the phase alone moves the phase counts only.
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .kueue import KueueIndex
-from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, move_phase, node_into, pod_into
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
 from .objects import (
     Node,
     Pod,
@@ -47,6 +48,7 @@ from .objects import (
 )
 from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
 from .quantity import parse_or_zero
+from .revision import Revision
 
 NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
 PHASES = ("Pending", "Running", "Succeeded", "Failed", "Unknown")
@@ -92,7 +94,7 @@ class WorkloadAgg:
     pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
     unhealthy_nodes: int = 0  # distinct nodes not Ready
     unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
-    generation: int = 0
+    revision: int = 0  # its stamp: moves with its content
 
     @property
     def is_object(self) -> bool:
@@ -293,7 +295,7 @@ def _facts(entry: NodeEntry) -> tuple:
 
 
 class Changes:
-    """What changed since a consumer last took it (``ClusterIndex.take_changes``): the node groups
+    """What changed since a consumer last took it (``Cursor.take``): the node groups
     and workloads whose content did, or ``structure``: the sets of node groups or workloads, or
     the configuration, changed (then the consumer redoes everything, and nothing finer is kept).
     ``node_news``: the node groups one of whose nodes changed what it counts (readiness, state,
@@ -310,6 +312,20 @@ class Changes:
         self.structure = structure
 
 
+class Cursor:
+    """One consumer's changes, recorded by the index from the cursor's making."""
+
+    __slots__ = ("changes",)
+
+    def __init__(self) -> None:
+        self.changes = Changes(structure=True)
+
+    def take(self) -> Changes:
+        """What changed since the last take (the first: everything)."""
+        taken, self.changes = self.changes, Changes(structure=False)
+        return taken
+
+
 class ClusterIndex:
     """Nodes, pods, owners and the summarizers in; node groups (``node_groups``) and root workloads
     (``workloads``) out, and beside them the Kueue flavors (``kueue``), fed the same node and pod
@@ -323,7 +339,8 @@ class ClusterIndex:
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
         self.node_groups: dict[NodeGroupKey, NodeGroupAgg] = {}
-        self.kueue = KueueIndex(self.nodes)  # Kueue flavors: fed the same node and pod events
+        self.revision = Revision()  # every stamp of this index (and of its Kueue flavors)
+        self.kueue = KueueIndex(self.nodes, self.revision)  # Kueue flavors: fed the same node and pod events
         self.workloads: dict[str, WorkloadAgg] = {}
         self.node_summarizers: dict[str, str] = {}  # name -> labelKey
         self.workload_summarizers: dict[str, list[WorkloadType]] = {}
@@ -338,36 +355,37 @@ class ClusterIndex:
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.on_owner_kind = on_owner_kind
-        self._changes: Changes | None = None  # recorded once a consumer takes them
-        self.shape = 0  # moves on with every change to the sets of node groups or workloads, or the configuration
+        self._cursors: list[Cursor] = []
+        # Stamped at every change to the sets of node groups or workloads, or the configuration.
+        self.sets_revision = next(self.revision)
 
-    def take_changes(self) -> Changes:
-        """What changed since the last call (the first: everything), and record from now on."""
-        taken, self._changes = self._changes or Changes(structure=True), Changes(structure=False)
-        return taken
+    def cursor(self) -> Cursor:
+        """A consumer's own record of what changes from now on."""
+        cursor = Cursor()
+        self._cursors.append(cursor)
+        return cursor
 
     def _touched_workload(self, uid: str, news: bool = False) -> None:
-        changes = self._changes
-        if changes is not None and not changes.structure:
-            changes.workloads.add(uid)
-            if news:
-                changes.workload_news.add(uid)
+        for cursor in self._cursors:
+            changes = cursor.changes
+            if not changes.structure:
+                changes.workloads.add(uid)
+                if news:
+                    changes.workload_news.add(uid)
 
     def _touched_node_group(self, key: NodeGroupKey, news: bool = False) -> None:
-        changes = self._changes
-        if changes is not None and not changes.structure:
-            changes.node_groups.add(key)
-            if news:
-                changes.node_news.add(key)
+        for cursor in self._cursors:
+            changes = cursor.changes
+            if not changes.structure:
+                changes.node_groups.add(key)
+                if news:
+                    changes.node_news.add(key)
 
     def _restructured(self) -> None:
-        self.shape += 1
-        if self._changes is not None:
-            self._changes.structure = True
-            self._changes.workloads.clear()
-            self._changes.node_groups.clear()
-            self._changes.node_news.clear()
-            self._changes.workload_news.clear()
+        self.sets_revision = next(self.revision)
+        for cursor in self._cursors:
+            if not cursor.changes.structure:
+                cursor.changes = Changes(structure=True)  # nothing finer is kept
 
     # ---------------------------------------------------------------------------- configuration
 
@@ -423,8 +441,7 @@ class ClusterIndex:
         self._configure_labels()
         if self.label_keys != before:
             self._relabel_pods()
-        next(generation)  # a short type may have changed: the summaries are made of it
-        self._restructured()
+        self._restructured()  # a short type may have changed: the summaries are made of it
 
     def _configure_labels(self) -> None:
         """Keys by precedence: the summarizers' by name, each in its list's order; then the flag's."""
@@ -525,7 +542,7 @@ class ClusterIndex:
         if agg is None:
             agg = self.node_groups[key] = NodeGroupAgg(*key)
             self._restructured()
-        node_into(agg, entry, sign)
+        node_into(agg, entry, sign, self.revision)
         self._touched_node_group(key)
         if prune:
             self._prune_node_group(key)
@@ -547,7 +564,7 @@ class ClusterIndex:
             pods = agg.node_pods[entry.name]
             _node_in_workload(agg, old, pods, True, -1)
             _node_in_workload(agg, new, pods, True, +1)
-            agg.generation = next(generation)
+            agg.revision = next(self.revision)
             self._touched_workload(uid, news=True)
 
     # ---------------------------------------------------------------------------- pods
@@ -601,13 +618,13 @@ class ClusterIndex:
             for g in node.node_groups:
                 group = self.node_groups[g]
                 move_phase(group.pods, before, phase)
-                group.generation = next(generation)
+                group.revision = next(self.revision)
                 self._touched_node_group(g)
             self.kueue.pod_phase(node, before, phase)
         if entry.workload is not None:
             workload = self.workloads[entry.workload]
             move_phase(workload.pods, before, phase)
-            workload.generation = next(generation)
+            workload.revision = next(self.revision)
             self._touched_workload(workload.uid)
 
     def delete_pod(self, key: str) -> None:
@@ -658,7 +675,7 @@ class ClusterIndex:
         else:
             node.pods.discard(entry.key)
         for g in node.node_groups:
-            pod_into(self.node_groups[g], entry.phase, entry.requests, sign)
+            pod_into(self.node_groups[g], entry.phase, entry.requests, sign, self.revision)
             self._touched_node_group(g)
         self.kueue.pod(node, entry.phase, entry.requests, sign)
         if not node.present and not node.pods:
@@ -679,7 +696,7 @@ class ClusterIndex:
             node = self.nodes.get(entry.node)
             if node is not None and (distinct or node.state != READY):
                 _node_in_workload(agg, _placement(node), 1, distinct, sign)
-        agg.generation = next(generation)
+        agg.revision = next(self.revision)
         self._touched_workload(agg.uid)
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]
@@ -726,14 +743,13 @@ class ClusterIndex:
             return
         was_root, is_root = old.workload == vertex.uid, new.workload == vertex.uid
         if is_root and not was_root:
-            stamp = next(generation)
+            stamp = next(self.revision)
             if vertex.uid not in self.workloads:
                 namespace, name = split_key(vertex.key)
-                self.workloads[vertex.uid] = WorkloadAgg(vertex.uid, namespace, name, *vertex.gk, generation=stamp)
+                self.workloads[vertex.uid] = WorkloadAgg(vertex.uid, namespace, name, *vertex.gk, revision=stamp)
                 self._restructured()
         elif was_root and not is_root:
             agg = self.workloads.get(vertex.uid)
             if agg is not None and not agg.pods:
                 del self.workloads[vertex.uid]
-                next(generation)  # the set of workloads changed
-                self._restructured()
+                self._restructured()  # the set of workloads changed

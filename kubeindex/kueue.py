@@ -10,8 +10,8 @@ flavor's edit re-matches every node (flavors are few and rarely edited).
 
 It also keeps what the ClusterResourceClaim controller (reconciler/claims.py) reads: the claims,
 the ClusterQueue objects as projected (their resourceGroups and resourceVersion: the patch is made
-from them) and ``capacity``, a flavor's allocatable over its Ready nodes. ``version`` counts their
-changes, so a reader tells in O(1) whether to look again.
+from them) and ``capacity``, a flavor's allocatable over its Ready nodes. ``objects_revision`` is
+stamped at their every change, so a reader tells in O(1) whether to look again.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, generation, move_phase, node_into, pod_into
+from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
 from .objects import ClusterQueue, ClusterResourceClaim, ResourceFlavor
 from .quantity import parse_or_zero
+from .revision import Revision
 
 Quotas = dict[tuple[str, str], int]  # (flavor, resource) -> nominal quota, in the units of allocatable
 
@@ -58,13 +59,14 @@ def _quotas(queue: ClusterQueue) -> Quotas:
 class KueueIndex:
     """The flavors (ResourceFlavors, and names in ClusterQueues) over the cluster index's nodes."""
 
-    def __init__(self, nodes: Mapping[str, NodeEntry]) -> None:
+    def __init__(self, nodes: Mapping[str, NodeEntry], revision: Revision) -> None:
         self.nodes = nodes  # the cluster index's nodes, read only here: a flavor's edit re-matches them
+        self.revision = revision  # the cluster index's: every stamp here is one of its
         self.flavors: dict[str, FlavorAgg] = {}
         self.cluster_queues: dict[str, Quotas] = {}  # name -> its quotas
         self.queue_objects: dict[str, ClusterQueue] = {}  # name -> the object (the claims patch it)
         self.claims: dict[str, ClusterResourceClaim] = {}
-        self.version = 0  # bumped by every event of a claim or a ClusterQueue
+        self.objects_revision = 0  # stamped by every event of a claim or a ClusterQueue
 
     def capacity(self, flavor: str) -> dict[str, int] | None:
         """A flavor's capacity for the claims: the allocatable summed over its nodes whose Ready
@@ -74,18 +76,18 @@ class KueueIndex:
 
     def upsert_claim(self, claim: ClusterResourceClaim) -> None:
         self.claims[claim.metadata.name] = claim
-        self.version += 1
+        self.objects_revision = next(self.revision)
 
     def delete_claim(self, name: str) -> None:
         if self.claims.pop(name, None) is not None:
-            self.version += 1
+            self.objects_revision = next(self.revision)
 
     # -- nodes and pods, from the cluster index ----------------------------------------------------
 
     def node_out(self, entry: NodeEntry) -> None:
         """The node leaves its flavors (before it changes or goes)."""
         for name in entry.flavors:
-            node_into(self.flavors[name], entry, -1)
+            node_into(self.flavors[name], entry, -1, self.revision)
         entry.flavors = ()
 
     def node_in(self, entry: NodeEntry) -> None:
@@ -93,19 +95,19 @@ class KueueIndex:
         entry.flavors = tuple(name for name, agg in self.flavors.items()
                               if agg.defined and _matches(agg.node_labels, entry.labels))
         for name in entry.flavors:
-            node_into(self.flavors[name], entry, +1)
+            node_into(self.flavors[name], entry, +1, self.revision)
 
     def pod(self, node: NodeEntry, phase: str, requests: Vector, sign: int) -> None:
         """A pod bound to ``node`` comes (sign +1) or goes."""
         for name in node.flavors:
-            pod_into(self.flavors[name], phase, requests, sign)
+            pod_into(self.flavors[name], phase, requests, sign, self.revision)
 
     def pod_phase(self, node: NodeEntry, before: str, after: str) -> None:
         """A pod bound to ``node`` changes phase alone (its requests stay)."""
         for name in node.flavors:
             agg = self.flavors[name]
             move_phase(agg.pods, before, after)
-            agg.generation = next(generation)
+            agg.revision = next(self.revision)
 
     # -- ResourceFlavors ---------------------------------------------------------------------------
 
@@ -115,7 +117,7 @@ class KueueIndex:
         if agg.defined and agg.node_labels == labels:
             return  # status or metadata only
         agg.defined, agg.node_labels = True, labels
-        agg.generation = next(generation)
+        agg.revision = next(self.revision)
         for entry in self.nodes.values():
             if entry.present:
                 self._rematch(entry, agg)
@@ -125,7 +127,7 @@ class KueueIndex:
         if agg is None or not agg.defined:
             return
         agg.defined, agg.node_labels = False, {}
-        agg.generation = next(generation)
+        agg.revision = next(self.revision)
         for entry in self.nodes.values():
             self._rematch(entry, agg)
         self._forget_flavor_if_unused(name)
@@ -133,21 +135,21 @@ class KueueIndex:
     def _flavor(self, name: str) -> FlavorAgg:
         agg = self.flavors.get(name)
         if agg is None:
-            agg = self.flavors[name] = FlavorAgg(name=name, generation=next(generation))
+            agg = self.flavors[name] = FlavorAgg(name=name, revision=next(self.revision))
         return agg
 
     def _forget_flavor_if_unused(self, name: str) -> None:
         agg = self.flavors[name]
         if not agg.defined and not agg.quota_refs:
             del self.flavors[name]
-            next(generation)  # the set of flavors changed
+            next(self.revision)  # the set of flavors changed
 
     def _rematch(self, entry: NodeEntry, agg: FlavorAgg) -> None:
         """Put the node in or out of the flavor after the flavor changed."""
         match = agg.defined and _matches(agg.node_labels, entry.labels)
         if match == (agg.name in entry.flavors):
             return
-        node_into(agg, entry, +1 if match else -1)
+        node_into(agg, entry, +1 if match else -1, self.revision)
         entry.flavors = tuple(f for f in entry.flavors if f != agg.name) + ((agg.name,) if match else ())
 
     # -- ClusterQueues -----------------------------------------------------------------------------
@@ -156,7 +158,7 @@ class KueueIndex:
         """The queue's old contribution to its flavors' nominal quota out, the new one in."""
         name = queue.metadata.name
         self.queue_objects[name] = queue
-        self.version += 1
+        self.objects_revision = next(self.revision)
         new = _quotas(queue)
         old = self.cluster_queues.get(name)
         if old == new:
@@ -168,7 +170,7 @@ class KueueIndex:
 
     def delete_cluster_queue(self, name: str) -> None:
         self.queue_objects.pop(name, None)
-        self.version += 1
+        self.objects_revision = next(self.revision)
         old = self.cluster_queues.pop(name, None)
         if old:
             self._queue_quotas(old, -1)
@@ -178,7 +180,7 @@ class KueueIndex:
             agg = self._flavor(flavor)
             add(agg.quota, ((resource, value),), sign)
             bump(agg.quota_refs, resource, sign)
-            agg.generation = next(generation)
+            agg.revision = next(self.revision)
         if sign < 0:
             for flavor in {f for f, _ in quotas}:
                 self._forget_flavor_if_unused(flavor)

@@ -2,7 +2,7 @@
 
 A node set sums the facts of its nodes and the running sums of the pods bound to them. A node
 enters or leaves with ``node_into``; a pod bound to one of its nodes with ``pod_into``. Every
-change takes a new generation stamp, so consumers redo only what changed.
+change takes a new stamp of the index's revision (revision.py), so consumers redo only what changed.
 """
 
 from __future__ import annotations
@@ -11,23 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from .revision import Revision
+
 K = TypeVar("K")
 Vector = tuple[tuple[str, int], ...]  # sorted (resource, nano-units), interned (index._intern)
-
-
-class Stamps:
-    """Generation stamps: ``next()`` gives a new one; ``value`` is the newest, so a consumer can
-    tell in O(1) whether anything changed since it last looked."""
-
-    value = 0
-
-    def __next__(self) -> int:
-        self.value += 1
-        return self.value
-
-
-# One sequence for every aggregate: stamps only grow, so (set epoch, newest stamp) identifies a sum.
-generation = Stamps()
 
 
 def add(target: dict[K, int], items: Iterable[tuple[K, int]], sign: int) -> None:
@@ -79,7 +66,7 @@ class NodeSetAgg:
     node_names: set[str] = field(default_factory=set, metadata=NOT_SUMMED)  # for a NodeSummary only
     states: dict[str, int] = field(default_factory=dict)  # index.NODE_STATES -> nodes
     accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
-    generation: int = field(default=0, metadata=NOT_SUMMED)
+    revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
     def add_sums(self, other: NodeSetAgg) -> None:
         """Add another node set's counts and count maps to this one's (the exporter's `other`
@@ -121,7 +108,7 @@ class NodeEntry:
         self.pods: set[str] = set()  # pod keys
 
 
-def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
+def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) -> None:
     """Add (sign +1) or remove a node's own facts and the running sums of its pods."""
     agg.nodes += sign
     bump(agg.conditions, entry.ready, sign)
@@ -138,11 +125,11 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int) -> None:
         agg.node_names.add(entry.name)
     else:
         agg.node_names.discard(entry.name)
-    agg.generation = next(generation)
+    agg.revision = next(revision)
 
 
-def pod_into(agg: NodeSetAgg, phase: str, requests: Vector, sign: int) -> None:
+def pod_into(agg: NodeSetAgg, phase: str, requests: Vector, sign: int, revision: Revision) -> None:
     """Add or remove one pod bound to one of the set's nodes."""
     bump(agg.pods, phase, sign)
     add(agg.requested, requests, sign)
-    agg.generation = next(generation)
+    agg.revision = next(revision)

@@ -4,7 +4,7 @@ leadership checks, its token bucket).
 
 - **Keys.** ("clusterresourceclaims", name) in ``ClaimController``'s queue, ("clusterqueues", name)
   in ``ClusterQueueController``'s. Each one's pass queues every claim, or every queue a claim
-  names, when a claim or a ClusterQueue changed (``KueueIndex.version``) or a claimed flavor's
+  names, when a claim or a ClusterQueue changed (``KueueIndex.objects_revision``) or a claimed flavor's
   capacity did since that controller last looked (``Claims.changed``); a settle timer or a
   throttled queue queues its key again when it is due.
 - **At take time** (client-go style) the whole plan is evaluated again (reconciler/quota.py's
@@ -297,7 +297,7 @@ class Claims:
         """Whether a claim, a ClusterQueue or a claimed capacity changed since ``consumer`` last asked."""
         claimed = {_parsed(c).key for c in self.kueue.claims.values()}  # as the evaluation reads them
         fleet = self.fleet.version if self.fleet is not None else 0
-        seen = (self.kueue.version, fleet, self.kueue_problem(), {k: self._live(*k) for k in claimed})
+        seen = (self.kueue.objects_revision, fleet, self.kueue_problem(), {k: self._live(*k) for k in claimed})
         if seen == self._seen.get(consumer):
             return False
         self._seen[consumer] = seen

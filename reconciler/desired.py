@@ -23,6 +23,7 @@ from kubeindex.index import (
 from kubeindex.objects import API_VERSION, GROUP, key_of, label_workload_type
 from kubeindex.owners import GroupKind
 from kubeindex.quantity import format_quantity
+from kubeindex.revision import Stamped
 
 from .names import Claim, NameAllocator
 
@@ -225,16 +226,9 @@ def _type_of(agg: WorkloadAgg, type_infos: Mapping[GroupKind, TypeInfo],
     return type_infos.get((agg.group, agg.kind)) if agg.is_object else label_infos.get(agg.label_key)
 
 
-Cache = dict[object, tuple[tuple, Desired]]
-
-
-def _cached(cache: Cache, key: object, stamp: tuple, make: Callable[[], Desired]) -> Desired:
-    """Rebuild a Desired only when its inputs changed: an unchanged aggregate keeps its object,
-    so a pass over a quiet cluster allocates nothing."""
-    hit = cache.get(key)
-    if hit is None or hit[0] != stamp:
-        hit = cache[key] = (stamp, make())
-    return hit[1]
+# A Desired is made again only when its inputs changed: an unchanged aggregate keeps its object,
+# so a pass over a quiet cluster allocates nothing.
+Cache = Stamped[object, Desired]
 
 
 @dataclass
@@ -313,14 +307,14 @@ def desired_one(index: ClusterIndex, plan: Layout, cache: Cache, made: Made) -> 
             return None
         name, info = how
         refs = tuple(plan.summary_names.get(g) for g in w.nodes_by_node_group)  # the names its refs point at
-        return _cached(cache, made, (w.generation, name, info, refs),
-                       partial(workload_summary, w, name, info, plan.summary_names))
+        return cache.made(made, (w.revision, name, info, refs),
+                          partial(workload_summary, w, name, info, plan.summary_names))
     where, agg = plan.node_groups.get(made), index.node_groups.get(made)
     if where is None or agg is None:
         return None
     name, label_key, uid = where
-    return _cached(cache, made, (agg.generation, name, label_key, uid),
-                   partial(node_summary, agg, name, label_key, uid))
+    return cache.made(made, (agg.revision, name, label_key, uid),
+                      partial(node_summary, agg, name, label_key, uid))
 
 
 def desired_all(index: ClusterIndex, plan: Layout, cache: Cache) -> list[Desired]:
@@ -338,4 +332,4 @@ def desired_state(index: ClusterIndex, node_summarizer_uids: dict[str, str],
     """Every object that should exist. O(node groups + workloads), with a cheap constant when ``cache``
     and ``naming`` are kept between calls."""
     plan = layout(index, node_summarizer_uids, type_infos, naming or Naming.empty())
-    return desired_all(index, plan, {} if cache is None else cache)
+    return desired_all(index, plan, Stamped() if cache is None else cache)

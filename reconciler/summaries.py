@@ -4,9 +4,9 @@ Desired objects come from the aggregates (desired.py); actual ones from a watch 
 outputs (label ux.sean.example.com/managed-by), run by the manager with every other watch.
 
 - Its pass (the leader's, every ``interval``) queues the keys of the node groups and workloads
-  that changed, each when it is due (``SummaryPacing``); the watch of our objects queues the key
-  of every object that changed (but not the echo of our own write: the resourceVersion our write's
-  answer gave); leadership gained queues all.
+  that changed (its cursor on the index says which), each when it is due (``SummaryPacing``); the
+  watch of our objects queues the key of every object that changed (but not the echo of our own
+  write: the resourceVersion our write's answer gave); leadership gained queues all.
 - ``reconcile`` decides then, from the current desired and actual state, what to do: nothing, a
   server-side apply (metadata+spec, status through the status subresource) or a delete (with a
   UID precondition). The desired object is made then too: a workload whose pods change in every
@@ -28,12 +28,14 @@ from kubeindex.api import ApiClient
 from kubeindex.index import ClusterIndex
 from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
 from kubeindex.reflector import Handler, Reflector
+from kubeindex.revision import Stamped
 from kubeindex.sources import Sources
 
 from . import fields
 from .desired import (
     MANAGED_BY,
     MANAGER,
+    Cache,
     Desired,
     Layout,
     Made,
@@ -170,10 +172,11 @@ class SummaryController(Controller):
         self._synced: dict[Key, tuple[str, Desired]] = {}  # the version each key's last sync left, and what it held
         self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
                              self.held["workloadsummaries"])
-        self._desired_cache: dict = {}
+        self._desired_cache: Cache = Stamped()
         self.infos: dict[tuple[str, str], TypeInfo] = {}  # the kinds whose summaries can be written
         self._uids: dict[str, str] = {}  # the NodeSummarizers' UIDs the layout was made with
         self._layout: Layout | None = None  # names and types of every object, from the last full pass
+        self._changes = index.cursor()  # what the index changed since the last pass
         self.watches = [
             Reflector(api, f"own-{plural}", _path(plural), Summary,
                       Handler(partial(self._seen, plural), partial(self._gone, plural)),
@@ -245,13 +248,13 @@ class SummaryController(Controller):
     def queue_changes(self) -> None:
         """One pass: recompute the desired objects of what changed and queue the keys whose desired
         object is new, changed or gone. O(touched aggregates) between changes to the sets of node
-        groups and workloads (the index says which); a full pass, O(all), after those."""
+        groups and workloads (its cursor says which); a full pass, O(all), after those."""
         uids = {name: s.metadata.uid for name, s in self.sources.summarizers.node.items()}
         infos = self.type_infos()
         if infos != self.infos:
             self.infos = infos
             self._resync = True  # kept summaries of a kind that was not usable may now be stale
-        changes = self.index.take_changes()
+        changes = self._changes.take()
         try:
             if changes.structure or self._resync or uids != self._uids or self._layout is None:
                 self._full_pass(uids, infos)

@@ -31,6 +31,7 @@ from kubeindex.objects import (
     WorkloadSummarizerSpec,
 )
 from kubeindex.owners import GroupKind
+from kubeindex.revision import Stamped
 from kubeindex.sources import Summarizers
 
 from .conditions import with_times
@@ -55,10 +56,9 @@ class SummarizerStatuses:
         self.summarizers = summarizers
         self.kind_problem = kind_problem
         self._logged: set[tuple[str, str]] = set()  # (summarizer uid, message) said once in the log (pruned)
-        # Workload counts by (kinds, label keys), good while the index's shape and the usable kinds
+        # Workload counts by (kinds, label keys), good while the index's sets and the usable kinds
         # are those they were counted at: the status is evaluated every second, the count is O(workloads).
-        self._counts: dict[tuple[frozenset[GroupKind], frozenset[str]], int] = {}
-        self._counted_at: tuple[int, Container[GroupKind]] | None = None
+        self._counts: Stamped[tuple[frozenset[GroupKind], frozenset[str]], int] = Stamped()
 
     def stale(self, usable: Container[GroupKind]) -> list[tuple[str, str]]:
         """(plural, name) of the summarizers whose status differs from what it should be."""
@@ -128,15 +128,9 @@ class SummarizerStatuses:
         return {"Ready": ("True", "Summarizing", message), "KindsServed": served}, {"workloadCount": count}
 
     def _workload_count(self, kinds: set[GroupKind], label_keys: set[str], usable: Container[GroupKind]) -> int:
-        at = (self.index.shape, usable)
-        if at != self._counted_at:
-            self._counts, self._counted_at = {}, at
-        key = (frozenset(kinds), frozenset(label_keys))
-        count = self._counts.get(key)
-        if count is None:
-            count = self._counts[key] = sum(1 for w in self.index.workloads.values()
-                                            if _counts_for(w, kinds, label_keys, usable))
-        return count
+        return self._counts.made((frozenset(kinds), frozenset(label_keys)), (self.index.sets_revision, usable),
+                                 lambda: sum(1 for w in self.index.workloads.values()
+                                             if _counts_for(w, kinds, label_keys, usable)))
 
     def _overlaps(self, obj: WorkloadSummarizer) -> str:
         """The other WorkloadSummarizers that list a kind or label key this one lists, and which."""

@@ -16,6 +16,7 @@ from kubeindex.discovery import describe
 from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
 from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
 from kubeindex.quantity import parse_nano
+from kubeindex.revision import Stamped
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
     NODE_SUMMARY_STATUS,
@@ -325,7 +326,7 @@ def test_every_status_field_is_declared_by_the_crd(plural: str, table: dict[str,
 @pytest.mark.parametrize("seed", range(25))
 def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> None:
     """The reconciler's pass between changes to the sets of node groups and workloads queues only
-    the keys of the aggregates the index says were touched (ClusterIndex.take_changes, made_from),
+    the keys of the aggregates the index says were touched (its cursor, made_from),
     and a worker makes each object when it takes the key (desired_one), after any number of passes:
     after any random events, the objects it holds are those a pass over everything makes."""
     scenario = Scenario(random.Random(seed))
@@ -333,7 +334,8 @@ def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> No
     infos = {(group, kind): TypeInfo(f"{group}/v1", short_type(group, kind, None), long_type(group, kind, "v1"))
              for group, kind in KINDS}
     naming = Naming.empty()
-    cache: Cache = {}
+    cache: Cache = Stamped()
+    cursor = index.cursor()
     plan: Layout | None = None
     held: dict[str, str] = {}
     ours: dict[tuple[str, str], Desired] = {}
@@ -342,7 +344,7 @@ def test_a_pass_over_what_changed_equals_a_pass_over_everything(seed: int) -> No
     for step in range(300):
         scenario.step()
         uids = {name: f"uid-{name}" for name in index.node_summarizers}
-        changes = index.take_changes()
+        changes = cursor.take()
         if changes.structure or plan is None or uids != held:
             plan, held = layout(index, uids, infos, naming), uids
             ours = {(d.plural, d.key): d for d in desired_all(index, plan, cache)}

@@ -13,7 +13,6 @@ import pytest
 
 from exporter.metrics import Renderer
 from kubeindex.index import TERMINATED, ClusterIndex, effective_requests
-from kubeindex.nodeset import generation
 from kubeindex.objects import (
     ClusterQueue,
     ClusterQueueSpec,
@@ -244,15 +243,15 @@ def test_a_flavor_lives_while_its_resource_flavor_or_a_cluster_queue_names_it() 
 
 
 def generations(index: ClusterIndex) -> dict[str, int]:
-    """The generation of every flavor and node group, by name."""
-    return {**{f"flavor {name}": f.generation for name, f in index.kueue.flavors.items()},
-            **{f"group {value}": g.generation for (_, value), g in index.node_groups.items()}}
+    """The revision of every flavor and node group, by name."""
+    return {**{f"flavor {name}": f.revision for name, f in index.kueue.flavors.items()},
+            **{f"group {value}": g.revision for (_, value), g in index.node_groups.items()}}
 
 
-def test_every_change_moves_the_stamp_and_the_generation_of_each_aggregate_it_changes() -> None:
-    """The stamp tells the reconciler that something changed; the generations tell it (and the
-    exporter's renderer) what: each change moves those of the flavors and node groups it changed
-    (or makes or removes them), and no other."""
+def test_every_change_moves_the_stamp_and_the_revision_of_each_aggregate_it_changes() -> None:
+    """The index's newest stamp says that something changed; the revisions say what (to the
+    reconciler and the exporter's renderer): each change moves those of the flavors and node
+    groups it changed (or makes or removes them), and no other."""
     index = pools()
     changes: list[tuple[Callable[[], None], set[str]]] = [
         (lambda: index.kueue.upsert_flavor(flavor("cpu", pool="cpu")), {"flavor cpu"}),
@@ -268,14 +267,14 @@ def test_every_change_moves_the_stamp_and_the_generation_of_each_aggregate_it_ch
         (lambda: index.kueue.delete_flavor("gpu"), {"flavor gpu"}),
     ]
     for n, (change, changed) in enumerate(changes):
-        stamp, before = generation.value, generations(index)
+        stamp, before = index.revision.value, generations(index)
         change()
         after = generations(index)
         assert {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)} == changed, n
-        assert generation.value != stamp, n
-    stamp, before = generation.value, generations(index)
+        assert index.revision.value != stamp, n
+    stamp, before = index.revision.value, generations(index)
     index.kueue.upsert_flavor(flavor("cpu", pool="cpu"))  # as it is: nothing changes
-    assert (generation.value, generations(index)) == (stamp, before)
+    assert (index.revision.value, generations(index)) == (stamp, before)
 
 
 # -- on /metrics ----------------------------------------------------------------------------------

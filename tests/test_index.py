@@ -73,11 +73,12 @@ def test_label_workloads_follow_live_summarizer_edits() -> None:
     assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 2}, (VOLCANO, "sim"): {"Running": 1}}
     assert index.unresolved == {}
 
-    index.take_changes()
+    cursor = index.cursor()  # the reconciler's record of what changes
+    cursor.take()
     index.set_workload_summarizer("a-first", [], [PodLabelWorkload(VOLCANO, "vc")])  # sorts before gangs
     assert index.label_keys == (VOLCANO, KUBENEXUS) and index.label_types[VOLCANO].short_type == "vc"
     assert label_workloads(index) == {(KUBENEXUS, "pg"): {"Running": 1}, (VOLCANO, "sim"): {"Running": 2}}
-    assert index.take_changes().structure  # short types: every summary is redone
+    assert cursor.take().structure  # short types: every summary is redone
 
     index.delete_workload_summarizer("a-first")
     index.set_workload_summarizer("gangs", [], [])
@@ -113,13 +114,14 @@ def test_a_label_workload_goes_with_its_last_pod() -> None:
     index.upsert_pod(make_pod("b", "b", labels={VOLCANO: "sim"}, namespace="other"))
     assert {(w.namespace, w.name, w.label_key) for w in index.workloads.values()} == {
         ("ns", "sim", VOLCANO), ("other", "sim", VOLCANO)}  # one per namespace and value
-    index.take_changes()
+    cursor = index.cursor()  # the reconciler's record of what changes
+    cursor.take()
     index.upsert_pod(make_pod("a", "a", labels={VOLCANO: "renamed"}))  # its label changed: it moves
     assert {(w.namespace, w.name) for w in index.workloads.values()} == {("ns", "renamed"), ("other", "sim")}
-    assert index.take_changes().structure
+    assert cursor.take().structure
     index.delete_pod("ns/a")
     index.delete_pod("other/b")
-    assert index.workloads == {} and index.take_changes().structure
+    assert index.workloads == {} and cursor.take().structure
 
 
 def test_effective_requests_with_init_containers_sidecars_and_overhead() -> None:
@@ -262,7 +264,7 @@ def test_node_health_settings_replace_the_defaults() -> None:
 
 def test_node_state_reaches_groups_and_workloads() -> None:
     """A node changing state moves its group's state counts and the counts of every workload with
-    pods there; a pod event on it moves only that pod; generations move with them."""
+    pods there; a pod event on it moves only that pod; revisions move with them."""
     index = ClusterIndex()
     index.set_node_summarizer("pool", "pool")
     index.set_workload_summarizer("w", configured(("apps", "Deployment")))
@@ -275,7 +277,7 @@ def test_node_state_reaches_groups_and_workloads() -> None:
         index.upsert_pod(make_pod(f"p{i}", f"p{i}", node=node, owner=ref(("apps", "Deployment", workload))))
     gpu, web, db, far = index.node_groups[("pool", "gpu")], *(index.workloads[w] for w in ("web", "db", "far"))
     assert gpu.states == {"Ready": 2} and gpu.accelerators_unhealthy == {}
-    stamps = (gpu.generation, web.generation, db.generation, far.generation)
+    stamps = (gpu.revision, web.revision, db.revision, far.revision)
 
     index.upsert_node(make_node("g1", {"pool": "gpu"}, allocatable={GPU: "6"}, capacity={GPU: "8"}))
     assert gpu.states == {"Ready": 1, "Degraded": 1} and gpu.accelerators_unhealthy == {GPU: 2 * NANO}
@@ -283,8 +285,8 @@ def test_node_state_reaches_groups_and_workloads() -> None:
         {"Degraded": 2}, 1, {("pool", "gpu"): 1})
     assert (db.pods_by_node_state, db.unhealthy_nodes) == ({"Degraded": 1}, 1)
     assert (far.pods_by_node_state, far.unhealthy_nodes, far.unhealthy_nodes_by_node_group) == ({}, 0, {})
-    assert (gpu.generation > stamps[0], web.generation > stamps[1], db.generation > stamps[2],
-            far.generation == stamps[3]) == (True, True, True, True)
+    assert (gpu.revision > stamps[0], web.revision > stamps[1], db.revision > stamps[2],
+            far.revision == stamps[3]) == (True, True, True, True)
 
     index.upsert_node(make_node("g2", {"pool": "gpu"}, ready="False", allocatable={GPU: "8"}))
     assert gpu.states == {"NotReady": 1, "Degraded": 1}
@@ -329,7 +331,8 @@ def test_a_finished_pod_holds_no_node() -> None:
             ) == ({}, 0, {}, {})
     assert index.node_groups[("pool", "gpu")].pods == {"Succeeded": 1, "Failed": 1}  # still bound there
     index.upsert_node(make_node("n1", {"pool": "gpu"}))  # a node of finished pods alone: no workload news
-    assert index.take_changes().workload_news == set()
+    cursor = index.cursor()  # the reconciler's record of what changes
+    assert cursor.take().workload_news == set()
     index.upsert_pod(make_pod("p3", "p3", node="n2", phase="Pending", owner=job))  # bound, not started: holds n2
     assert (agg.pods_by_node_state, agg.unhealthy_nodes) == ({"NotReady": 1}, 1)
     index.upsert_pod(Pod(make_pod("p4", "p4", owner=job).metadata, bare, make_pod("p4", "p4").status))  # a retry
@@ -360,48 +363,49 @@ def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:
 
 
 def test_changes_name_what_the_summaries_are_made_of() -> None:
-    """The reconciler redoes what take_changes names: the touched workloads and node groups, or
+    """The reconciler redoes what its cursor names: the touched workloads and node groups, or
     everything when a workload or node group appears or goes (one without a pod too); and which
     node groups had node news (a node's readiness, schedulability...: not its pods, not a label
     no summarizer groups by), and which workloads (a node of theirs changed state)."""
     index = ClusterIndex()
     index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
     index.set_node_summarizer("pool", "pool")
-    assert index.take_changes().structure  # the first take: everything
+    cursor = index.cursor()  # the reconciler's record of what changes
+    assert cursor.take().structure  # the first take: everything
     index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)
-    assert "d1" in index.workloads and index.take_changes().structure
+    assert "d1" in index.workloads and cursor.take().structure
     index.upsert_owner(("apps", "Deployment"), "ns", "idle", "d1", None)  # a status update: nothing new
     index.upsert_node(make_node("n1", {"pool": "a"}))
-    assert index.take_changes().structure  # node group pool=a appeared
+    assert cursor.take().structure  # node group pool=a appeared
     index.upsert_node(make_node("n1", {"pool": "a"}, ready="False"))  # its only node changed
-    changes = index.take_changes()
+    changes = cursor.take()
     assert not changes.structure and changes.node_groups == changes.node_news == {("pool", "a")}
     index.upsert_node(make_node("n1", {"pool": "a"}))
-    assert index.take_changes().node_news == {("pool", "a")}  # Ready again: news too
+    assert cursor.take().node_news == {("pool", "a")}  # Ready again: news too
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}))  # a label no summarizer groups by
-    changes = index.take_changes()
+    changes = cursor.take()
     assert changes.node_groups == {("pool", "a")} and changes.node_news == set()  # what it counts did not move
     deployment = Owner("d1", "apps", "Deployment", "ns", "idle", None)
     index.upsert_pod(make_pod("p", "p1", "n1", owner=ref(deployment)))
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))
-    changes = index.take_changes()
+    changes = cursor.take()
     assert not changes.structure and changes.workloads == {"d1"} and changes.node_groups == {("pool", "a")}
     assert changes.node_news == changes.workload_news == set()  # its pods alone
     index.upsert_pod(make_pod("p", "p1", "n1", phase="Failed", owner=ref(deployment)))  # nothing counted moved
-    changes = index.take_changes()
+    changes = cursor.take()
     assert (changes.structure, changes.workloads, changes.node_groups) == (False, set(), set())
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}, unschedulable=True))  # cordoned
-    changes = index.take_changes()
+    changes = cursor.take()
     assert changes.node_news == {("pool", "a")} and changes.workload_news == set()  # its pod Failed: on no node
     index.upsert_pod(make_pod("q", "q1", "n1", owner=ref(deployment)))  # its replacement, Running there
-    index.take_changes()
+    cursor.take()
     index.upsert_node(make_node("n1", {"pool": "a", "team": "x"}))  # uncordoned
-    changes = index.take_changes()
+    changes = cursor.take()
     assert changes.node_news == {("pool", "a")} and changes.workload_news == {"d1"}  # its pod's node changed
     index.delete_pod("ns/p")
     index.delete_pod("ns/q")
     index.delete_owner(("apps", "Deployment"), "ns/idle")
-    assert "d1" not in index.workloads and index.take_changes().structure
+    assert "d1" not in index.workloads and cursor.take().structure
 
 
 def test_node_sets_add_up_field_by_field() -> None:
@@ -418,7 +422,7 @@ def test_node_sets_add_up_field_by_field() -> None:
         summed.add_sums(g)
     for entry in index.nodes.values():
         if any(s == "s-pool" for s, _ in entry.node_groups):
-            node_into(direct, entry, +1)
+            node_into(direct, entry, +1, index.revision)
     assert len(groups) > 1 and direct.accelerators_unhealthy and direct.pods
     assert {f: getattr(summed, f) for f in SUMMED} == {f: getattr(direct, f) for f in SUMMED}
 
@@ -450,7 +454,7 @@ def test_pods_decoded_apart_share_what_they_repeat() -> None:
 
 def test_an_update_that_moves_no_count_leaves_the_aggregates_alone() -> None:
     """A pod update that changes nothing counted (conditions, container states: most of them) is
-    not detached and attached again: the workload's generation, which makes the reconciler look at
+    not detached and attached again: the workload's revision, which makes the reconciler look at
     it again, stays. A change of phase alone moves the phase counts in place; one that ends the
     pod (its requests go) takes it out and puts it back."""
     index = ClusterIndex()
@@ -459,14 +463,29 @@ def test_an_update_that_moves_no_count_leaves_the_aggregates_alone() -> None:
     index.upsert_owner(("apps", "ReplicaSet"), "ns", "web-5d8f", "rs-1", ("apps/v1", "Deployment", "d-1"))
     owner = ref(("apps", "ReplicaSet", "rs-1"))
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", owner=owner))
-    generation = index.workloads["d-1"].generation
+    revision = index.workloads["d-1"].revision
     entry = index.pods["ns/web-5d8f-a"]
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", owner=owner))  # a status-only update
-    assert index.workloads["d-1"].generation == generation and index.pods["ns/web-5d8f-a"] is entry
+    assert index.workloads["d-1"].revision == revision and index.pods["ns/web-5d8f-a"] is entry
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", phase="Pending", owner=owner))  # the phase alone
-    assert index.workloads["d-1"].generation > generation and index.pods["ns/web-5d8f-a"] is entry
+    assert index.workloads["d-1"].revision > revision and index.pods["ns/web-5d8f-a"] is entry
     assert index.workloads["d-1"].pods == {"Pending": 1} and index.nodes["node-1"].pod_phases == {"Pending": 1}
-    generation = index.workloads["d-1"].generation
+    revision = index.workloads["d-1"].revision
     index.upsert_pod(make_pod("web-5d8f-a", "uid-a", "node-1", phase="Failed", owner=owner))
-    assert index.workloads["d-1"].generation > generation
+    assert index.workloads["d-1"].revision > revision
     assert index.workloads["d-1"].pods == {"Failed": 1} and index.nodes["node-1"].pod_requests == {}
+
+
+def test_each_consumer_has_a_cursor_of_its_own() -> None:
+    """Two consumers of one index: what one takes, the other still gets; a cursor made later
+    starts from everything."""
+    index = ClusterIndex()
+    index.set_node_summarizer("pool", "pool")
+    index.upsert_node(make_node("n1", {"pool": "a"}))
+    first, second = index.cursor(), index.cursor()
+    assert first.take().structure and second.take().structure
+    index.upsert_node(make_node("n1", {"pool": "a"}, ready="False"))
+    assert first.take().node_news == {("pool", "a")}
+    assert first.take().node_news == set()  # taken
+    assert second.take().node_news == {("pool", "a")}  # the other's is its own
+    assert index.cursor().take().structure
