@@ -94,7 +94,7 @@ node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real nod
 	    runc containernetworking-plugins conntrack iptables gcc libc6-dev podman buildah mmdebstrap uidmap \
 	    >/dev/null; }
 
-test-node: binaries tools node-tools  ## the image on a real node: helm install, probes, leader election, SIGTERM
+test-node: binaries tools node-tools  ## the image on a real node: helm install, probes, leader election, SIGTERM, the fleet hub
 	$(BIN)/pytest -m node
 
 unit: install  ## only the tests that need no cluster
