@@ -460,7 +460,11 @@ class LocalCluster:
         terminating = [f"customresourcedefinition.apiextensions.k8s.io/{i['metadata']['name']}" for i in items
                        if i["metadata"].get("deletionTimestamp")]
         if terminating:
-            self.kubectl("wait", "--for=delete", f"--timeout={timeout:.0f}s", *terminating)
+            # Up to 3 minutes: the API server's CRD finalizer retries with a growing backoff, and one
+            # that met "storage is (re)initializing" (a CRD deleted just after it was made) was seen
+            # to take 90 s.
+            self.kubectl("wait", "--for=delete", f"--timeout={max(timeout, 180):.0f}s", *terminating,
+                         timeout=max(timeout, 180) + 30)
             out = self.kubectl("apply", "--server-side", "-f", str(path), "-o", "name").stdout.split()
         deadline = time.monotonic() + timeout
         while out:
