@@ -454,7 +454,7 @@ class Bench:
         after = quota_versions(self.cluster)
         problems = [f"ClusterQueue {q} written (resourceVersion {before[q]} -> {after.get(q)}) after a "
                     f"{self.args.settle / 3:.1f} s blip" for q in before if after.get(q) != before[q]]
-        self.verdict("blip", problems, time.monotonic() - started)
+        self.verdict("no quota write for the blip", problems, time.monotonic() - started)
         self.changed += 2 * (self.node_groups(node) + 1)  # the node's groups and the claim's status, twice
         outcome = "QUOTA WRITTEN" if problems else "no quota write"
         return f"{node} NotReady for {self.args.settle / 3:.1f} s: {outcome}"
@@ -478,7 +478,7 @@ class Bench:
             problems.append(f"the annotation {NEIGHBOUR}/seen={self.serial} is gone: {after['metadata']}")
         if after["spec"].get("holderIdentity") != holder:
             problems.append(f"the leader changed from {holder} to {after['spec'].get('holderIdentity')}")
-        self.verdict("lease", problems, time.monotonic() - started)
+        self.verdict("lease kept its annotation and holder", problems, time.monotonic() - started)
         self.serial += 1
         return f"annotated the Lease held by {holder}" + ("" if not problems else f": {problems}")
 
