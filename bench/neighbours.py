@@ -678,11 +678,9 @@ def rss_text(lives: list[dict]) -> str:
 
 
 def keep_logs(bench: Bench, dest: Path) -> None:
-    """The control plane's and the replicas' logs, copied to ``dest`` before the cluster's working
+    """The control plane's and the processes' logs, copied to ``dest`` before the cluster's working
     directory goes."""
-    shutil.rmtree(dest, ignore_errors=True)
-    shutil.copytree(bench.cluster.workdir / "logs", dest)
-    bench.runner.logs(dest)
+    shutil.copytree(bench.cluster.workdir / "logs", dest, dirs_exist_ok=True)
 
 
 def report_failure(result: dict[str, Any], where: str, logs: Path, root: Path = FAILED_LOGS) -> list[str]:
@@ -804,6 +802,8 @@ def main(argv: list[str] | None = None) -> int:
             bench.baseline()
             bench.run()
         finally:
+            shutil.rmtree(args.logs, ignore_errors=True)
+            runner.logs(args.logs)  # the pods' logs go with the node
             runner.stop()
             keep_logs(bench, args.logs)
     summary = summarize(bench)

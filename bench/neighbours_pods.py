@@ -230,6 +230,7 @@ class Pods:
     # -- end --
 
     def logs(self, dest: Path) -> None:
+        """The containers' logs as the kubelet kept them (the last two of each container)."""
         if self.node is not None:
             shutil.copytree(self.node.dir / "var/log/pods", dest / "pods", dirs_exist_ok=True)
 
