@@ -441,43 +441,45 @@ class Claims:
             await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), writer)
 
 
-class ClaimController(Controller):
+class _ClaimsController(Controller):
+    """A controller over the claims' evaluation: it queues its keys whenever that changed."""
+
+    def __init__(self, claims: Claims, writer: Writer) -> None:
+        super().__init__()
+        self.claims = claims
+        self.writer = writer
+
+    def keys(self) -> Iterable[Key]:
+        raise NotImplementedError
+
+    def queue_changes(self) -> None:
+        if self.claims.changed(self.name) or self._resync:
+            self._resync = False
+            for key in self.keys():
+                self.queue.add(key)
+
+
+class ClaimController(_ClaimsController):
     """Each ClusterResourceClaim's status; a member flavor's claim created."""
 
     name = CLAIMS
     kinds: ClassVar[dict[str, str]] = {CLAIMS: "ClusterResourceClaim"}
 
-    def __init__(self, claims: Claims, writer: Writer) -> None:
-        super().__init__()
-        self.claims = claims
-        self.writer = writer
-
-    def queue_changes(self) -> None:
-        if self.claims.changed(self.name) or self._resync:
-            self._resync = False
-            for key in self.claims.claim_keys():
-                self.queue.add(key)
+    def keys(self) -> Iterable[Key]:
+        return self.claims.claim_keys()
 
     async def reconcile(self, key: Key) -> Result:
         return await self.claims.reconcile_claim(key[1], self.writer)
 
 
-class ClusterQueueController(Controller):
+class ClusterQueueController(_ClaimsController):
     """The nominalQuota of each ClusterQueue a claim names (with actuation on)."""
 
     name = QUEUES
     kinds: ClassVar[dict[str, str]] = {QUEUES: "ClusterQueue"}
 
-    def __init__(self, claims: Claims, writer: Writer) -> None:
-        super().__init__()
-        self.claims = claims
-        self.writer = writer
-
-    def queue_changes(self) -> None:
-        if self.claims.changed(self.name) or self._resync:
-            self._resync = False
-            for key in self.claims.queue_keys():
-                self.queue.add(key)
+    def keys(self) -> Iterable[Key]:
+        return self.claims.queue_keys()
 
     async def reconcile(self, key: Key) -> Result:
         return await self.claims.reconcile_queue(key[1], self.writer)
