@@ -53,7 +53,7 @@ from kubeindex.objects import (
 from kubeindex.quantity import NANO
 from kubeindex.reflector import Reflector
 from localkube.build import HELM
-from localkube.cluster import LocalCluster
+from localkube.cluster import LocalCluster, Options
 from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
 from reconciler.claims import CLAIMS, ClaimController, Claims, ClaimSettings, member_claim_name
@@ -73,6 +73,7 @@ from tests.fleetkit import (
     ready,
 )
 from tests.kube import create_node, set_node_status, summarized_cluster, token_kubeconfig
+from tests.paths import CRDS
 
 pytestmark = [pytest.mark.needs(HELM), pytest.mark.kueue]  # kueue: and in make test-kueue-matrix
 
@@ -318,13 +319,23 @@ def members(binaries: dict[str, Path], helm: list[str],
 
 
 @pytest.fixture(scope="module")
-def hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
+def hub(binaries: dict[str, Path], members: dict[str, Member], helm: list[str],
         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Service]]:
     """The hub: the service as the chart's ServiceAccount with fleet.hub and quota.actuation (so
-    the test fails on a permission the chart lacks), reading member b through its proxy."""
+    the test fails on a permission the chart lacks), reading member b through its proxy. A control
+    plane of its own: Kueue's CRDs made and deleted module after module on the session's plane
+    have had their deletion stall for minutes ("storage is (re)initializing")."""
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster(Options(), binaries))
+        cluster.install_crds(CRDS)
+        yield from _hub(cluster, members, helm, tmp_path_factory)
+
+
+def _hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, Service]]:
     install_kueue(cluster)
     for namespace in ("kueue-system", RELEASE):
-        cluster.kubectl("create", "namespace", namespace, check=False)  # kept by the session plane
+        cluster.kubectl("create", "namespace", namespace)
     rbac = chart_rbac(helm, tmp_path_factory.mktemp("hub"), {"fleet": {"hub": True}, "quota": {"actuation": True}})
     cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(d) for d in rbac))
     cluster_queue(cluster, "research", {"a100": {"cpu": "0", "nvidia.com/gpu": "0"}})
@@ -340,11 +351,6 @@ def hub(cluster: LocalCluster, members: dict[str, Member], helm: list[str],
         assert " 403" not in svc.log_text() and "Forbidden" not in svc.log_text(), svc.log_text()
     finally:
         svc.stop()
-        cluster.kubectl("delete", "multikueueclusters.kueue.x-k8s.io,clusterqueues.kueue.x-k8s.io", "--all",
-                        "--wait=false")
-        cluster.kubectl("delete", "secrets", "--all", "-n", "kueue-system", "--wait=false")
-        cluster.kubectl("delete", "-f", "-", "--wait=false", "--ignore-not-found",
-                        input="\n---\n".join(json.dumps(d) for d in rbac))
 
 
 def applied(svc: Service) -> float:

@@ -15,15 +15,17 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from demo.kueue import cell, cluster_queue_spec, install_kueue, resource_flavor
 from kubeindex.objects import API_VERSION
-from localkube.cluster import LocalCluster
+from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, wait_for
 from tests.kube import create_node
+from tests.paths import CRDS
 
 pytestmark = pytest.mark.kueue  # and in make test-kueue-matrix, on every Kueue cell
 
@@ -66,13 +68,16 @@ def applied(svc: Service) -> float:
 
 
 @pytest.fixture(scope="module")
-def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
-    install_kueue(cluster)
-    for n in (1, 2):
-        create_node(cluster, f"gitops-{n}", {"pool": "gitops"}, allocatable=NODE)
-    resource_flavor(cluster, "a100", {"pool": "gitops"})
-    yield cluster
-    cluster.kubectl("delete", "clusterqueues.kueue.x-k8s.io", QUEUE, "--wait=false", "--ignore-not-found")
+def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
+    """A control plane of its own: Kueue's CRDs made and deleted module after module on the session's
+    plane have had their deletion stall for minutes ("storage is (re)initializing")."""
+    with LocalCluster(Options(), binaries) as cluster:
+        cluster.install_crds(CRDS)
+        install_kueue(cluster)
+        for n in (1, 2):
+            create_node(cluster, f"gitops-{n}", {"pool": "gitops"}, allocatable=NODE)
+        resource_flavor(cluster, "a100", {"pool": "gitops"})
+        yield cluster
 
 
 def test_a_gitops_reapply_of_a_claimed_queue(kube: LocalCluster) -> None:
