@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubeindex.objects import API_VERSION
+from kubeindex.quantity import parse_nano
 from localkube.cluster import LocalCluster
 
 from .kueue import cell, cluster_queue, install_kueue, resource_flavor
@@ -156,7 +157,9 @@ class Story:
         before, gpus = {q: quota(self.cluster, q) for q in QUEUES}, live_gpus(self.cluster)
         lost = time.monotonic()
         self.run(c.lose)
-        if not self.wait(lambda: live_gpus(self.cluster) != gpus, timeout=30):
+        left = parse_nano(gpus) * (per_pool - lost_count) // per_pool  # every lost node seen, not the first
+        if not self.wait(lambda: live_gpus(self.cluster) not in ("", gpus)
+                         and parse_nano(live_gpus(self.cluster)) == left, timeout=30):
             return False
         self.out(f"\n### {time.monotonic() - lost:.0f} s later: the claim's CPU and GPU show the live capacity; "
                  f"the quota waits for the settle time ({self.settle:g} s)")
