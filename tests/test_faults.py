@@ -134,7 +134,10 @@ def test_many_concurrent_scrapes_do_not_stall_the_watch(kube: LocalCluster) -> N
             wait_for(shown, timeout=10, interval=0.01)
             latencies.append(time.monotonic() - started)
         print(f"under 100 concurrent scrapers ({scrapes[0]} scrapes): NotReady -> metric max {max(latencies):.2f}s")
-        assert max(latencies) < 1.0, latencies
+        # A stalled watch (scrapes holding the event loop) shows as many seconds or the wait's timeout;
+        # a loaded machine stretches the sub-second figure (bench.latency_floor measures that) past
+        # 1 s: the bound is one only a stall breaks.
+        assert max(latencies) < 5.0, latencies
     finally:
         stop.set()
         for t in threads:
