@@ -503,8 +503,8 @@ class Bench:
         return f"{verb} NodeSummarizers {', '.join(summarizers)} ({groups} node groups)"
 
     def schedule(self) -> list[tuple[str, Callable[[], str]]]:
-        return [("label", self.label), ("blip", self.blip), ("restart_apiserver", self.restart_apiserver),
-                ("edit_queues", self.edit_queues), ("annotate_lease", self.annotate_lease),
+        return [("label", self.label), ("blip", self.blip), ("annotate_lease", self.annotate_lease),
+                ("restart_apiserver", self.restart_apiserver), ("edit_queues", self.edit_queues),
                 ("collide", lambda: self.toggle(COLLIDING)), ("annotate", self.annotate),
                 ("stall", self.stall), ("edit_status", self.edit_status), ("rollout", self.rollout),
                 ("apply", self.apply), ("odd", lambda: self.toggle(ODD)), ("delete", self.delete)]

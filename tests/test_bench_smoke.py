@@ -84,7 +84,7 @@ SMOKE: dict[str, Smoke] = {
     "apiserver_bill": Smoke((*SMALL, "--workloads", "2", "--modes", "auto", "--repeat", "1", "--settle", "0"),
                             ("runs.0.apiserver_cpu_seconds", "runs.0.list_response_bytes",
                              "median.auto.ready_seconds", "median.auto.service_sync_seconds")),
-    "neighbours": Smoke(("--minutes", "0.4", "--nodes", "3", "--workloads", "2", "--pods", "6",
+    "neighbours": Smoke(("--minutes", "0.3", "--nodes", "3", "--workloads", "2", "--pods", "6",
                          "--action-seconds", "2", "--check-seconds", "2", "--quiet-every", "0", "--settle", "1",
                          "--logs", "{tmp}/logs"),
                         ("summary.checks", "summary.failed_checks", "summary.worst_converge_s",
