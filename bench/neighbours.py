@@ -250,7 +250,7 @@ class Bench:
     def claim_writes(self, node: str) -> int:
         """Writes a Ready flip of this node may cause for the claim: its status when the live
         capacity changes and when it settles, both ClusterQueues' quota, an Event per queue write."""
-        return 2 + 2 * len(QUEUES) if int(node.removeprefix("node-")) % 3 == 0 else 0  # pool-0: node_labels
+        return 2 + 2 * len(QUEUES) if node_labels(int(node.removeprefix("node-")))[POOL_LABEL] == FLAVOR else 0
 
     def create_pod(self, workload: str, node: str, phase: str) -> None:
         name = f"{workload}-{self.serial:06d}"

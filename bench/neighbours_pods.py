@@ -33,7 +33,6 @@ import shutil
 import signal
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -46,14 +45,13 @@ from localkube.build import HELM, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.node import NODE_ADDRESS, POD_PLACEMENT, RealNode
 from localkube.service import Samples, metrics_reader_token, parse, wait_for
+from tests.realnode import IMAGE, TAG, build_image, pods, ready, run_helm
 
 from .common import ROOT
 from .neighbours_replicas import Replica, service_args
 
-IMAGE, TAG = "localhost/node-workload-summary", "soak"
 NS = "nws"
 RELEASE = "nws"
-SELECTOR = "app.kubernetes.io/name=node-workload-summary"
 API_PORT = 443  # the `kubernetes` Service's port: what the pods' connections to the API server name
 
 
@@ -91,10 +89,8 @@ class Pods:
 
     def prepare(self) -> None:
         """The image, the node, the chart; then the controllers stop (see the module's docstring)."""
-        archive = self.tmp / "image.oci.tar"
         say("building the image as `make image` does (minutes on a first run) ...")
-        subprocess.run([sys.executable, "-m", "deploy.image", "--tag", f"{IMAGE}:{TAG}", "--save", str(archive)],
-                       check=True, cwd=ROOT)
+        archive = build_image(self.tmp)
         say("starting a real node: containerd, the kubelet, kube-proxy ...")
         self.node = RealNode(self.cluster).start()
         self.node.load_image(archive)
@@ -106,25 +102,22 @@ class Pods:
             "extraArgs": [*extra, f"--initial-list={self.args.initial_list}"]}))
         install_kueue(self.cluster)  # the pods find Kueue's kinds served from their start
         say("helm install: the chart's two pods on the real node ...")
-        self.helm("install", RELEASE, str(ROOT / "charts/node-workload-summary"), "--namespace", NS,
-                  "--create-namespace", "-f", str(values), "--wait", "--timeout", "300s")
+        run_helm(self.cluster, self.helm(), "install", RELEASE, str(ROOT / "charts/node-workload-summary"),
+                 "--namespace", NS, "--create-namespace", "-f", str(values), "--wait", "--timeout", "300s")
         for name in ("kube-controller-manager", "kube-scheduler"):
             self.cluster.processes[name].stop()
         self.token = metrics_reader_token(self.cluster)
 
-    def helm(self, *args: str) -> None:
-        helm = ensure_binaries((HELM,))["helm"]
-        env = {**os.environ, **{var: str(self.tmp / var.lower()) for var in
-                                ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")},
-               "KUBECONFIG": str(self.cluster.kubeconfig)}
-        subprocess.run([str(helm), *args], check=True, env=env)
+    def helm(self) -> list[str]:
+        """The helm command as the tests run it (tests/realnode.run_helm), with home dirs of its own."""
+        homes = [f"{var}={self.tmp / var.lower()}" for var in ("HELM_CACHE_HOME", "HELM_CONFIG_HOME", "HELM_DATA_HOME")]
+        return ["env", *homes, str(ensure_binaries((HELM,))["helm"])]
 
     def pods(self) -> dict[str, dict]:
-        out = self.cluster.kubectl("get", "pods", "-n", NS, "-l", SELECTOR, "-o", "json").stdout
-        return {p["metadata"]["name"]: p for p in json.loads(out)["items"]}
+        return {p["metadata"]["name"]: p for p in pods(self.cluster, NS)}
 
     def start(self) -> None:
-        wait_for(lambda: len(self.pods()) == 2 and all(self._ready(p) for p in self.pods().values()), timeout=120)
+        wait_for(lambda: len(self.pods()) == 2 and all(map(ready, self.pods().values())), timeout=120)
         for name, pod in sorted(self.pods().items()):
             log = self.node.dir / "var/log/pods" if self.node else self.tmp
             self.replicas.append(Replica(name, self._scraper(pod["status"]["podIP"]), log, self.args.initial_list,
@@ -133,12 +126,8 @@ class Pods:
             self.seen_restarts[name] = self._restarts(pod)
 
     def _pod_ready(self, name: str) -> bool:
-        return self._ready(self.pods().get(name))
-
-    @staticmethod
-    def _ready(pod: dict | None) -> bool:
-        statuses = (pod or {}).get("status", {}).get("containerStatuses", [])
-        return bool(statuses) and all(s.get("ready") for s in statuses)
+        pod = self.pods().get(name)
+        return pod is not None and ready(pod)
 
     @staticmethod
     def _restarts(pod: dict) -> int:
