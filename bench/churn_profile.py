@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.client.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
@@ -37,16 +37,17 @@ say = sayer("churn-profile")
 WRITTEN = ("nodesummaries", "workloadsummaries", "nodesummarizers", "workloadsummarizers")  # what the service writes
 # A sample's stage: the innermost frame whose file is one of these (first match from the leaf).
 STAGES = (
-    ("decode", ("kubeindex/objects.py", "kubeindex/protobuf.py", "msgspec", "google/protobuf")),
-    ("index", ("kubeindex/index.py", "kubeindex/owners.py", "kubeindex/nodeset.py", "kubeindex/kueue.py",
-               "kubeindex/quantity.py")),
-    ("watch (reflector)", ("kubeindex/reflector.py",)),
+    ("decode", ("kubeindex/model/objects.py", "kubeindex/client/protobuf.py", "msgspec", "google/protobuf")),
+    ("index", ("kubeindex/model/index.py", "kubeindex/model/owners.py", "kubeindex/model/nodeset.py",
+               "kubeindex/model/kueue.py", "kubeindex/model/quantity.py")),
+    ("watch (reflector)", ("kubeindex/watch/reflector.py",)),
     ("summaries: desired state", ("reconciler/desired.py", "reconciler/fields.py", "reconciler/summarizers.py")),
-    ("summaries: writes", ("reconciler/controller.py", "reconciler/workqueue.py", "reconciler/ratelimit.py",
-                           "reconciler/claims.py", "reconciler/quota.py")),
+    ("summaries: writes", ("reconciler/manager.py", "reconciler/summaries.py", "reconciler/writer.py",
+                           "reconciler/workqueue.py", "reconciler/ratelimit.py", "reconciler/claims.py",
+                           "reconciler/quota.py")),
     ("exporter", ("exporter/",)),
-    ("API client (HTTP, TLS)", ("kubeindex/api.py", "kubeindex/watchstream.py", "aiohttp/", "ssl.py", "yarl/",
-                                "multidict/")),
+    ("API client (HTTP, TLS)", ("kubeindex/client/api.py", "kubeindex/client/watchstream.py",
+                                "kubeindex/client/exchange.py", "aiohttp/", "ssl.py", "yarl/", "multidict/")),
     ("event loop", ("asyncio/",)),
 )
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kubeindex.objects import API_PATH
+from kubeindex.model.objects import API_PATH
 from localkube.cluster import LocalCluster
 from localkube.service import Service, parse, select, wait_for
 

@@ -51,8 +51,8 @@ import msgspec
 
 from demo.kueue import API as KUEUE_API
 from demo.kueue import install_kueue
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_PATH, API_VERSION, KUEUE_GROUP, KUEUE_VERSION, Node, Pod
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import API_PATH, API_VERSION, KUEUE_GROUP, KUEUE_VERSION, Node, Pod
 from localkube.cluster import ClusterError, LocalCluster
 from localkube.service import Service, parse, wait_for
 from reconciler.desired import MANAGER, node_summary

@@ -22,7 +22,7 @@ import time
 import prometheus_client
 
 from exporter.metrics import Renderer
-from kubeindex.revision import Stamped
+from kubeindex.model.revision import Stamped
 from node_workload_summary.gcfreeze import Freezer
 from reconciler.desired import Naming, TypeInfo, desired_state
 

@@ -14,10 +14,10 @@ import time
 
 from kubernetes import client
 
-from kubeindex.api import ApiClient, Connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import Node, Pod, WorkloadType
-from kubeindex.reflector import Handler, Reflector
+from kubeindex.client.api import ApiClient, Connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import Node, Pod, WorkloadType
+from kubeindex.watch.reflector import Handler, Reflector
 
 from .common import add_out
 from .populate import node_manifest, node_status, pod_manifest

@@ -51,8 +51,8 @@ from pathlib import Path
 from typing import Any
 
 from alerts.replicas import CLUSTER, one
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.objects import API_PATH
+from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.objects import API_PATH
 from localkube.build import KUBE_STATE_METRICS
 from localkube.cluster import LocalCluster, Options
 from localkube.ksm import RESOURCES, KubeStateMetrics, build

@@ -44,7 +44,7 @@ import msgspec
 
 from demo import kueue
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.objects import API_PATH, Node, Pod
+from kubeindex.model.objects import API_PATH, Node, Pod
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, select, value
 from reconciler.leader import LeaseSettings

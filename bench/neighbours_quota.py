@@ -22,8 +22,8 @@ from typing import Any
 from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import ok
-from kubeindex.objects import API_PATH, API_VERSION
-from kubeindex.quantity import format_quantity, parse_nano
+from kubeindex.model.objects import API_PATH, API_VERSION
+from kubeindex.model.quantity import format_quantity, parse_nano
 from localkube.cluster import LocalCluster
 from reconciler.quota import evaluate, parse_claim
 

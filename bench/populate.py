@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
 from pathlib import Path
 
-from kubeindex.api import ApiClient, ApiError, Conflict, Transient, load_connection
-from kubeindex.objects import API_VERSION
+from kubeindex.client.api import ApiClient, ApiError, Conflict, Transient, load_connection
+from kubeindex.model.objects import API_VERSION
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 

@@ -33,8 +33,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.objects import API_PATH
+from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 

@@ -25,9 +25,9 @@ from collections.abc import Awaitable
 import prometheus_client
 
 from exporter.metrics import Renderer
-from kubeindex.api import ApiClient, ApiError, load_connection
-from kubeindex.index import interned_vectors
-from kubeindex.revision import Stamped
+from kubeindex.client.api import ApiClient, ApiError, load_connection
+from kubeindex.model.index import interned_vectors
+from kubeindex.model.revision import Stamped
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
 from reconciler.desired import Naming, TypeInfo, desired_state

@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kubeindex.objects import API_PATH
+from kubeindex.model.objects import API_PATH
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 

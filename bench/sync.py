@@ -12,7 +12,7 @@ import json
 import sys
 import time
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.client.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value, wait_for
 

@@ -23,7 +23,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kubeindex.api import ApiClient, load_connection
+from kubeindex.client.api import ApiClient, load_connection
 from localkube.cluster import LocalCluster, Options
 from localkube.service import parse, value
 

@@ -25,12 +25,12 @@ from collections.abc import Callable
 
 from kubernetes import client
 
-from kubeindex import protobuf
-from kubeindex.api import ApiClient, Connection, load_connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import Pod, WorkloadType
-from kubeindex.reflector import Handler, Reflector
-from kubeindex.sources import Sources
+from kubeindex.client import protobuf
+from kubeindex.client.api import ApiClient, Connection, load_connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import Pod, WorkloadType
+from kubeindex.watch.reflector import Handler, Reflector
+from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
 
 from .common import add_out, run_and_write, sayer

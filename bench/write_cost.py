@@ -1,7 +1,7 @@
 """What one summary write costs the service's own CPU, by HTTP client: the reconciler's status
 apply of a WorkloadSummary (a body of its size, server-side apply, the answer read whole), sent
 one after another on a local control plane, once through ``ApiClient.request`` (kept-alive
-connections of our own, kubeindex/exchange.py) and once through an aiohttp session as
+connections of our own, kubeindex/client/exchange.py) and once through an aiohttp session as
 ``ApiClient`` sent every request before. Rounds alternate between the two; the CPU is this
 process's (user + system, TLS and the loopback's kernel work included; the kernel's part apart),
 the API server's is not.
@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.objects import API_PATH, API_VERSION
+from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.objects import API_PATH, API_VERSION
 from localkube.cluster import LocalCluster, Options
 from reconciler.desired import MANAGER
 from reconciler.writer import APPLY

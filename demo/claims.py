@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kubeindex.objects import API_VERSION
-from kubeindex.quantity import parse_nano
+from kubeindex.model.objects import API_VERSION
+from kubeindex.model.quantity import parse_nano
 from localkube.cluster import LocalCluster
 
 from .kueue import cell, cluster_queue, install_kueue, resource_flavor

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import ClusterError, LocalCluster
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"

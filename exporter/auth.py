@@ -36,8 +36,8 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeindex.ratelimit import TokenBucket
-from kubeindex.throttle import ThrottledLog
+from kubeindex.runtime.ratelimit import TokenBucket
+from kubeindex.runtime.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"

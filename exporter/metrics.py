@@ -7,10 +7,10 @@ function from the aggregate to its samples, so a new family is one row (and its 
 docs/metrics.md, which tests/test_docs.py checks).
 
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
-lines cached under the aggregate's revision stamp (kubeindex/revision.py's ``Stamped``), so only
+lines cached under the aggregate's revision stamp (kubeindex/model/revision.py's ``Stamped``), so only
 what changed since the last scrape is formatted again; the rest is a join of cached strings.
 (prometheus-client's generic path costs about 10 us per labelled sample; it renders the other
-collectors of the registry, appended at the end: process, watches (kubeindex.metrics),
+collectors of the registry, appended at the end: process, watches (kubeindex.watch.metrics),
 reconciler (reconciler.metrics).)
 
 Every family has a bound (docs/metrics.md): node groups per summarizer are capped by
@@ -28,7 +28,7 @@ from typing import Any, Generic, TypeVar
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
 
-from kubeindex.index import (
+from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
     READY_STATES,
@@ -38,11 +38,11 @@ from kubeindex.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
-from kubeindex.kueue import FlavorAgg
-from kubeindex.objects import ClusterResourceClaim
-from kubeindex.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
-from kubeindex.quantity import NANO, parse_or_zero
-from kubeindex.revision import Revision, Stamped
+from kubeindex.model.kueue import FlavorAgg
+from kubeindex.model.objects import ClusterResourceClaim
+from kubeindex.model.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
+from kubeindex.model.quantity import NANO, parse_or_zero
+from kubeindex.model.revision import Revision, Stamped
 
 PREFIX = "nws_"
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -7,7 +7,7 @@ import gzip
 
 from aiohttp import web
 
-from kubeindex.sources import Sources
+from kubeindex.watch.sources import Sources
 
 from .auth import Authorizer
 from .metrics import OPENMETRICS_CONTENT_TYPE, TEXT_CONTENT_TYPE, Renderer

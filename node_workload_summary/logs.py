@@ -1,7 +1,7 @@
 """The log formats (``--log-format``): ``text``, a line a person reads, and ``json``, one object
 per line as controller-runtime's zap encoder writes them: ``ts`` (RFC 3339, UTC, milliseconds),
 ``level`` (zap's names: debug, info, warn, error), ``logger``, ``msg``, then the line's structured
-fields (kubeindex/logfields.py: resource, namespace, name, error), and ``stacktrace`` with a
+fields (kubeindex/runtime/logfields.py: resource, namespace, name, error), and ``stacktrace`` with a
 traceback. Every library's lines go the same way (the root logger's one handler)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from datetime import UTC, datetime
 from typing import Literal
 
-from kubeindex.logfields import FIELDS, describe
+from kubeindex.runtime.logfields import FIELDS, describe
 
 LogFormat = Literal["text", "json"]
 TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"

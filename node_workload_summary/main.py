@@ -23,13 +23,13 @@ from exporter.auth import AuthCollector, Authorizer
 from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, CertificateError, self_signed_hosts, self_signed_pem, server_context
-from kubeindex.api import ApiClient, ConfigError, Connection, RequestMetrics, load_connection, load_pem
-from kubeindex.fleet import MULTIKUEUE_CLUSTER, Fleet
-from kubeindex.index import ClusterIndex
-from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
-from kubeindex.objects import MultiKueueCluster
-from kubeindex.reflector import Handler, WatchSettings
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient, ConfigError, Connection, RequestMetrics, load_connection, load_pem
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import MultiKueueCluster
+from kubeindex.watch.fleet import MULTIKUEUE_CLUSTER, Fleet
+from kubeindex.watch.metrics import FleetCollector, RequestCollector, SourcesCollector
+from kubeindex.watch.reflector import Handler, WatchSettings
+from kubeindex.watch.sources import Sources
 from reconciler.claims import ClaimController, Claims, ClaimSettings, ClusterQueueController
 from reconciler.desired import MANAGER
 from reconciler.events import EventRecorder

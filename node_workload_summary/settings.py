@@ -16,10 +16,10 @@ from typing_extensions import TypeAliasType
 
 from exporter.auth import CACHE_SIZE, CACHE_TTL, DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND
 from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
-from kubeindex.fleet import MEMBER_GRACE
-from kubeindex.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
-from kubeindex.reflector import Encoding, InitialList, WatchSettings
-from kubeindex.sources import SYNC_GRACE
+from kubeindex.model.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
+from kubeindex.watch.fleet import MEMBER_GRACE
+from kubeindex.watch.reflector import Encoding, InitialList, WatchSettings
+from kubeindex.watch.sources import SYNC_GRACE
 from reconciler.claims import ClaimSettings
 from reconciler.leader import LeaseSettings
 from reconciler.manager import ReconcilerSettings

@@ -11,7 +11,7 @@ leadership checks, its token bucket).
   ``evaluate``: claims are few), from the index as it is then: the claims, the ClusterQueue objects,
   and each claim's capacity. Capacity: for clusterName ``local``, the allocatable of the flavor's
   nodes whose Ready condition is True (``KueueIndex.capacity``); for a member cluster (a hub run
-  with --fleet), from its NodeSummary of the flavor's nodes (kubeindex/fleet.py: None while connecting,
+  with --fleet), from its NodeSummary of the flavor's nodes (kubeindex/watch/fleet.py: None while connecting,
   zero once unreachable past the grace), Ready saying why; without --fleet a claim naming another
   cluster is held with Ready=False, reason ClusterUnknown.
 - **Members' claims**: a member flavor of known capacity that no claim is on gets one
@@ -53,12 +53,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from kubeindex.api import Conflict
-from kubeindex.fleet import Fleet
-from kubeindex.kueue import KueueIndex
-from kubeindex.logfields import fields
-from kubeindex.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSIONS, ClusterResourceClaim
-from kubeindex.quantity import parse_nano
+from kubeindex.client.api import Conflict
+from kubeindex.model.kueue import KueueIndex
+from kubeindex.model.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSIONS, ClusterResourceClaim
+from kubeindex.model.quantity import parse_nano
+from kubeindex.runtime.logfields import fields
+from kubeindex.watch.fleet import Fleet
 
 from .conditions import rfc3339, with_times
 from .events import Event, EventRecorder, Ref

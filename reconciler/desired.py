@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from kubeindex.index import (
+from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
     ClusterIndex,
@@ -20,10 +20,10 @@ from kubeindex.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
-from kubeindex.objects import API_VERSION, GROUP, key_of, label_workload_type
-from kubeindex.owners import GroupKind
-from kubeindex.quantity import format_quantity
-from kubeindex.revision import Stamped
+from kubeindex.model.objects import API_VERSION, GROUP, key_of, label_workload_type
+from kubeindex.model.owners import GroupKind
+from kubeindex.model.quantity import format_quantity
+from kubeindex.model.revision import Stamped
 
 from .names import Claim, NameAllocator
 

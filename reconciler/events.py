@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from kubeindex.logfields import fields
-from kubeindex.throttle import ThrottledLog
+from kubeindex.runtime.logfields import fields
+from kubeindex.runtime.throttle import ThrottledLog
 
 from .ratelimit import TokenBucket
 from .writer import NOT_FOUND, Done, Failed, Outcome

@@ -11,7 +11,7 @@ Two rules of our own:
 - any failed request is a failed renewal, never a crash; failures are logged with the server's
   message, at most once per ``LOG_EVERY`` seconds while they repeat (throttle.py).
 
-Time comes from an injectable ``Clock`` (kubeindex/clock.py), so tests step it.
+Time comes from an injectable ``Clock`` (kubeindex/runtime/clock.py), so tests step it.
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from kubeindex.api import ApiError, Conflict, NotFound
-from kubeindex.clock import REAL, Clock
-from kubeindex.logfields import path_fields
-from kubeindex.throttle import ThrottledLog
+from kubeindex.client.api import ApiError, Conflict, NotFound, path_fields
+from kubeindex.runtime.clock import REAL, Clock
+from kubeindex.runtime.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
-from kubeindex.api import ApiClient
-from kubeindex.logfields import key_fields
-from kubeindex.reflector import Reflector
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient
+from kubeindex.runtime.logfields import key_fields
+from kubeindex.watch.reflector import Reflector
+from kubeindex.watch.sources import Sources
 
 from .leader import LeaderElector
 from .ratelimit import TokenBucket

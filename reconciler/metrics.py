@@ -16,7 +16,7 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeindex.histogram import Histogram
+from kubeindex.runtime.histogram import Histogram
 
 
 # Read-only members (properties): the collector reads them, so a reconciler's own, more precise

@@ -1,7 +1,7 @@
 """ClusterResourceClaim quota arithmetic: claims and capacity in, each claim's status and each
 ClusterQueue's nominalQuota out. Pure: no I/O, no clock (time comes in as seconds).
 
-Quantities are exact integers of nano-units (kubeindex/quantity.py parses and formats them).
+Quantities are exact integers of nano-units (kubeindex/model/quantity.py parses and formats them).
 
 The rules:
 - **Spec.** ``clusterName`` (default ``local``), ``flavor``, ``overAllocation`` (``Scale`` | ``Hold``,
@@ -64,7 +64,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from kubeindex.quantity import NANO, QuantityError, format_quantity, parse_nano
+from kubeindex.model.quantity import NANO, QuantityError, format_quantity, parse_nano
 
 from .names import is_dns1123_subdomain
 

@@ -4,6 +4,6 @@ on token reviews shares."""
 
 from __future__ import annotations
 
-from kubeindex.ratelimit import TokenBucket
+from kubeindex.runtime.ratelimit import TokenBucket
 
 __all__ = ["TokenBucket"]

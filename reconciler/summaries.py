@@ -24,12 +24,12 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from kubeindex.api import ApiClient
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_VERSION, group_of, key_of, long_type, split_key
-from kubeindex.reflector import Handler, Reflector
-from kubeindex.revision import Stamped
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import API_VERSION, group_of, key_of, long_type, split_key
+from kubeindex.model.revision import Stamped
+from kubeindex.watch.reflector import Handler, Reflector
+from kubeindex.watch.sources import Sources
 
 from . import fields
 from .desired import (

@@ -20,9 +20,8 @@ import time
 from collections.abc import Callable, Container, Mapping
 from typing import Any, ClassVar
 
-from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.logfields import fields
-from kubeindex.objects import (
+from kubeindex.model.index import ClusterIndex, WorkloadAgg
+from kubeindex.model.objects import (
     API_VERSION,
     GROUP,
     LABEL_WORKLOAD_PREFIX,
@@ -30,9 +29,10 @@ from kubeindex.objects import (
     WorkloadSummarizer,
     WorkloadSummarizerSpec,
 )
-from kubeindex.owners import GroupKind
-from kubeindex.revision import Stamped
-from kubeindex.sources import Summarizers
+from kubeindex.model.owners import GroupKind
+from kubeindex.model.revision import Stamped
+from kubeindex.runtime.logfields import fields
+from kubeindex.watch.sources import Summarizers
 
 from .conditions import with_times
 from .manager import DONE, RETRY, Controller, Key, Result

@@ -23,7 +23,7 @@ taken to done: deciding and writing, the token bucket's wait included).
 Waiting costs O(1) per change, as client-go's: a key made ready wakes one idle worker (not all
 of them), and one timer, for the earliest key that waits for its time, stands for every worker.
 
-Time comes from an injectable ``Clock`` (kubeindex/clock.py): tests step a fake one.
+Time comes from an injectable ``Clock`` (kubeindex/runtime/clock.py): tests step a fake one.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from kubeindex.api import SLOW_BACKOFF_CAP, backoff
-from kubeindex.clock import REAL, Clock
-from kubeindex.histogram import QUEUE_BUCKETS, Histogram
+from kubeindex.runtime.backoff import SLOW_BACKOFF_CAP, backoff
+from kubeindex.runtime.clock import REAL, Clock
+from kubeindex.runtime.histogram import QUEUE_BUCKETS, Histogram
 
 K = TypeVar("K", bound=Hashable)
 

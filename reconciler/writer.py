@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from kubeindex.api import ApiError, Conflict, Forbidden, NotFound, Transient
-from kubeindex.logfields import path_fields
+from kubeindex.client.api import ApiError, Conflict, Forbidden, NotFound, Transient, path_fields
 
 from .desired import MANAGER
 from .ratelimit import TokenBucket

@@ -8,8 +8,8 @@ from typing import TypedDict
 
 from hypothesis import strategies as st
 
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import (
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import (
     Container,
     Node,
     NodeCondition,

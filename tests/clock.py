@@ -1,4 +1,4 @@
-"""A fake Clock (kubeindex/clock.py) that tests step, as client-go's fake clock: time moves only
+"""A fake Clock (kubeindex/runtime/clock.py) that tests step, as client-go's fake clock: time moves only
 by ``advance``, and each sleeper wakes once the clock has passed its deadline."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.api import JSON, ApiClient, ApiError, Transient
-from kubeindex.watchstream import Framing
+from kubeindex.client.api import JSON, ApiClient, ApiError, Transient
+from kubeindex.client.watchstream import Framing
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS

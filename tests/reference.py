@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
-from kubeindex.index import (
+from kubeindex.model.index import (
     ACCELERATOR_RESOURCES,
     DISRUPTION_TAINTS,
     NODE_STATES,
@@ -19,9 +19,9 @@ from kubeindex.index import (
     effective_requests,
     label_workload_uid,
 )
-from kubeindex.objects import Node, Pod
-from kubeindex.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
-from kubeindex.quantity import NANO, parse_nano, parse_or_zero
+from kubeindex.model.objects import Node, Pod
+from kubeindex.model.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
+from kubeindex.model.quantity import NANO, parse_nano, parse_or_zero
 
 
 @dataclass

@@ -7,8 +7,8 @@ import random
 
 import msgspec
 
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import Node, OwnerReference, PodStatus, Taint
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import Node, OwnerReference, PodStatus, Taint
 from tests.builders import DISRUPTED, GPU, add_owner, configured, labels_of, make_node, make_pod, ref
 from tests.reference import Owner, World
 

@@ -23,7 +23,7 @@ import yaml
 from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus

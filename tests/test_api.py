@@ -1,4 +1,4 @@
-"""kubeindex/api.py: the credentials a Connection sends, however they were loaded; whether a server
+"""kubeindex/client/api.py: the credentials a Connection sends, however they were loaded; whether a server
 is asked for WatchLists (by its version, asked once; a refusal stays)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 from kubernetes.config.incluster_config import InClusterConfigLoader
 
-from kubeindex.api import (
+from kubeindex.client.api import (
     JSON,
     ApiClient,
     ConfigError,

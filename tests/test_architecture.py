@@ -1,6 +1,7 @@
 """The import picture, read from the source with ast (nothing is imported): data flows one way,
-sources -> index -> exporter / reconciler, wired by node_workload_summary; the modules import one
-another without a cycle; no test module imports another test module or conftest; nothing takes
+sources -> index -> exporter / reconciler, wired by node_workload_summary; kubeindex's layers
+(runtime, model, client, watch) import only the layers below them, so only the client talks to
+the API and the model never does I/O; the modules import one another without a cycle; no test module imports another test module or conftest; nothing takes
 another module's private (underscore) name; docs/architecture.md names every product module."""
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ ALLOWED = {
     "reconciler": {"reconciler", "kubeindex"},
     "node_workload_summary": set(PRODUCT),
 }
+# kubeindex's layers, lowest first: each may import itself and those before it.
+LAYERS = ("kubeindex.runtime", "kubeindex.model", "kubeindex.client", "kubeindex.watch")
 
 
 def modules() -> dict[str, Path]:
@@ -96,6 +99,37 @@ def test_data_flows_one_way_and_the_service_never_imports_the_tooling() -> None:
     assert wrong == []
 
 
+def layer(module: str) -> int | None:
+    """A kubeindex module's layer (its index in LAYERS); None outside them (the package itself)."""
+    return next((i for i, name in enumerate(LAYERS) if module == name or module.startswith(name + ".")), None)
+
+
+def layering_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Each import of a layer's module that reaches the package itself or a layer above."""
+    rank = {m: layer(m) for m in {*edges, *(o for others in edges.values() for o in others)}}
+    return [f"{module} imports {other}" for module, others in edges.items() if rank[module] is not None
+            for other in sorted(others)
+            if top(other) == "kubeindex" and (rank[other] is None or rank[other] > rank[module])]
+
+
+def test_kubeindex_layers_import_only_the_layers_below_them() -> None:
+    edges = graph()
+    assert {layer(m) for m in edges if top(m) == "kubeindex"} == {None, *range(len(LAYERS))}, "a layer is gone"
+    every = [m for m in edges if top(m) == "kubeindex" and m != "kubeindex" and m not in LAYERS]
+    assert [m for m in every if layer(m) is None] == [], "a kubeindex module outside every layer"
+    assert layering_violations(edges) == []
+
+
+def test_the_layer_rule_catches_a_model_that_imports_the_client() -> None:
+    """The rule itself, on the import that would break it most: the model reaching for the API."""
+    edges = graph()
+    assert "kubeindex.model.index" in edges and "kubeindex.client.api" in edges
+    edges["kubeindex.model.index"] = edges["kubeindex.model.index"] | {"kubeindex.client.api"}
+    edges["kubeindex.runtime.clock"] = edges["kubeindex.runtime.clock"] | {"kubeindex.model.objects"}
+    assert layering_violations(edges) == ["kubeindex.model.index imports kubeindex.client.api",
+                                          "kubeindex.runtime.clock imports kubeindex.model.objects"]
+
+
 def test_no_test_module_imports_another_or_conftest() -> None:
     wrong = [f"{module} imports {other}" for module, others in graph().items() if top(module) == "tests"
              for other in others if other.startswith("tests.test_") or other == "tests.conftest"]
@@ -112,7 +146,7 @@ def test_no_module_takes_another_modules_private_name() -> None:
 
 def test_the_architecture_page_names_every_product_module() -> None:
     page = (ROOT / "docs" / "architecture.md").read_text()
-    named = set(re.findall(r"`([a-z_]+/[a-z_]+\.py)`", page))
+    named = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)+\.py)`", page))
     product = {str(p.relative_to(ROOT)) for name, p in modules().items()
                if top(name) in PRODUCT and p.name != "__init__.py"}
     assert product - named == set(), "modules the page does not name"

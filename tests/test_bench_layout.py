@@ -159,7 +159,7 @@ def test_the_checks_see_what_they_look_for() -> None:
         "a": "from .b import _helper, public\n",
         "b": "def f():\n    from bench.c import thing\n",
         "c": "from . import a\nx = a._private\n",
-        "d": "import bench.a as other\nfrom kubeindex.index import _interned\n",
+        "d": "import bench.a as other\nfrom kubeindex.model.index import _interned\n",
     }
     assert private_names(sources) == ["bench.a takes _helper from bench.b", "bench.c takes _private from bench.a"]
     assert cycles(sources) == [["a", "b", "c", "a"]]

@@ -8,7 +8,7 @@ import asyncio
 from collections import Counter
 
 from bench.watch_path import capture, nowhere, per_event, replayer
-from kubeindex import protobuf
+from kubeindex.client import protobuf
 from localkube.cluster import LocalCluster
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from demo.kueue import cell, cluster_queue_spec, install_kueue, resource_flavor
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, select, wait_for
 from tests.kube import create_node, is_leader, set_node_status, settled, writes

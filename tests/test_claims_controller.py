@@ -12,10 +12,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from kubeindex.api import Conflict, Forbidden
-from kubeindex.index import ClusterIndex
-from kubeindex.logfields import FIELDS
-from kubeindex.objects import (
+from kubeindex.client.api import Conflict, Forbidden
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import (
     ClaimMeta,
     ClusterQueue,
     ClusterQueueSpec,
@@ -27,6 +26,7 @@ from kubeindex.objects import (
     ResourceGroup,
     ResourceQuota,
 )
+from kubeindex.runtime.logfields import FIELDS
 from reconciler.claims import (
     CLAIMS,
     QUEUES,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster
 
 pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on every Kubernetes minor

@@ -13,10 +13,10 @@ import re
 import pytest
 import yaml
 
-from kubeindex.api import load_connection
-from kubeindex.index import ClusterIndex
-from kubeindex.reflector import WatchSettings
-from kubeindex.sources import Sources
+from kubeindex.client.api import load_connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.watch.reflector import WatchSettings
+from kubeindex.watch.sources import Sources
 from localkube.build import COMPAT_MINORS, CORE, PINNED_MINOR, BuildError, core
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, until
@@ -71,7 +71,7 @@ def test_the_readme_says_what_the_table_says() -> None:
 
 
 def test_the_table_says_how_this_version_lists(cluster: LocalCluster, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="kubeindex.api")
+    caplog.set_level(logging.INFO, logger="kubeindex.client.api")
     status, version = cluster.request("/version")
     assert status == 200 and isinstance(version, dict), version
     minor = f"{version['major']}.{re.sub(r'[^0-9]', '', version['minor'])}"

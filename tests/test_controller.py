@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import pytest
 from kubernetes import client
 
-from kubeindex.api import ApiClient, Connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_VERSION, NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient, Connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import API_VERSION, NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
+from kubeindex.watch.sources import Sources
 from reconciler import desired
 from reconciler.desired import TypeInfo, desired_state
 from reconciler.leader import LeaderElector, LeaseSettings

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeindex.objects import API_VERSION, GROUP
+from kubeindex.model.objects import API_VERSION, GROUP
 from localkube.build import KUEUE, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for

@@ -12,11 +12,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.discovery import describe
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
-from kubeindex.objects import PodLabelWorkload, Taint, WorkloadType, long_type
-from kubeindex.quantity import parse_nano
-from kubeindex.revision import Stamped
+from kubeindex.model.index import NODE_STATES, PHASES, ClusterIndex, NodeGroupAgg, WorkloadAgg
+from kubeindex.model.objects import PodLabelWorkload, Taint, WorkloadType, long_type
+from kubeindex.model.quantity import parse_nano
+from kubeindex.model.revision import Stamped
+from kubeindex.watch.discovery import describe
 from reconciler.desired import (
     LABEL_SHORT_TYPE,
     NODE_SUMMARY_STATUS,

@@ -9,10 +9,10 @@ import prometheus_client
 
 from exporter.auth import AuthCollector, Authorizer
 from exporter.metrics import Renderer
-from kubeindex.api import RequestMetrics
-from kubeindex.index import ClusterIndex
-from kubeindex.metrics import FleetCollector, RequestCollector, SourcesCollector
-from kubeindex.reflector import SourceStats
+from kubeindex.client.api import RequestMetrics
+from kubeindex.model.index import ClusterIndex
+from kubeindex.watch.metrics import FleetCollector, RequestCollector, SourcesCollector
+from kubeindex.watch.reflector import SourceStats
 from node_workload_summary.settings import Settings
 from reconciler.metrics import ReconcilerCollector
 from reconciler.workqueue import WorkQueue

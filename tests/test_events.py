@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from kubeindex.api import Forbidden, NotFound
+from kubeindex.client.api import Forbidden, NotFound
 from reconciler.events import Event, EventRecorder, Ref
 from reconciler.writer import Writer
 

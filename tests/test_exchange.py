@@ -1,4 +1,4 @@
-"""Requests on kept-alive connections (kubeindex/exchange.py) against loopback servers that
+"""Requests on kept-alive connections (kubeindex/client/exchange.py) against loopback servers that
 misbehave on purpose (a real API server's writes: test_reconciler.py, test_leader.py and every
 test that writes): a connection carries request after request, whatever framing its answers
 have; one the server closed while idle, or closes at the next request, costs no request that is
@@ -16,8 +16,8 @@ from typing import TypeVar
 import pytest
 from kubernetes import client as k8s_client
 
-from kubeindex.api import NO_ANSWER, SILENCE_EVERY, ApiClient, Connection, NotFound, Transient
-from kubeindex.exchange import replayable
+from kubeindex.client.api import NO_ANSWER, SILENCE_EVERY, ApiClient, Connection, NotFound, Transient
+from kubeindex.client.exchange import replayable
 
 APPLY = "application/apply-patch+yaml"
 T = TypeVar("T")

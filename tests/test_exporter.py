@@ -17,10 +17,10 @@ from prometheus_client import CollectorRegistry
 import exporter.metrics as metrics
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from exporter.metrics import Renderer
-from kubeindex.index import NODE_STATES, PHASES, ClusterIndex
-from kubeindex.metrics import SourcesCollector
-from kubeindex.objects import API_VERSION, Taint
-from kubeindex.reflector import SourceStats
+from kubeindex.model.index import NODE_STATES, PHASES, ClusterIndex
+from kubeindex.model.objects import API_VERSION, Taint
+from kubeindex.watch.metrics import SourcesCollector
+from kubeindex.watch.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
 from reconciler.metrics import ReconcilerCollector

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for

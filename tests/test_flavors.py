@@ -12,8 +12,8 @@ import prometheus_client
 import pytest
 
 from exporter.metrics import Renderer
-from kubeindex.index import TERMINATED, ClusterIndex, effective_requests
-from kubeindex.objects import (
+from kubeindex.model.index import TERMINATED, ClusterIndex, effective_requests
+from kubeindex.model.objects import (
     ClusterQueue,
     ClusterQueueSpec,
     FlavorQuotas,
@@ -23,7 +23,7 @@ from kubeindex.objects import (
     ResourceGroup,
     ResourceQuota,
 )
-from kubeindex.quantity import NANO, parse_or_zero
+from kubeindex.model.quantity import NANO, parse_or_zero
 from localkube.service import parse, select, value
 from tests.builders import add_owner, make_node, make_pod
 from tests.reference import World, health_snapshot, node_state, snapshot

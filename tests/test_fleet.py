@@ -1,4 +1,4 @@
-"""The fleet (kubeindex/fleet.py): a hub reading its members' capacity.
+"""The fleet (kubeindex/watch/fleet.py): a hub reading its members' capacity.
 
 Without a cluster: the capacity a member gives the claims while not listed, connecting, synced, out
 of contact within and past the grace, and gone; its kubeconfig re-read and the member reconnected
@@ -30,11 +30,9 @@ import pytest
 
 from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
-from kubeindex.api import ApiResource, NotFound
-from kubeindex.fleet import RECHECK, Fleet
-from kubeindex.fleet import Member as FleetMember
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import (
+from kubeindex.client.api import ApiResource, NotFound
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import (
     API_VERSION,
     KUEUE_GROUP,
     ClaimMeta,
@@ -50,8 +48,10 @@ from kubeindex.objects import (
     ResourceFlavor,
     ResourceFlavorSpec,
 )
-from kubeindex.quantity import NANO
-from kubeindex.reflector import Reflector
+from kubeindex.model.quantity import NANO
+from kubeindex.watch.fleet import RECHECK, Fleet
+from kubeindex.watch.fleet import Member as FleetMember
+from kubeindex.watch.reflector import Reflector
 from localkube.build import HELM
 from localkube.cluster import LocalCluster, Options
 from localkube.proxy import StallingProxy
@@ -78,7 +78,7 @@ from tests.paths import CRDS
 pytestmark = [pytest.mark.needs(HELM), pytest.mark.kueue]  # kueue: and in make test-kueue-matrix
 
 NODE = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
-# A stall of STALL seconds, then the reconnection's backoff (at most kubeindex.api.BACKOFF_CAP) and a
+# A stall of STALL seconds, then the reconnection's backoff (at most kubeindex.runtime.backoff.BACKOFF_CAP) and a
 # read timeout, stay well inside GRACE even on a loaded machine.
 GRACE, STALL, SETTLE, READ_TIMEOUT = 30.0, 8.0, 2.0, 3.0
 

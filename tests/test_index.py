@@ -11,9 +11,9 @@ from typing import Unpack
 import msgspec
 import pytest
 
-from kubeindex.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests, pod_requests
-from kubeindex.nodeset import SUMMED, NodeSetAgg, node_into
-from kubeindex.objects import (
+from kubeindex.model.index import NODE_STATES, UNHEALTHY_STATES, ClusterIndex, effective_requests, pod_requests
+from kubeindex.model.nodeset import SUMMED, NodeSetAgg, node_into
+from kubeindex.model.objects import (
     Container,
     Pod,
     PodLabelWorkload,
@@ -24,8 +24,8 @@ from kubeindex.objects import (
     object_key,
     share,
 )
-from kubeindex.owners import NONE
-from kubeindex.quantity import NANO
+from kubeindex.model.owners import NONE
+from kubeindex.model.quantity import NANO
 from tests.builders import DISRUPTED, GPU, NodeFields, add_owner, configured, labels_of, make_node, make_pod, ref
 from tests.reference import Owner, health_snapshot, recompute, recompute_health, snapshot
 from tests.scenario import Scenario

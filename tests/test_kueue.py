@@ -17,15 +17,15 @@ import prometheus_client
 import pytest
 import yaml
 
-import kubeindex.discovery as discovery
+import kubeindex.watch.discovery as discovery
 from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.index import ClusterIndex
-from kubeindex.reflector import WatchSettings
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.watch.reflector import WatchSettings
+from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import ScrapeFailed, Service, select, value, wait_for

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from demo.kueue import cell, cluster_queue, controller, local_queue, resource_flavor, workload, workload_condition
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.kube import create_node, found, get_object

@@ -24,15 +24,15 @@ import msgspec
 import pytest
 import yaml
 
-import kubeindex.discovery as discovery
+import kubeindex.watch.discovery as discovery
 from demo.kueue import V014, V019
-from kubeindex.api import ApiClient, ApiResource, load_connection
-from kubeindex.discovery import KindDiscovery, choose
-from kubeindex.fleet import Fleet
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSIONS, MultiKueueCluster
-from kubeindex.reflector import WatchSettings
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient, ApiResource, load_connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSIONS, MultiKueueCluster
+from kubeindex.watch.discovery import KindDiscovery, choose
+from kubeindex.watch.fleet import Fleet
+from kubeindex.watch.reflector import WatchSettings
+from kubeindex.watch.sources import Sources
 from localkube.build import ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import unserve
@@ -87,7 +87,7 @@ def test_a_kind_served_only_at_unknown_versions_is_said_once_and_forgotten_when_
         await asyncio.gather(*tasks)
         assert finder.unknown == {} and [r.version for r in found_] == ["v1beta2"]
 
-    with caplog.at_level(logging.INFO, logger="kubeindex.discovery"):
+    with caplog.at_level(logging.INFO, logger="kubeindex.watch.discovery"):
         asyncio.run(scenario())
     said = [r for r in caplog.records if "served only at" in r.getMessage()]
     assert len(said) == 1 and said[0].levelno == logging.WARNING
@@ -153,7 +153,7 @@ def test_a_member_the_hub_cannot_read_is_said_in_its_claims_ready(caplog: pytest
         assert fleet.capacity("east", "a100") is None and fleet.members == {}  # held, not gone
         await fleet.stop()
 
-    with caplog.at_level(logging.WARNING, logger="kubeindex.fleet"):
+    with caplog.at_level(logging.WARNING, logger="kubeindex.watch.fleet"):
         asyncio.run(scenario())
     assert sum("clusterProfileRef" in r.getMessage() for r in caplog.records) == 1
 

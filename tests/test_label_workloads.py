@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain

@@ -13,7 +13,7 @@ import threading
 
 from kubernetes import client
 
-from kubeindex.api import ApiClient, Conflict, Connection, NotFound, Transient
+from kubeindex.client.api import ApiClient, Conflict, Connection, NotFound, Transient
 from reconciler.leader import LeaderElector, LeaseSettings
 from tests.clock import FakeClock
 

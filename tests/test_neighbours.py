@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
-from kubeindex.api import ApiClient, load_connection
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import API_VERSION
-from kubeindex.sources import Sources
+from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import API_VERSION
+from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import Service, select, wait_for

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
-from kubeindex.index import NODE_STATES
+from kubeindex.model.index import NODE_STATES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, ScrapeFailed, Service, select, value, wait_for
 from node_workload_summary.main import main

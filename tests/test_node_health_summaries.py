@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import ok
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, deployment, get_object, summarized_cluster

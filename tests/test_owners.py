@@ -1,12 +1,12 @@
-"""The ownership graph (kubeindex/owners.py), driven as Sources drives it, through the index's owner
+"""The ownership graph (kubeindex/model/owners.py), driven as Sources drives it, through the index's owner
 and pod events: each pod's root workload is the topmost configured kind on its controller chain,
 whatever order the objects come in; missing owners, UID mismatches, cycles and chains too deep are
 counted, not followed."""
 
 from __future__ import annotations
 
-from kubeindex.index import ClusterIndex
-from kubeindex.owners import CYCLE, MISSING, TOO_DEEP
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.owners import CYCLE, MISSING, TOO_DEEP
 from tests.builders import add_owner, configured, make_pod, ref
 from tests.reference import Owner
 

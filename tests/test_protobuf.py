@@ -1,4 +1,4 @@
-"""Pods and nodes in protobuf (kubeindex/protobuf.py): the same projections as from JSON, from the
+"""Pods and nodes in protobuf (kubeindex/client/protobuf.py): the same projections as from JSON, from the
 real API server, in LIST pages, WatchLists and watch events; and errors in protobuf read as in JSON.
 A `compat` module: the encoding is the server's, so make compat checks it on every minor."""
 
@@ -15,10 +15,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from kubeindex import protobuf
-from kubeindex.api import JSON, ApiClient, NotFound, load_connection
-from kubeindex.objects import ListMeta, Node, Pod
-from kubeindex.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
+from kubeindex.client import protobuf
+from kubeindex.client.api import JSON, ApiClient, NotFound, load_connection
+from kubeindex.model.objects import ListMeta, Node, Pod
+from kubeindex.watch.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
 from localkube.build import core
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, create_node, delete, ok, serves_watch_list, set_pod_phase, until

@@ -1,4 +1,4 @@
-"""Kubernetes quantities (kubeindex/quantity.py): parsed exactly, formatted as apimachinery does,
+"""Kubernetes quantities (kubeindex/model/quantity.py): parsed exactly, formatted as apimachinery does,
 and a bad one counted as zero."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.quantity import NANO, QuantityError, format_quantity, parse_nano, parse_or_zero
+from kubeindex.model.quantity import NANO, QuantityError, format_quantity, parse_nano, parse_or_zero
 from tests.paths import CRDS
 
 # apimachinery v0.36.3's canonical strings (resource.NewDecimalQuantity(value, format).String() and

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.quantity import NANO, format_quantity, parse_nano
+from kubeindex.model.quantity import NANO, format_quantity, parse_nano
 from reconciler.quota import (
     MILLI,
     Contribution,

@@ -1,4 +1,4 @@
-"""The reflector (kubeindex/reflector.py) against a real kube-apiserver. The initial list and every
+"""The reflector (kubeindex/watch/reflector.py) against a real kube-apiserver. The initial list and every
 relist, each way (--initial-list), with the WatchList feature gate on (1.36's default) and off: the
 state is complete, deletes made while nothing watched are emitted, 410 and restarts are survived, a
 handler failure is retried, readiness waits for the initial-events-end bookmark, and auto falls back
@@ -23,13 +23,13 @@ from typing import Any, Literal
 
 import pytest
 
-from kubeindex import protobuf
-from kubeindex.api import ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
-from kubeindex.index import ClusterIndex
-from kubeindex.objects import PartialObject, Pod, object_key
-from kubeindex.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflector, WatchSettings
-from kubeindex.sources import Sources
-from kubeindex.watchstream import Framing
+from kubeindex.client import protobuf
+from kubeindex.client.api import ApiClient, ApiError, Gone, error_from_body, load_connection, transport_error
+from kubeindex.client.watchstream import Framing
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.objects import PartialObject, Pod, object_key
+from kubeindex.watch.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflector, WatchSettings
+from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
 from tests.clock import FakeClock, settle
 from tests.kube import RecordingApi, create_pod, delete, serves_watch_list, set_pod_phase, truth, until
@@ -346,7 +346,7 @@ def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalClus
             await reflector._list_and_sync()  # the relist retries p-2
             return *first, set(reflector.store), reflector.stats.handler_errors
 
-    caplog.set_level(logging.ERROR, logger="kubeindex.reflector")
+    caplog.set_level(logging.ERROR, logger="kubeindex.watch.reflector")
     store, pods, failed, store_after, errors = asyncio.run(run())
     everything = truth(kube, ns)
     assert store == pods == everything - {f"{ns}/p-2"} and failed == {f"{ns}/p-2"}
@@ -421,7 +421,7 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
             await reflector._list_and_sync()
             return api.expired, api.unpaginated, set(reflector.store)
 
-    caplog.set_level(logging.INFO, logger="kubeindex.reflector")
+    caplog.set_level(logging.INFO, logger="kubeindex.watch.reflector")
     expired, unpaginated, store = asyncio.run(run())
     assert expired and "continue token expired after" in caplog.text
     assert "listing again from the first page" in caplog.text and unpaginated == 0

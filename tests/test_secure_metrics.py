@@ -40,9 +40,9 @@ from exporter.auth import DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND, Authoriz
 from exporter.metrics import Renderer
 from exporter.server import make_app
 from exporter.tls import CertFiles, server_context
-from kubeindex.api import error_from_body
-from kubeindex.index import ClusterIndex
-from kubeindex.ratelimit import TokenBucket
+from kubeindex.client.api import error_from_body
+from kubeindex.model.index import ClusterIndex
+from kubeindex.runtime.ratelimit import TokenBucket
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Samples, Service, metrics_reader_token, parse, value, wait_for

@@ -14,9 +14,9 @@ from datetime import datetime, timedelta
 import pytest
 
 from demo.workloads import deployment_chain, node_summarizer, workload_summarizer
-from kubeindex.api import NO_ANSWER, Forbidden, RequestMetrics
-from kubeindex.logfields import FIELDS, fields, key_fields, path_fields
-from kubeindex.objects import API_VERSION
+from kubeindex.client.api import NO_ANSWER, Forbidden, RequestMetrics, path_fields
+from kubeindex.model.objects import API_VERSION
+from kubeindex.runtime.logfields import FIELDS, fields, key_fields
 from localkube.cluster import LocalCluster
 from localkube.service import Samples, Service, select, value, wait_for
 from node_workload_summary.logs import TEXT, JsonFormatter
@@ -124,7 +124,7 @@ def test_a_scrape_shows_the_write_queue_and_the_api_requests(cluster: LocalClust
 
 
 def _record(extra: Mapping[str, object] | None = None, exc: BaseException | None = None) -> logging.LogRecord:
-    logger = logging.getLogger("kubeindex.reflector")
+    logger = logging.getLogger("kubeindex.watch.reflector")
     exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
     return logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "%s: LIST %s: %s", (
         "pods", "/api/v1/pods", "403 Forbidden"), exc_info, extra=extra)
@@ -134,10 +134,11 @@ def test_json_lines_carry_the_fields_and_text_lines_stay_as_they_were() -> None:
     extra = fields("pods", error=Forbidden(403, "Forbidden", "pods is forbidden"))
     line = json.loads(JsonFormatter().format(_record(extra)))
     assert line.pop("ts").endswith("Z")
-    assert line == {"level": "warn", "logger": "kubeindex.reflector", "msg": "pods: LIST /api/v1/pods: 403 Forbidden",
-                    "resource": "pods", "error": "403 Forbidden: pods is forbidden"}
+    assert line == {"level": "warn", "logger": "kubeindex.watch.reflector",
+                    "msg": "pods: LIST /api/v1/pods: 403 Forbidden", "resource": "pods",
+                    "error": "403 Forbidden: pods is forbidden"}
     text = logging.Formatter(TEXT).format(_record(extra))
-    assert text.endswith(" WARNING kubeindex.reflector: pods: LIST /api/v1/pods: 403 Forbidden")
+    assert text.endswith(" WARNING kubeindex.watch.reflector: pods: LIST /api/v1/pods: 403 Forbidden")
 
 
 def test_an_object_key_or_path_gives_namespace_and_name_and_a_traceback_stays_on_one_line() -> None:

@@ -1,4 +1,4 @@
-"""Sources (kubeindex/sources.py) against a real kube-apiserver: kinds are needed exactly while
+"""Sources (kubeindex/watch/sources.py) against a real kube-apiserver: kinds are needed exactly while
 configured or referenced, a configured version is honoured, /readyz tells forbidden, not installed
 and out of contact apart from an initial sync, and a label key configured later reads the pods again.
 
@@ -21,15 +21,15 @@ import pytest
 import yaml
 from aiohttp.test_utils import TestClient, TestServer
 
-import kubeindex.discovery as discovery
-import kubeindex.sources as sources_module
+import kubeindex.watch.discovery as discovery
+import kubeindex.watch.sources as sources_module
 from demo.workloads import create, ok
 from exporter.server import make_app
-from kubeindex.api import load_connection
-from kubeindex.index import ClusterIndex, label_workload_uid
-from kubeindex.objects import API_VERSION
-from kubeindex.reflector import WatchSettings
-from kubeindex.sources import Sources
+from kubeindex.client.api import load_connection
+from kubeindex.model.index import ClusterIndex, label_workload_uid
+from kubeindex.model.objects import API_VERSION
+from kubeindex.watch.reflector import WatchSettings
+from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, create_pod, delete, found, get_object, token_kubeconfig, until
 
@@ -186,7 +186,7 @@ def test_a_forbidden_owner_kind_is_reported_and_retried_quietly(kube: LocalClust
         asyncio.run(run())
     finally:
         delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/jobs")
-    warnings = [r for r in caplog.records if r.name == "kubeindex.reflector" and "jobs.batch" in r.getMessage()]
+    warnings = [r for r in caplog.records if r.name == "kubeindex.watch.reflector" and "jobs.batch" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # ... and said once
 
 

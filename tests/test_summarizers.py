@@ -6,9 +6,15 @@ from typing import Any
 
 import pytest
 
-from kubeindex.index import ClusterIndex, WorkloadAgg
-from kubeindex.objects import ObjectMeta, PodLabelWorkload, WorkloadSummarizer, WorkloadSummarizerSpec, WorkloadType
-from kubeindex.sources import Summarizers
+from kubeindex.model.index import ClusterIndex, WorkloadAgg
+from kubeindex.model.objects import (
+    ObjectMeta,
+    PodLabelWorkload,
+    WorkloadSummarizer,
+    WorkloadSummarizerSpec,
+    WorkloadType,
+)
+from kubeindex.watch.sources import Summarizers
 from reconciler.summarizers import SummarizerStatuses
 from tests.builders import make_pod
 

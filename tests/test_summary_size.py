@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from demo.workloads import node_summarizer
-from kubeindex.objects import API_PATH
+from kubeindex.model.objects import API_PATH
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, get_object

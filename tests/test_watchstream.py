@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s_client
 
-from kubeindex import protobuf, watchstream
-from kubeindex.api import NO_ANSWER, ApiClient, Connection, Forbidden, Gone, Transient
+from kubeindex.client import protobuf, watchstream
+from kubeindex.client.api import NO_ANSWER, ApiClient, Connection, Forbidden, Gone, Transient
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 WATCH_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + protobuf.MEDIA_TYPE.encode() + b";stream=watch\r\n"

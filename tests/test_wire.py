@@ -11,10 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kubeindex import protobuf
-from kubeindex.api import Gone, error_from_body
-from kubeindex.objects import ListMeta, OwnerReference, Pod, Resources
-from kubeindex.watchstream import (
+from kubeindex.client import protobuf
+from kubeindex.client.api import Gone, error_from_body
+from kubeindex.client.watchstream import (
     ChunkedBody,
     Endpoint,
     Framing,
@@ -24,6 +23,7 @@ from kubeindex.watchstream import (
     StreamError,
     parse_head,
 )
+from kubeindex.model.objects import ListMeta, OwnerReference, Pod, Resources
 
 
 def pieces(data: bytes, cuts: list[int]) -> list[bytes]:

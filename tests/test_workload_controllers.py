@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, ok, workload_summarizer
-from kubeindex.objects import API_VERSION
+from kubeindex.model.objects import API_VERSION
 from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller

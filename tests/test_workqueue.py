@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from kubeindex.histogram import Histogram
+from kubeindex.runtime.histogram import Histogram
 from reconciler.workqueue import Pacing, WorkQueue
 from tests.clock import FakeClock, settle
 

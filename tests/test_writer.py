@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kubeindex.api import ApiError, Conflict, Forbidden, NotFound, Transient
+from kubeindex.client.api import ApiError, Conflict, Forbidden, NotFound, Transient
 from reconciler.writer import EXISTS, GONE, NOT_FOUND, TERMINATING, Deposed, Done, Failed, Outcome, Writer
 
 TERMINATING_NS = Forbidden(403, "Forbidden", "namespace ns is being terminated",

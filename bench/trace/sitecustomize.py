@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import json
 import os
 import re
@@ -29,6 +30,16 @@ LAG = 0.010
 TICK = 0.005
 _NAME = re.compile(rb'"name":"([^"]+)"')
 _READY = re.compile(rb'"type":"Ready","status":"(\w+)"')
+
+
+def first_module(*names: str) -> Any:
+    """The first of ``names`` that imports: the checkout under test may be an older one."""
+    for name in names[:-1]:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            pass
+    return importlib.import_module(names[-1])
 
 
 def _install(path: str) -> None:
@@ -63,15 +74,17 @@ def _install(path: str) -> None:
 
     running: list[asyncio.Task] = []
 
-    import kubeindex.reflector as reflector
+    # The checkout under test may predate kubeindex's layers (kubeindex/reflector.py, ...).
+    reflector = first_module("kubeindex.watch.reflector", "kubeindex.reflector")
 
     def node_in_json(line: bytes) -> tuple[str, str]:
         name, ready = _NAME.search(line), _READY.search(line)
         return name.group(1).decode() if name else "", ready.group(1).decode() if ready else ""
 
     def node_in_protobuf(frame: bytes) -> tuple[str, str]:
-        from kubeindex import protobuf  # here: a checkout from before protobuf has no such module
-        from kubeindex.objects import Node
+        # here: a checkout from before protobuf has no such module
+        protobuf = first_module("kubeindex.client.protobuf", "kubeindex.protobuf")
+        Node = first_module("kubeindex.model.objects", "kubeindex.objects").Node
 
         kind, raw = protobuf.event(frame)
         if kind in ("BOOKMARK", "ERROR"):
@@ -80,7 +93,7 @@ def _install(path: str) -> None:
         return node.metadata.name, next((c.status for c in node.status.conditions if c.type == "Ready"), "")
 
     def traced(handle: Any, node_of: Callable[[bytes], tuple[str, str]]) -> Any:
-        def traced_handle(self: reflector.Reflector, event: bytes) -> None:
+        def traced_handle(self: Any, event: bytes) -> None:
             t, c = now(), cpu()
             handle(self, event)
             if self.name == "nodes":
@@ -91,10 +104,10 @@ def _install(path: str) -> None:
                 running.append(asyncio.get_running_loop().create_task(monitor()))
         return traced_handle
 
-    # Each encoding's event handler, wrapped; types still checked.
-    reflector.Reflector._handle = traced(reflector.Reflector._handle, node_in_json)  # type: ignore[method-assign]
+    # Each encoding's event handler, wrapped.
+    reflector.Reflector._handle = traced(reflector.Reflector._handle, node_in_json)
     if hasattr(reflector.Reflector, "_handle_protobuf"):  # a checkout from before protobuf has none
-        reflector.Reflector._handle_protobuf = traced(  # type: ignore[method-assign]
+        reflector.Reflector._handle_protobuf = traced(
             reflector.Reflector._handle_protobuf, node_in_protobuf)
 
     import exporter.metrics as metrics

@@ -19,7 +19,6 @@ import base64
 import json
 import logging
 import os
-import random
 import ssl
 import tempfile
 import time
@@ -33,8 +32,9 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from ..runtime.histogram import REQUEST_BUCKETS, Histogram
+from ..runtime.logfields import Extra, Told, fields
 from . import exchange, protobuf, watchstream
-from .histogram import REQUEST_BUCKETS, Histogram
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,6 @@ PARTIAL = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,applicat
 
 
 USER_AGENT = "node-workload-summary"  # in the API server's audit log and its per-client metrics
-BACKOFF_CAP = 10.0  # seconds: the longest wait after an error that should pass on its own
-SLOW_BACKOFF_CAP = 60.0  # seconds: after answers that repeat until someone acts (RBAC, a CRD), and writes
-LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
 SILENCE_EVERY = 10.0  # seconds: the watches are told of a silent connection at most this often
 # Objects per LIST page, unless set. A server that serves pages from its watch cache walks the
 # cache from the page's start for each (docs/benchmarks.md, "Pages of 20,000"): few large pages,
@@ -56,7 +53,7 @@ PAGE_FROM_CACHE = 20000
 PAGE_FROM_ETCD = 500
 
 
-class ApiError(Exception):
+class ApiError(Told):
     """A request that failed: an answer other than 2xx, or none at all (``status`` 0: the
     connection failed, broke or stayed silent past its timeout). The subclasses say what a
     caller may do about it; other statuses (400, 422, ...) are plain ApiErrors."""
@@ -357,6 +354,12 @@ def path_parts(path: str) -> tuple[str, str, str]:
     return (f"{rest[0]}.{group}" if group else rest[0]), namespace, (rest[1] if len(rest) > 1 else "")
 
 
+def path_fields(path: str, error: BaseException | str | None = None) -> Extra:
+    """The log fields (runtime/logfields.py) of the object (or collection) an API path names."""
+    resource, namespace, name = path_parts(path)
+    return fields(resource, namespace, name, error)
+
+
 NO_ANSWER = "<error>"  # the code of a request that got no answer (client-go's)
 
 
@@ -565,7 +568,7 @@ class ApiClient:
         watch may send nothing for a minute: ``read_timeout`` bounds the silence between reads,
         so a connection that died without closing is noticed. ``gather``: seconds to gather
         events between reads under churn (``watchstream.Stream.deliver``). Errors as ``request``.
-        Read on a connection of its own, off aiohttp: kubeindex/watchstream.py says why."""
+        Read on a connection of its own, off aiohttp: kubeindex/client/watchstream.py says why."""
         started, stream = time.monotonic(), None
         try:
             stream = await watchstream.open_stream(self._endpoint, path, params, self._headers(accept),
@@ -647,13 +650,3 @@ class ApiClient:
         versions += [v["groupVersion"] for v in body.get("versions", [])]
         return list(dict.fromkeys(v for v in versions if v))
 
-
-def backoff(attempt: int, base: float = 0.25, cap: float = BACKOFF_CAP) -> float:
-    """The one backoff formula: ``base`` doubling per attempt, capped at ``cap``."""
-    return min(cap, base * 2**attempt)
-
-
-async def sleep_jittered(attempt: int, base: float = 0.25, cap: float = BACKOFF_CAP,
-                         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-    """Exponential backoff with full jitter (``sleep``: a Clock's, in tests)."""
-    await sleep(random.uniform(0, backoff(attempt, base, cap)))

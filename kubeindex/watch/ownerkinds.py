@@ -24,12 +24,12 @@ import logging
 from collections.abc import Callable, Collection
 from functools import partial
 
-from .api import ApiResource
+from ..client.api import ApiResource
+from ..model.index import ClusterIndex
+from ..model.objects import OwnerReference, PartialObject, group_of, object_key
+from ..model.owners import POD, GroupKind
+from ..runtime.logfields import fields
 from .discovery import KindDiscovery, Need
-from .index import ClusterIndex
-from .logfields import fields
-from .objects import OwnerReference, PartialObject, group_of, object_key
-from .owners import POD, GroupKind
 from .reflector import Handler, Reflector
 
 log = logging.getLogger(__name__)

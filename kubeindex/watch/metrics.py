@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from .histogram import Histogram
+    from ..runtime.histogram import Histogram
     from .reflector import SourceStats
 
 
@@ -101,7 +101,7 @@ class _Fleet(Protocol):
 
 
 class FleetCollector(Collector):
-    """A fleet hub's members (kubeindex/fleet.py): one series per MultiKueueCluster."""
+    """A fleet hub's members (kubeindex/watch/fleet.py): one series per MultiKueueCluster."""
 
     def __init__(self, fleet: _Fleet) -> None:
         self.fleet = fleet
@@ -123,7 +123,7 @@ class _Requests(Protocol):
 
 
 class RequestCollector(Collector):
-    """The API requests (kubeindex/api.py's RequestMetrics), in client-go's rest_client_* shape."""
+    """The API requests (kubeindex/client/api.py's RequestMetrics), in client-go's rest_client_* shape."""
 
     def __init__(self, metrics: _Requests) -> None:
         self.metrics = metrics

@@ -23,7 +23,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from .objects import (
+from ..model.objects import (
     Bookmark,
     BookmarkMeta,
     Container,

@@ -147,7 +147,7 @@ class WorkloadSummarizer(Struct):
 #
 # The fields read here are the same in both versions but for MultiKueueCluster's kubeconfig (see
 # below): one projection per kind serves both. Each kind is read, and written, at the version the
-# API server prefers among KUEUE_VERSIONS (kubeindex/discovery.py).
+# API server prefers among KUEUE_VERSIONS (kubeindex/watch/discovery.py).
 
 class ResourceFlavorSpec(Struct):
     nodeLabels: dict[str, str] = field(default_factory=dict)  # none: every node (as Kueue)
@@ -212,7 +212,7 @@ class MultiKueueClusterSpec(Struct):
 
 
 class MultiKueueCluster(Struct):
-    """A MultiKueue worker cluster: a fleet hub's member (kubeindex/fleet.py)."""
+    """A MultiKueue worker cluster: a fleet hub's member (kubeindex/watch/fleet.py)."""
 
     metadata: ObjectMeta = field(default_factory=ObjectMeta)
     spec: MultiKueueClusterSpec = field(default_factory=MultiKueueClusterSpec)

@@ -31,7 +31,7 @@ The initial list, and every relist, is made one of these ways (``WatchSettings.i
 Pages hold ``WatchSettings.page_size`` objects, by default the server's (``ApiClient.page_size``:
 20,000 from the watch cache, 500 where pages come from etcd).
 
-Pods and nodes are asked for in protobuf (``WatchSettings.encoding``, kubeindex/protobuf.py), the
+Pods and nodes are asked for in protobuf (``WatchSettings.encoding``, kubeindex/client/protobuf.py), the
 other kinds in JSON; each answer is read in the encoding the server chose (its Content-Type; a LIST
 page too), so a server or proxy that answers JSON is still understood.
 
@@ -79,25 +79,23 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import msgspec
 
-from . import protobuf
-from .api import (
-    BACKOFF_CAP,
+from ..client import protobuf
+from ..client.api import (
     JSON,
     PARTIAL,
     PARTIAL_LIST,
-    SLOW_BACKOFF_CAP,
     ApiError,
     Forbidden,
     Gone,
     NotFound,
-    sleep_jittered,
     status_error,
 )
-from .clock import REAL, Clock
-from .logfields import fields, key_fields
-from .objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_key
-from .throttle import ThrottledLog
-from .watchstream import Framing, Whole
+from ..client.watchstream import Framing, Whole
+from ..model.objects import Bookmark, ListMeta, ObjectMeta, RawEvent, Status, object_key
+from ..runtime.backoff import BACKOFF_CAP, SLOW_BACKOFF_CAP, sleep_jittered
+from ..runtime.clock import REAL, Clock
+from ..runtime.logfields import fields, key_fields
+from ..runtime.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -197,7 +195,7 @@ class WatchSettings:
     # get a bookmark from the API server about every minute, the first after about two)
     yield_every: int = 200  # objects decoded between event-loop yields during a LIST
     initial_list: InitialList = "auto"  # see the module docstring
-    encoding: Encoding = "protobuf"  # of pods and nodes (other kinds are JSON): kubeindex/protobuf.py
+    encoding: Encoding = "protobuf"  # of pods and nodes (other kinds are JSON): kubeindex/client/protobuf.py
     gather: float = 0.05  # seconds a watch leaves its socket unread after reading events (watchstream.py)
 
 
@@ -586,7 +584,7 @@ class Reflector(Generic[T]):
         accept = PARTIAL if self.metadata_only else protobuf.ACCEPT_WATCH if self._codec else JSON
         try:
             # Each event is handled as it is read; a WatchList's state too, the event loop getting
-            # its turn between reads (kubeindex/watchstream.py).
+            # its turn between reads (kubeindex/client/watchstream.py).
             await self.api.watch(self.path, params, accept, self.settings.read_timeout, self._on_frame,
                                  on_open=self._opened, gather=self._gather)
         except ApiError as err:

@@ -23,9 +23,10 @@ import logging
 from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from .api import ApiClient, ApiResource, sleep_jittered
-from .logfields import fields
-from .objects import long_type
+from ..client.api import ApiClient, ApiResource
+from ..model.objects import long_type
+from ..runtime.backoff import sleep_jittered
+from ..runtime.logfields import fields
 
 log = logging.getLogger(__name__)
 

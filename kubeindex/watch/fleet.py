@@ -39,12 +39,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from . import tasks
-from .api import ApiClient, ApiError, ApiResource, ConfigError, backoff, connection_from_kubeconfig
-from .clock import REAL, Clock
-from .discovery import choose
-from .logfields import fields
-from .objects import (
+from ..client.api import ApiClient, ApiError, ApiResource, ConfigError, connection_from_kubeconfig
+from ..model.objects import (
     API_VERSION,
     KUEUE_GROUP,
     KUEUE_VERSIONS,
@@ -52,9 +48,14 @@ from .objects import (
     MultiKueueCluster,
     ResourceFlavor,
 )
-from .quantity import parse_or_zero
+from ..model.quantity import parse_or_zero
+from ..runtime import tasks
+from ..runtime.backoff import backoff
+from ..runtime.clock import REAL, Clock
+from ..runtime.logfields import fields
+from ..runtime.throttle import ThrottledLog
+from .discovery import choose
 from .reflector import Handler, Reflector, WatchSettings
-from .throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
 

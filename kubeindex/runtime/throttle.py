@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from .api import LOG_EVERY
+LOG_EVERY = 300.0  # seconds between two log lines of one persisting failure
 
 
 class ThrottledLog:

@@ -8,11 +8,13 @@ controller-runtime's zap encoder does with a logger's key-value pairs."""
 
 from __future__ import annotations
 
-from .api import ApiError, path_parts
-from .objects import split_key
-
 FIELDS = "fields"  # the LogRecord attribute that holds them
 Extra = dict[str, dict[str, str]]
+
+
+class Told(Exception):
+    """An error whose text tells it all (the API's errors: status, reason and the server's
+    message): the ``error`` field shows its text, where other exceptions show their type too."""
 
 
 def describe(error: BaseException | str) -> str:
@@ -20,7 +22,7 @@ def describe(error: BaseException | str) -> str:
     server's message), any other exception with its type."""
     if isinstance(error, str):
         return error
-    return str(error) if isinstance(error, ApiError) else repr(error)
+    return str(error) if isinstance(error, Told) else repr(error)
 
 
 def fields(resource: str = "", namespace: str = "", name: str = "", error: BaseException | str | None = None,
@@ -35,11 +37,5 @@ def fields(resource: str = "", namespace: str = "", name: str = "", error: BaseE
 
 def key_fields(resource: str, key: str, error: BaseException | str | None = None) -> Extra:
     """The fields of an object known by its key (``namespace/name``, or ``name``)."""
-    namespace, name = split_key(key)
-    return fields(resource, namespace, name, error)
-
-
-def path_fields(path: str, error: BaseException | str | None = None) -> Extra:
-    """The fields of the object (or collection) an API path names."""
-    resource, namespace, name = path_parts(path)
+    namespace, _, name = key.rpartition("/")
     return fields(resource, namespace, name, error)

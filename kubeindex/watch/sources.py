@@ -39,12 +39,9 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from . import tasks
-from .api import ApiClient, ApiResource
-from .discovery import KindDiscovery, Need, describe
-from .index import ClusterIndex
-from .logfields import fields
-from .objects import (
+from ..client.api import ApiClient, ApiResource
+from ..model.index import ClusterIndex
+from ..model.objects import (
     API_VERSION,
     GROUP,
     KUEUE_GROUP,
@@ -59,8 +56,11 @@ from .objects import (
     ResourceFlavor,
     WorkloadSummarizer,
 )
+from ..model.owners import POD, GroupKind
+from ..runtime import tasks
+from ..runtime.logfields import fields
+from .discovery import KindDiscovery, Need, describe
 from .ownerkinds import OwnerKinds
-from .owners import POD, GroupKind
 from .reflector import Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,2 @@
+"""The domain model: typed projections of the API objects, quantities, the owner graph, the
+index and its incremental aggregates. Pure data and arithmetic: no I/O, no client."""
