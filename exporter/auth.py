@@ -36,12 +36,11 @@ from typing import Any, Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kubeindex.model.resources import ACCESS_REVIEWS, TOKEN_REVIEWS, Resource
 from kubeindex.runtime.ratelimit import TokenBucket
 from kubeindex.runtime.throttle import ThrottledLog
 
 log = logging.getLogger(__name__)
-TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
-ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 CACHE_TTL = 60.0  # seconds an allowed decision for a token is reused (--metrics-auth-cache-ttl)
 CACHE_SIZE = 1024  # tokens whose decision is cached, allowed and denied each (--metrics-auth-cache-size)
 # A denial (401, 403) is reused at most this long: a binding made for a refused reader works soon.
@@ -209,7 +208,7 @@ class Authorizer:
         return decision
 
     async def _authenticate(self, token: str) -> dict | Decision:
-        body = await self._create(TOKEN_REVIEWS, "authentication.k8s.io/v1", "TokenReview", {"token": token})
+        body = await self._create(TOKEN_REVIEWS, {"token": token})
         status = body.get("status", {})
         if not status.get("authenticated"):
             return Decision(401, "invalid bearer token")
@@ -218,14 +217,14 @@ class Authorizer:
     async def _authorize(self, user: dict) -> Decision:
         spec = {"user": user.get("username", ""), "uid": user.get("uid", ""), "groups": user.get("groups", []),
                 "extra": user.get("extra", {}), "nonResourceAttributes": {"path": self.path, "verb": "get"}}
-        body = await self._create(ACCESS_REVIEWS, "authorization.k8s.io/v1", "SubjectAccessReview", spec)
+        body = await self._create(ACCESS_REVIEWS, spec)
         if body.get("status", {}).get("allowed"):
             return Decision(200, "")
         return Decision(403, f"{spec['user']} may not get {self.path}")
 
-    async def _create(self, path: str, api_version: str, kind: str, spec: dict) -> dict:
-        body = await self.api.request("POST", path, {"apiVersion": api_version, "kind": kind, "spec": spec},
-                                      timeout=REVIEW_TIMEOUT)
+    async def _create(self, review: Resource, spec: dict) -> dict:
+        body = await self.api.request("POST", review.path(), {"apiVersion": review.api_version, "kind": review.kind,
+                                                              "spec": spec}, timeout=REVIEW_TIMEOUT)
         return json.loads(body)
 
 

@@ -39,7 +39,7 @@ from kubeindex.model.index import (
     WorkloadAgg,
 )
 from kubeindex.model.kueue import FlavorAgg
-from kubeindex.model.objects import ClusterResourceClaim
+from kubeindex.model.objects import ClusterResourceClaim, claim_status
 from kubeindex.model.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
 from kubeindex.model.quantity import NANO, parse_or_zero
 from kubeindex.model.revision import Revision, Stamped
@@ -202,9 +202,8 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
 
 # -- ClusterResourceClaims, read from their status (the leader writes it; every replica shows it) --
 
-def _status_resources(claim: ClusterResourceClaim, name: str) -> Iterator[Sample]:
-    values = claim.status.get(name)
-    return _resources({str(r): parse_or_zero(v) for r, v in values.items()} if isinstance(values, dict) else {})
+def _status_resources(values: dict[str, str]) -> Iterator[Sample]:
+    return _resources({r: parse_or_zero(v) for r, v in values.items()})
 
 
 def _claim_info(claim: ClusterResourceClaim) -> Iterator[Sample]:
@@ -230,15 +229,15 @@ CLAIM_FAMILIES: tuple[FamilyGenerator[ClusterResourceClaim], ...] = (
     FamilyGenerator(Family("claim_nominal", "gauge",
                            "Live capacity of a ClusterResourceClaim's flavor (allocatable of its Ready nodes), "
                            "per resource (status.nominalResources)."),
-                    lambda c: _status_resources(c, "nominalResources")),
+                    lambda c: _status_resources(claim_status(c).nominalResources)),
     FamilyGenerator(Family("claim_assigned", "gauge",
                            "What a ClusterResourceClaim's assignments ask at its settled capacity, per resource "
                            "(status.assigned)."),
-                    lambda c: _status_resources(c, "assigned")),
+                    lambda c: _status_resources(claim_status(c).assigned)),
     FamilyGenerator(Family("claim_shortfall", "gauge",
                            "Assigned minus settled capacity where positive: an over-allocated ClusterResourceClaim, "
                            "per resource (status.shortfall)."),
-                    lambda c: _status_resources(c, "shortfall")),
+                    lambda c: _status_resources(claim_status(c).shortfall)),
 )
 
 QueueQuota = dict[str, dict[tuple[str, str], int]]  # ClusterQueue -> (flavor, resource) -> nano-units
@@ -248,13 +247,10 @@ def desired_quota(claims: Iterable[ClusterResourceClaim]) -> QueueQuota:
     """What the claims give each ClusterQueue (the sum of their status.queues)."""
     out: QueueQuota = {}
     for claim in claims:
-        queues = claim.status.get("queues")
-        for q in queues if isinstance(queues, list) else ():
-            if not isinstance(q, dict) or not isinstance(q.get("resources"), dict):
-                continue
-            per_queue = out.setdefault(str(q.get("name", "")), {})
-            for resource, value in q["resources"].items():
-                key = (str(q.get("flavor", "")), str(resource))
+        for q in claim_status(claim).queues:
+            per_queue = out.setdefault(q.name, {})
+            for resource, value in q.resources.items():
+                key = (q.flavor, resource)
                 per_queue[key] = per_queue.get(key, 0) + parse_or_zero(value)
     return out
 

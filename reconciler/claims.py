@@ -49,14 +49,15 @@ from collections import deque
 from collections.abc import Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import groupby
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
 from kubeindex.client.api import Conflict
 from kubeindex.model.kueue import KueueIndex
-from kubeindex.model.objects import API_VERSION, GROUP, KUEUE_GROUP, KUEUE_VERSIONS, ClusterResourceClaim
+from kubeindex.model.objects import GROUP, ClaimStatus, ClusterResourceClaim, SettledFor, claim_status
 from kubeindex.model.quantity import parse_nano
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, Resource
 from kubeindex.runtime.logfields import fields
 from kubeindex.watch.fleet import Fleet
 
@@ -80,8 +81,6 @@ from .quota import (
 from .writer import Done, Failed, Writer
 
 log = logging.getLogger(__name__)
-CLAIMS = "clusterresourceclaims"
-QUEUES = "clusterqueues"
 HOUR = 3600.0
 # A Ready reason under which no capacity was in effect.
 UNKNOWN_CAPACITY = ("CapacityUnknown", "ClusterUnknown", "KueueVersionUnknown", "MemberUnsupported")
@@ -124,22 +123,15 @@ class QuotaWrites:
         return now if len(times) < per_hour else times[0] + HOUR
 
 
-def _nano(values: Any) -> dict[str, int]:
-    if not isinstance(values, Mapping):
-        return {}
+def _nano(values: Mapping[str, str]) -> dict[str, int]:
+    """Quantities read back from a status, a malformed one left out."""
     out = {}
     for resource, text in values.items():
         try:
-            out[str(resource)] = parse_nano(text)
+            out[resource] = parse_nano(text)
         except (ValueError, ArithmeticError):
             continue
     return out
-
-
-def _ready_reason(status: Mapping[str, Any]) -> str | None:
-    conditions = status.get("conditions")
-    return next((c.get("reason") for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"),
-                None) if isinstance(conditions, list) else None
 
 
 def settled_for(cluster: str, flavor: str) -> dict[str, str]:
@@ -147,22 +139,21 @@ def settled_for(cluster: str, flavor: str) -> dict[str, str]:
     return {"clusterName": cluster, "flavor": flavor}
 
 
-def settle_state(status: Mapping[str, Any], key: tuple[str, str]) -> SettleState:
+def settle_state(status: ClaimStatus, key: tuple[str, str]) -> SettleState:
     """The Settler's state as the claim's status keeps it, for the claim's (cluster, flavor) now.
     No capacity was in effect before the first status, while the capacity was unknown, or for
     another cluster or flavor (the spec changed): then the first value takes effect at once."""
-    reason = _ready_reason(status)
-    if reason is None or reason in UNKNOWN_CAPACITY or status.get("settledFor") != settled_for(*key):
+    reason = status.ready_reason()
+    if reason is None or reason in UNKNOWN_CAPACITY or status.settledFor != SettledFor(*key):
         return SettleState()
-    return SettleState(_nano(status.get("settledResources")), parse_time(status.get("pendingSince")))
+    return SettleState(_nano(status.settledResources), parse_time(status.pendingSince))
 
 
 def held_contribution(claim: ClusterResourceClaim) -> Contribution:
     """What the claim gave last (status.queues): Hold's input."""
-    queues = claim.status.get("queues")
-    entries = [q for q in queues if isinstance(q, Mapping)] if isinstance(queues, list) else []
-    flavor = next((str(q.get("flavor", "")) for q in entries), str(claim.spec.get("flavor", "")))
-    return Contribution(flavor, {str(q.get("name", "")): _nano(q.get("resources")) for q in entries})
+    queues = claim_status(claim).queues
+    flavor = next((q.flavor for q in queues), str(claim.spec.get("flavor", "")))
+    return Contribution(flavor, {q.name: _nano(q.resources) for q in queues})
 
 
 def _parsed(claim: ClusterResourceClaim) -> ResourceClaim:
@@ -182,9 +173,11 @@ def named_queues(claims: Iterable[ClusterResourceClaim]) -> set[str]:
     return out
 
 
-def queue_api_version(queue: Mapping[str, Any]) -> str:
-    """The version the queue was read at (a projection made in code may lack it: the newest known)."""
-    return str(queue.get("apiVersion") or f"{KUEUE_GROUP}/{KUEUE_VERSIONS[0]}")
+def queue_resource(queue: Mapping[str, Any]) -> Resource:
+    """ClusterQueues at the version the queue was read at (a projection made in code may lack it:
+    the newest known)."""
+    version = str(queue.get("apiVersion") or "").rpartition("/")[2]
+    return CLUSTER_QUEUES.at(version) if version else CLUSTER_QUEUES
 
 
 def _invalid(conditions: list[dict[str, Any]]) -> bool:
@@ -307,11 +300,11 @@ class Claims:
         """Every claim's key, and those of the claims to create (``wanted``, looked up again)."""
         claims = list(self.kueue.claims.values())
         self.wanted = self._wanted(claims)
-        return [*((CLAIMS, c.metadata.name) for c in claims), *((CLAIMS, name) for name in self.wanted)]
+        return [*((CLAIMS.plural, c.metadata.name) for c in claims), *((CLAIMS.plural, name) for name in self.wanted)]
 
     def queue_keys(self) -> list[Key]:
         """The key of every ClusterQueue a claim names."""
-        return [(QUEUES, q) for q in sorted(named_queues(self.kueue.claims.values()))]
+        return [(CLUSTER_QUEUES.plural, q) for q in sorted(named_queues(self.kueue.claims.values()))]
 
     # -- evaluation -------------------------------------------------------------------------------
 
@@ -325,7 +318,7 @@ class Claims:
         settled: dict[tuple[str, str], Capacity | None] = {}
         for obj, claim in zip(claims, parsed, strict=True):
             capacity = self._live(*claim.key)
-            state = settle[claim.name] = self.settler.observe(settle_state(obj.status, claim.key), capacity, now)
+            state = settle[claim.name] = self.settler.observe(settle_state(claim_status(obj), claim.key), capacity, now)
             live.setdefault(claim.key, capacity)  # the oldest claim on a (cluster, flavor) counts
             settled.setdefault(claim.key, state.effective)
         held = {c.metadata.name: held_contribution(c) for c in claims}
@@ -377,9 +370,9 @@ class Claims:
         ev = self.evaluate()
         status = self.claim_status(claim, ev)
         if status != claim.status:
-            body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": name},
+            body = {"apiVersion": CLAIMS.api_version, "kind": CLAIMS.kind, "metadata": {"name": name},
                     "status": status}
-            outcome = await writer.apply_status(f"/apis/{API_VERSION}/{CLAIMS}/{name}", body)
+            outcome = await writer.apply_status(CLAIMS.path(name=name), body)
             if not isinstance(outcome, Done):  # failed, or deleted meanwhile
                 return RETRY if isinstance(outcome, Failed) else DONE
         return Result(requeue_after=self.due(claim, ev))
@@ -388,10 +381,10 @@ class Claims:
         """A member's flavor joined: its claim, with no assignments (the administrator's part)."""
         if (member, flavor) in {_parsed(c).key for c in self.kueue.claims.values()}:
             return DONE  # made meanwhile (by us, seen since, or by someone else)
-        body = {"apiVersion": API_VERSION, "kind": "ClusterResourceClaim",
+        body = {"apiVersion": CLAIMS.api_version, "kind": CLAIMS.kind,
                 "metadata": {"name": name, "labels": {MEMBER_LABEL: member} if len(member) <= 63 else {}},
                 "spec": {"clusterName": member, "flavor": flavor, "resourceAssignments": []}}
-        return RETRY if isinstance(await writer.create(f"/apis/{API_VERSION}/{CLAIMS}", body), Failed) else DONE
+        return RETRY if isinstance(await writer.create(CLAIMS.path(), body), Failed) else DONE
 
     async def reconcile_queue(self, name: str, writer: Writer) -> Result:
         """The ClusterQueue's nominalQuota (with actuation on), bounded per hour."""
@@ -405,7 +398,7 @@ class Claims:
             self.writes.count(name, "throttled")
             return Result(requeue_after=allowed - ev.now)
         changes = ev.plan.changes(queue)
-        outcome = await writer.json_patch(f"/apis/{queue_api_version(queue)}/{QUEUES}/{name}", patch)
+        outcome = await writer.json_patch(queue_resource(queue).path(name=name), patch)
         if isinstance(outcome, Failed):
             self.writes.count(name, "conflict" if isinstance(outcome.error, Conflict) else "error")
             return RETRY
@@ -424,12 +417,12 @@ class Claims:
             for claim in claims_of[(change.flavor, change.resource)]:
                 mine.setdefault(claim, []).append(change)
         log.info("ClusterQueue %s nominalQuota written: %s", name, changes_text(changes, claims_of),
-                 extra=fields(f"{QUEUES}.{KUEUE_GROUP}", name=name, claim=",".join(sorted(mine))))
+                 extra=fields(CLUSTER_QUEUES.name, name=name, claim=",".join(sorted(mine))))
         if self.recorder is None:
             return
         meta = queue.get("metadata")
         uid = str(meta.get("uid", "")) if isinstance(meta, Mapping) else ""
-        related = Ref(queue_api_version(queue), "ClusterQueue", name, uid)
+        related = Ref(queue_resource(queue).api_version, CLUSTER_QUEUES.kind, name, uid)
         for claim, written in sorted(mine.items()):
             obj = self.kueue.claims.get(claim)
             if obj is None:
@@ -437,7 +430,7 @@ class Claims:
             others = sorted({c for w in written for c in plan.claims_of(name, w.flavor, w.resource)} - {claim})
             note = (f"ClusterQueue {name} nominalQuota written: {changes_text(written)}"
                     + (f" (summed with claims {', '.join(others)})" if others else ""))
-            regarding = Ref(API_VERSION, "ClusterResourceClaim", claim, obj.metadata.uid)
+            regarding = Ref(CLAIMS.api_version, CLAIMS.kind, claim, obj.metadata.uid)
             await self.recorder.record(Event(regarding, QUOTA_WRITTEN, WRITE_QUOTA, note, related=related), writer)
 
 
@@ -462,8 +455,8 @@ class _ClaimsController(Controller):
 class ClaimController(_ClaimsController):
     """Each ClusterResourceClaim's status; a member flavor's claim created."""
 
-    name = CLAIMS
-    kinds: ClassVar[dict[str, str]] = {CLAIMS: "ClusterResourceClaim"}
+    name = CLAIMS.plural
+    resources = (CLAIMS,)
 
     def keys(self) -> Iterable[Key]:
         return self.claims.claim_keys()
@@ -475,8 +468,8 @@ class ClaimController(_ClaimsController):
 class ClusterQueueController(_ClaimsController):
     """The nominalQuota of each ClusterQueue a claim names (with actuation on)."""
 
-    name = QUEUES
-    kinds: ClassVar[dict[str, str]] = {QUEUES: "ClusterQueue"}
+    name = CLUSTER_QUEUES.plural
+    resources = (CLUSTER_QUEUES,)
 
     def keys(self) -> Iterable[Key]:
         return self.claims.queue_keys()

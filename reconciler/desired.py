@@ -20,9 +20,10 @@ from kubeindex.model.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
-from kubeindex.model.objects import API_VERSION, GROUP, key_of, label_workload_type
+from kubeindex.model.objects import GROUP, key_of, label_workload_type
 from kubeindex.model.owners import GroupKind
 from kubeindex.model.quantity import format_quantity
+from kubeindex.model.resources import NODE_SUMMARIES, NODE_SUMMARIZERS, WORKLOAD_SUMMARIES
 from kubeindex.model.revision import Stamped
 
 from .names import Claim, NameAllocator
@@ -145,16 +146,16 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
 def node_summary(agg: NodeGroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
     status = _drop_empty({field: value(agg) for field, value in NODE_SUMMARY_STATUS.items()})
     body = {
-        "apiVersion": API_VERSION, "kind": "NodeSummary",
+        "apiVersion": NODE_SUMMARIES.api_version, "kind": NODE_SUMMARIES.kind,
         "metadata": {
             "name": name,
             "labels": _summary_labels(agg.summarizer),
-            "ownerReferences": [{"apiVersion": API_VERSION, "kind": "NodeSummarizer", "name": agg.summarizer,
-                                 "uid": summarizer_uid, "controller": True}],
+            "ownerReferences": [{"apiVersion": NODE_SUMMARIZERS.api_version, "kind": NODE_SUMMARIZERS.kind,
+                                 "name": agg.summarizer, "uid": summarizer_uid, "controller": True}],
         },
         "spec": {"selector": {"matchLabels": {label_key: agg.value}}},
     }
-    return Desired("nodesummaries", "", name, body, status)
+    return Desired(NODE_SUMMARIES.plural, "", name, body, status)
 
 
 def _summary_labels(summarizer: str) -> dict[str, str]:
@@ -216,8 +217,9 @@ def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names:
         metadata["ownerReferences"] = [ref]
     else:  # no object to own it: the reconciler deletes it when the label's last pod is gone
         ref = {"labelKey": agg.label_key, "labelValue": agg.name}
-    body = {"apiVersion": API_VERSION, "kind": "WorkloadSummary", "metadata": metadata, "spec": {"workloadRef": ref}}
-    return Desired("workloadsummaries", agg.namespace, name, body, status)
+    body = {"apiVersion": WORKLOAD_SUMMARIES.api_version, "kind": WORKLOAD_SUMMARIES.kind, "metadata": metadata,
+            "spec": {"workloadRef": ref}}
+    return Desired(WORKLOAD_SUMMARIES.plural, agg.namespace, name, body, status)
 
 
 def _type_of(agg: WorkloadAgg, type_infos: Mapping[GroupKind, TypeInfo],
@@ -292,10 +294,10 @@ def made_from(index: ClusterIndex, plan: Layout, node_groups: Iterable[NodeGroup
     out: dict[tuple[str, str], Made] = {}
     for key in node_groups:
         if (where := plan.node_groups.get(key)) is not None:
-            out["nodesummaries", where[0]] = key
+            out[NODE_SUMMARIES.plural, where[0]] = key
     for uid in workloads:
         if (how := plan.workloads.get(uid)) is not None and (w := index.workloads.get(uid)) is not None:
-            out["workloadsummaries", key_of(w.namespace, how[0])] = uid
+            out[WORKLOAD_SUMMARIES.plural, key_of(w.namespace, how[0])] = uid
     return out
 
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from kubeindex.model.resources import EVENTS
 from kubeindex.runtime.logfields import fields
 from kubeindex.runtime.throttle import ThrottledLog
 
@@ -40,7 +41,6 @@ from .ratelimit import TokenBucket
 from .writer import NOT_FOUND, Done, Failed, Outcome
 
 log = logging.getLogger(__name__)
-API = "events.k8s.io/v1"
 NORMAL, WARNING = "Normal", "Warning"
 CLUSTER_SCOPED_NAMESPACE = "default"  # where client-go records the Events of cluster-scoped objects
 SPAM_BURST = 25  # client-go's defaultSpamBurst
@@ -178,7 +178,7 @@ class EventRecorder:
         regarding = event.regarding
         self._failures(f"{regarding.kind}/{regarding.namespace}/{regarding.name}", type(error).__name__,
                        logging.WARNING, "Event %s on %s %s not recorded: %s", event.reason, regarding.kind,
-                       regarding.name, error, extra=fields("events.events.k8s.io", regarding.namespace,
+                       regarding.name, error, extra=fields(EVENTS.name, regarding.namespace,
                                                            regarding.name, error))
         return self._count("failed")
 
@@ -193,17 +193,17 @@ class EventRecorder:
         namespace = event.regarding.namespace or CLUSTER_SCOPED_NAMESPACE
         name = self._name(event.regarding.name, now)
         body: dict[str, Any] = {
-            "apiVersion": API, "kind": "Event", "metadata": {"name": name, "namespace": namespace},
+            "apiVersion": EVENTS.api_version, "kind": EVENTS.kind, "metadata": {"name": name, "namespace": namespace},
             "eventTime": micro_time(now), "reportingController": self.controller,
             "reportingInstance": self.instance, "action": event.action, "reason": event.reason,
             "regarding": event.regarding.body(), "note": _note(event.note), "type": event.type}
         if event.related is not None:
             body["related"] = event.related.body()
-        outcome = await writer.create_event(f"/apis/{API}/namespaces/{namespace}/events", body)
+        outcome = await writer.create_event(EVENTS.path(namespace), body)
         return _Recorded(namespace, name), outcome
 
     async def _patch(self, recorded: _Recorded, now: float, writer: EventWriter) -> Outcome:
         """The repeat on the Event's series; NOT_FOUND when the Event is gone (expired)."""
         series = {"series": {"count": recorded.count, "lastObservedTime": micro_time(now)}}
-        return await writer.patch_event(f"/apis/{API}/namespaces/{recorded.namespace}/events/{recorded.name}",
+        return await writer.patch_event(EVENTS.path(recorded.namespace, recorded.name),
                                         series)

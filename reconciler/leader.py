@@ -26,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from kubeindex.client.api import ApiError, Conflict, NotFound, path_fields
+from kubeindex.model.resources import LEASES
 from kubeindex.runtime.clock import REAL, Clock
 from kubeindex.runtime.throttle import ThrottledLog
 
@@ -35,6 +38,28 @@ log = logging.getLogger(__name__)
 # Why this replica may not lead now ([] = it may). Called every retry period: keep it cheap.
 Readiness = Callable[[], list[str]]
 Listener = Callable[[bool], None]
+
+
+class LeaseSpec(msgspec.Struct):
+    holderIdentity: str | None = None
+    leaseDurationSeconds: int | None = None
+    acquireTime: str | None = None
+    renewTime: str | None = None
+    leaseTransitions: int | None = None
+
+
+class LeaseMeta(msgspec.Struct):
+    resourceVersion: str = ""
+
+
+class LeaseRecord(msgspec.Struct):
+    """What the elector reads of a coordination.k8s.io/v1 Lease (it writes the object back whole)."""
+
+    metadata: LeaseMeta = msgspec.field(default_factory=LeaseMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+_RECORD = msgspec.json.Decoder(LeaseRecord)
 
 
 class LeaseApi(Protocol):
@@ -73,13 +98,14 @@ class LeaderElector:
         self.settings = settings
         self.clock = clock
         self.may_lead = may_lead or (lambda: [])
-        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{settings.namespace}/leases"
+        self.path = LEASES.path(settings.namespace)  # where it is created
+        self.lease_path = LEASES.path(settings.namespace, settings.name)
         self._is_leader = False
         self._last_renew = 0.0  # monotonic time of our last successful acquire/renew
         self._observed: tuple[str, float] = ("", 0.0)  # (record fingerprint, when we first saw it)
         self._listeners: list[Listener] = []
         self._say = ThrottledLog(log, clock=clock.monotonic)
-        self._fields = path_fields(f"{self.path}/{settings.name}")  # the log lines' resource, namespace, name
+        self._fields = path_fields(self.lease_path)  # the log lines' resource, namespace, name
         self.last_error = ""  # why the last attempt failed ("" after a success)
         self._stopped = False  # released for good (shutdown): never take the lease again
         self._held: dict | None = None  # the lease as our last write left it (renewed without a read)
@@ -154,13 +180,14 @@ class LeaderElector:
         self._set(False)
         self._held = None
         try:
-            lease = json.loads(await self.api.request("GET", f"{self.path}/{self.settings.name}", timeout=5))
-            if lease.get("spec", {}).get("holderIdentity") == self.settings.identity:
+            answer = await self.api.request("GET", self.lease_path, timeout=5)
+            if _RECORD.decode(answer).spec.holderIdentity == self.settings.identity:
+                lease = json.loads(answer)
                 lease["spec"] |= {"holderIdentity": None, "leaseDurationSeconds": 1}
-                await self.api.request("PUT", f"{self.path}/{self.settings.name}", lease, timeout=5)
+                await self.api.request("PUT", self.lease_path, lease, timeout=5)
         except Exception as err:
             log.warning("could not release lease %s/%s: %s", self.settings.namespace, self.settings.name, err,
-                        extra=path_fields(f"{self.path}/{self.settings.name}", err))
+                        extra=path_fields(self.lease_path, err))
 
     def _spec(self, transitions: int, acquire_time: str | None = None) -> dict:
         now = _now()
@@ -183,26 +210,28 @@ class LeaderElector:
             return True
         self._held = None
         try:
-            lease = json.loads(await self._request("GET", f"{self.path}/{self.settings.name}"))
+            answer = await self._request("GET", self.lease_path)
         except NotFound:
             return await self._create()
-        spec = lease.get("spec") or {}
-        holder = spec.get("holderIdentity") or ""
-        fingerprint = f"{holder}|{spec.get('renewTime')}|{lease['metadata']['resourceVersion']}"
+        record = _RECORD.decode(answer)
+        spec = record.spec
+        holder = spec.holderIdentity or ""
+        fingerprint = f"{holder}|{spec.renewTime}|{record.metadata.resourceVersion}"
         if fingerprint != self._observed[0]:
             self._observed = (fingerprint, self.clock.monotonic())
-        duration = float(spec.get("leaseDurationSeconds") or self.settings.lease_duration)
+        duration = float(spec.leaseDurationSeconds or self.settings.lease_duration)
         expired = self.clock.monotonic() - self._observed[1] > duration
         if holder and holder != self.settings.identity and not expired:
             self._last_renew = 0.0  # someone else holds it: step down now, not at the renew deadline
             return False
-        transitions = int(spec.get("leaseTransitions") or 0)
+        transitions = spec.leaseTransitions or 0
+        lease = json.loads(answer)  # written back whole: labels and annotations others set stay
         if holder == self.settings.identity:
-            lease["spec"] = self._spec(transitions, spec.get("acquireTime"))
+            lease["spec"] = self._spec(transitions, spec.acquireTime)
         else:
             lease["spec"] = self._spec(transitions + 1)
         try:
-            self._keep(await self._request("PUT", f"{self.path}/{self.settings.name}", lease))
+            self._keep(await self._request("PUT", self.lease_path, lease))
         except Conflict:
             return False  # someone else updated it since our GET
         return True
@@ -216,7 +245,7 @@ class LeaderElector:
         spec = lease.get("spec") or {}
         lease["spec"] = self._spec(int(spec.get("leaseTransitions") or 0), spec.get("acquireTime"))
         try:
-            self._keep(await self._request("PUT", f"{self.path}/{self.settings.name}", lease))
+            self._keep(await self._request("PUT", self.lease_path, lease))
         except (ApiError, LeaseError) as err:
             log.debug("renewing lease %s/%s at the version we wrote: %s; reading it", self.settings.namespace,
                       self.settings.name, err, extra=self._fields)
@@ -232,7 +261,7 @@ class LeaderElector:
         self._held = lease if isinstance(lease, dict) and lease.get("metadata", {}).get("resourceVersion") else None
 
     async def _create(self) -> bool:
-        lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        lease = {"apiVersion": LEASES.api_version, "kind": LEASES.kind,
                  "metadata": {"name": self.settings.name, "namespace": self.settings.namespace},
                  "spec": self._spec(0)}
         try:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
 from kubeindex.client.api import ApiClient
+from kubeindex.model.resources import Resource
 from kubeindex.runtime.logfields import key_fields
 from kubeindex.watch.reflector import Reflector
 from kubeindex.watch.sources import Sources
@@ -71,7 +72,7 @@ class Controller:
     """A controller: its keys' queue, what to queue on each pass, and what to do with a key."""
 
     name: ClassVar[str]  # its queue's, in the metrics
-    kinds: ClassVar[dict[str, str]]  # the plural of its keys -> the kind, for the log
+    resources: ClassVar[tuple[Resource, ...]]  # what its keys (plural, store key) name
 
     def __init__(self, debounce: float = 0.0) -> None:
         self.queue: WorkQueue[Key] = WorkQueue(debounce, name=self.name)
@@ -220,7 +221,8 @@ class Manager:
             except Deposed:
                 pass
             except Exception as err:
-                log.exception("sync of %s %s failed", controller.kinds[key[0]], key[1],
+                kind = next((r.kind for r in controller.resources if r.plural == key[0]), key[0])
+                log.exception("sync of %s %s failed", kind, key[1],
                               extra=key_fields(key[0], key[1], err))
                 if self.leading:
                     queue.retry(key)

@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
 from kubeindex.client.api import ApiClient
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION, group_of, key_of, long_type, split_key
+from kubeindex.model.resources import BY_PLURAL, NODE_SUMMARIES, SUMMARIES, WORKLOAD_SUMMARIES
 from kubeindex.model.revision import Stamped
 from kubeindex.watch.reflector import Handler, Reflector
 from kubeindex.watch.sources import Sources
@@ -56,7 +57,6 @@ from .workqueue import AT_ONCE, Pacing
 from .writer import NOT_FOUND, Done, Failed, Outcome, Writer
 
 log = logging.getLogger(__name__)
-SUMMARIES = ("nodesummaries", "workloadsummaries")
 
 class SummaryMeta(msgspec.Struct):
     name: str = ""
@@ -106,17 +106,10 @@ def _version(outcome: Outcome | None) -> str | None:
         return None
 
 
-def _path(plural: str, namespace: str = "", name: str = "") -> str:
-    base = f"/apis/{API_VERSION}"
-    if namespace:
-        base += f"/namespaces/{namespace}"
-    return f"{base}/{plural}" + (f"/{name}" if name else "")
-
-
 def claim_of_summary(plural: str, obj: Summary) -> Claim | None:
     """The claim an existing summary object holds, read back from its ownerReference and spec (its
     name may be plain or hashed); desired.claim_of_workload goes the other way, from a workload."""
-    if plural == "nodesummaries":
+    if plural == NODE_SUMMARIES.plural:
         owner = next((r.get("name") for r in obj.metadata.ownerReferences if r.get("kind") == "NodeSummarizer"), None)
         labels = (obj.spec.get("selector") or {}).get("matchLabels") or {}
         return node_claim(owner, next(iter(labels.values()))) if owner and len(labels) == 1 else None
@@ -149,12 +142,12 @@ class SummaryPacing:
         self._workload = {True: Pacing(delay=debounce), False: Pacing(debounce, pods.debounce, pods.beat)}
 
     def __call__(self, plural: str, news: bool) -> Pacing:
-        return (self._workload if plural == "workloadsummaries" else self._node)[news]
+        return (self._workload if plural == WORKLOAD_SUMMARIES.plural else self._node)[news]
 
 
 class SummaryController(Controller):
     name = "summaries"
-    kinds: ClassVar[dict[str, str]] = {"nodesummaries": "NodeSummary", "workloadsummaries": "WorkloadSummary"}
+    resources = SUMMARIES
 
     def __init__(self, api: ApiClient, index: ClusterIndex, sources: Sources, writer: Writer,
                  settings: ReconcilerSettings | None = None) -> None:
@@ -164,29 +157,29 @@ class SummaryController(Controller):
         self.sources = sources
         self.writer = writer
         self.pacing = SummaryPacing(self.settings.debounce, self.settings.pod_debounce)
-        self.actual: dict[str, dict[str, Summary]] = {p: {} for p in SUMMARIES}
-        self.held: dict[str, dict[Claim, set[str]]] = {p: {} for p in SUMMARIES}  # claim -> names of objects
+        self.actual: dict[str, dict[str, Summary]] = {r.plural: {} for r in SUMMARIES}
+        self.held: dict[str, dict[Claim, set[str]]] = {r.plural: {} for r in SUMMARIES}  # claim -> names of objects
         self.desired: dict[Key, Desired] = {}
         self._redo: dict[Key, Made] = {}  # desired objects to make again when their key is taken
         self._writing: dict[Key, list[str]] = {}  # keys being applied: resourceVersions seen meanwhile
         self._synced: dict[Key, tuple[str, Desired]] = {}  # the version each key's last sync left, and what it held
-        self.naming = Naming(NameAllocator(), NameAllocator(), self.held["nodesummaries"],
-                             self.held["workloadsummaries"])
+        self.naming = Naming(NameAllocator(), NameAllocator(), self.held[NODE_SUMMARIES.plural],
+                             self.held[WORKLOAD_SUMMARIES.plural])
         self._desired_cache: Cache = Stamped()
         self.infos: dict[tuple[str, str], TypeInfo] = {}  # the kinds whose summaries can be written
         self._uids: dict[str, str] = {}  # the NodeSummarizers' UIDs the layout was made with
         self._layout: Layout | None = None  # names and types of every object, from the last full pass
         self._changes = index.cursor()  # what the index changed since the last pass
         self.watches = [
-            Reflector(api, f"own-{plural}", _path(plural), Summary,
-                      Handler(partial(self._seen, plural), partial(self._gone, plural)),
+            Reflector(api, f"own-{r.plural}", r.path(), Summary,
+                      Handler(partial(self._seen, r.plural), partial(self._gone, r.plural)),
                       settings=sources.settings, label_selector=f"{MANAGED_BY}={MANAGER}")
-            for plural in SUMMARIES
+            for r in SUMMARIES
         ]
 
     def synced(self) -> str:
-        return (f"{len(self.actual['nodesummaries'])} NodeSummaries, "
-                f"{len(self.actual['workloadsummaries'])} WorkloadSummaries exist")
+        return (f"{len(self.actual[NODE_SUMMARIES.plural])} NodeSummaries, "
+                f"{len(self.actual[WORKLOAD_SUMMARIES.plural])} WorkloadSummaries exist")
 
     def reset(self) -> None:
         super().reset()
@@ -276,7 +269,7 @@ class SummaryController(Controller):
         previous, self.desired = self.desired, desired
         if self._resync:
             self._resync = False
-            for key in [*desired, *((p, k) for p in SUMMARIES for k in self.actual[p])]:
+            for key in [*desired, *((p, k) for p in self.actual for k in self.actual[p])]:
                 self.queue.add(key)
             return
         for key, d in desired.items():
@@ -369,7 +362,7 @@ class SummaryController(Controller):
         """An apply. An event on our watch while it is under way waits for the answer: the write's
         echo (at the version it made) queues nothing, any other change queues the key."""
         namespace, name = split_key(key[1])
-        path = _path(key[0], namespace, name)
+        path = BY_PLURAL[key[0]].path(namespace, name)
         seen = self._writing[key] = []
         outcome: Outcome | None = None
         try:
@@ -382,4 +375,5 @@ class SummaryController(Controller):
         return outcome
 
     async def _delete(self, key: Key, obj: Summary) -> Outcome:
-        return await self.writer.delete(_path(key[0], obj.metadata.namespace, obj.metadata.name), obj.metadata.uid)
+        return await self.writer.delete(BY_PLURAL[key[0]].path(obj.metadata.namespace, obj.metadata.name),
+                                       obj.metadata.uid)

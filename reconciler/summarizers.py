@@ -18,11 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Container, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 from kubeindex.model.index import ClusterIndex, WorkloadAgg
 from kubeindex.model.objects import (
-    API_VERSION,
     GROUP,
     LABEL_WORKLOAD_PREFIX,
     NodeSummarizer,
@@ -30,6 +29,7 @@ from kubeindex.model.objects import (
     WorkloadSummarizerSpec,
 )
 from kubeindex.model.owners import GroupKind
+from kubeindex.model.resources import BY_PLURAL, SUMMARIZERS
 from kubeindex.model.revision import Stamped
 from kubeindex.runtime.logfields import fields
 from kubeindex.watch.sources import Summarizers
@@ -155,7 +155,7 @@ class SummarizerController(Controller):
     ``usable``: the kinds whose WorkloadSummaries can be written now (the summary controller's)."""
 
     name = "summarizers"
-    kinds: ClassVar[dict[str, str]] = {"nodesummarizers": "NodeSummarizer", "workloadsummarizers": "WorkloadSummarizer"}
+    resources = SUMMARIZERS
 
     def __init__(self, statuses: SummarizerStatuses, writer: Writer, usable: Callable[[], Container[GroupKind]],
                  debounce: float, interval: float) -> None:
@@ -179,8 +179,9 @@ class SummarizerController(Controller):
         if status is None:
             return DONE
         self.queue.wrote(key)
-        body = {"apiVersion": API_VERSION, "kind": self.kinds[plural], "metadata": {"name": name}, "status": status}
-        return RETRY if isinstance(await self.writer.apply_status(f"/apis/{API_VERSION}/{plural}/{name}", body),
+        resource = BY_PLURAL[plural]
+        body = {"apiVersion": resource.api_version, "kind": resource.kind, "metadata": {"name": name}, "status": status}
+        return RETRY if isinstance(await self.writer.apply_status(resource.path(name=name), body),
                                    Failed) else DONE
 
 

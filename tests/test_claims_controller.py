@@ -25,11 +25,11 @@ from kubeindex.model.objects import (
     ResourceFlavorSpec,
     ResourceGroup,
     ResourceQuota,
+    claim_status,
 )
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
 from kubeindex.runtime.logfields import FIELDS
 from reconciler.claims import (
-    CLAIMS,
-    QUEUES,
     ClaimController,
     Claims,
     ClaimSettings,
@@ -97,7 +97,7 @@ def index() -> ClusterIndex:
 
 def run(claims: Claims, key: Key, api: Recorder | Cluster) -> Result:
     """What the key's controller does with it, through a writer that leads, unthrottled."""
-    controller = (ClaimController if key[0] == CLAIMS else ClusterQueueController)(claims, Writer(api))
+    controller = (ClaimController if key[0] == CLAIMS.plural else ClusterQueueController)(claims, Writer(api))
     return asyncio.run(controller.reconcile(key))
 
 
@@ -123,9 +123,10 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
     index.kueue.upsert_claim(claim())
     for actuation in (True, False):
         claims, request = Claims(index.kueue, ClaimSettings(actuation=actuation), Clock()), Recorder()
-        assert set(changed(claims)) == {(CLAIMS, "pool"), (QUEUES, "prod"), (QUEUES, "research")}
+        assert set(changed(claims)) == {(CLAIMS.plural, "pool"), (CLUSTER_QUEUES.plural, "prod"),
+                                        (CLUSTER_QUEUES.plural, "research")}
         assert changed(claims) == []  # nothing changed since
-        assert run(claims, (CLAIMS, "pool"), request) == DONE
+        assert run(claims, (CLAIMS.plural, "pool"), request) == DONE
         status = written_status(request)
         assert status["observedGeneration"] == 3 and "pendingSince" not in status
         assert status["settledFor"] == {"clusterName": "local", "flavor": "a100"}
@@ -133,7 +134,7 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
                                     {"name": "research", "resources": {GPU: "3"}, "flavor": "a100"}]
         assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "True"
         request.calls.clear()
-        run(claims, (QUEUES, "prod"), request)
+        run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
         if actuation:
             method, path, body = request.calls[0]
             assert (method, path) == ("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod")
@@ -151,11 +152,11 @@ def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index
     clock = Clock()
     claims, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
     index.kueue.upsert_claim(claim())
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     index.kueue.upsert_claim(claim(status=written_status(request)))  # the watch brings it back
     index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
     clock.now += 10
-    again = run(claims, (CLAIMS, "pool"), request)
+    again = run(claims, (CLAIMS.plural, "pool"), request)
     assert again.requeue_after == pytest.approx(120.5)
     status = written_status(request)
     assert status["pendingSince"] == "2027-01-15T08:00:10Z" and status["settledResources"][GPU] == "8"
@@ -165,15 +166,16 @@ def test_a_capacity_change_settles_and_a_new_leader_goes_on_with_the_timer(index
     # This replica is gone; a new leader 60 s later: the change is still 60 s away, not 120.
     clock.now += 60
     leader, request = Claims(index.kueue, ClaimSettings(settle=120, actuation=True), clock), Recorder()
-    assert settle_state(status, ("local", "a100")).since == clock.now - 60
-    assert settle_state(status, ("local", "h100")).effective is None  # another flavor: afresh
-    assert run(leader, (CLAIMS, "pool"), request).requeue_after == pytest.approx(60.5)
+    kept = claim_status(claim(status=status))
+    assert settle_state(kept, ("local", "a100")).since == clock.now - 60
+    assert settle_state(kept, ("local", "h100")).effective is None  # another flavor: afresh
+    assert run(leader, (CLAIMS.plural, "pool"), request).requeue_after == pytest.approx(60.5)
     assert request.calls == []  # nothing to write: the same status
-    run(leader, (QUEUES, "prod"), request)
+    run(leader, (CLUSTER_QUEUES.plural, "prod"), request)
     assert [op["value"] for op in request.calls[0][2][1:]] == ["8", "4"]  # still the settled capacity
     clock.now += 61
     request.calls.clear()
-    assert run(leader, (CLAIMS, "pool"), request) == DONE
+    assert run(leader, (CLAIMS.plural, "pool"), request) == DONE
     status = written_status(request)
     assert "pendingSince" not in status and status["settledResources"][GPU] == "4"
     over = next(c for c in status["conditions"] if c["type"] == "OverAllocated")
@@ -186,13 +188,13 @@ def test_an_unchanged_condition_keeps_its_time(index: ClusterIndex) -> None:
     clock = Clock()
     claims, request = Claims(index.kueue, ClaimSettings(), clock), Recorder()
     index.kueue.upsert_claim(claim())
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     first = written_status(request)
     index.kueue.upsert_claim(claim(status=first))
     clock.now += 300
     index.kueue.upsert_claim(claim(status={**first, "conditions": [{**c, "message": "stale"}
                                                                    for c in first["conditions"]]}))
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     assert [c["lastTransitionTime"] for c in written_status(request)["conditions"]] == \
            [c["lastTransitionTime"] for c in first["conditions"]]
 
@@ -202,7 +204,7 @@ def test_a_queue_is_patched_at_the_version_it_was_read_at(index: ClusterIndex) -
     index.kueue.upsert_cluster_queue(queue("prod", api="kueue.x-k8s.io/v1beta1"))
     index.kueue.upsert_claim(claim())
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
-    run(claims, (QUEUES, "prod"), request)
+    run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
     assert request.calls[0][:2] == ("PATCH", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
 
 
@@ -213,8 +215,8 @@ def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(in
     index.kueue.upsert_claim(claim())
     assert changed(claims) and changed(claims) == []
     problem[0] = "ClusterQueue (kueue.x-k8s.io): served only at kueue.x-k8s.io/v1"
-    assert (CLAIMS, "pool") in changed(claims)  # the problem's change alone queues the claims again
-    run(claims, (CLAIMS, "pool"), request)
+    assert (CLAIMS.plural, "pool") in changed(claims)  # the problem's change alone queues the claims again
+    run(claims, (CLAIMS.plural, "pool"), request)
     ready = next(c for c in written_status(request)["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "KueueVersionUnknown")
     assert ready["message"] == ("ClusterQueue (kueue.x-k8s.io): served only at kueue.x-k8s.io/v1; the quota last "
@@ -224,11 +226,11 @@ def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(in
 def test_a_claim_on_another_cluster_is_held_as_cluster_unknown(index: ClusterIndex) -> None:
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
     index.kueue.upsert_claim(claim(cluster="member-1"))
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     ready = next(c for c in written_status(request)["conditions"] if c["type"] == "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ClusterUnknown") and "member-1" in ready["message"]
     request.calls.clear()
-    run(claims, (QUEUES, "prod"), request)
+    run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
     assert request.calls == []
 
 
@@ -237,14 +239,14 @@ def test_writes_per_queue_are_bounded_per_hour_and_a_conflict_is_counted(index: 
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True, max_writes_per_hour=2), clock), Recorder()
     index.kueue.upsert_claim(claim())
     for n in range(2):
-        run(claims, (QUEUES, "prod"), request)
+        run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
         index.kueue.upsert_cluster_queue(queue("prod", version=str(n + 2)))  # as if another manager reset it
         clock.now += 60
-    assert run(claims, (QUEUES, "prod"), request).requeue_after == pytest.approx(3600 - 120)
+    assert run(claims, (CLUSTER_QUEUES.plural, "prod"), request).requeue_after == pytest.approx(3600 - 120)
     assert claims.writes.counts == {("prod", "applied"): 2, ("prod", "throttled"): 1}
     clock.now += 3600
     request.fail = Conflict(409, "Conflict", "the object has been modified")
-    assert run(claims, (QUEUES, "prod"), request) == RETRY  # with backoff
+    assert run(claims, (CLUSTER_QUEUES.plural, "prod"), request) == RETRY  # with backoff
     assert claims.writes.counts[("prod", "conflict")] == 1
 
 
@@ -254,12 +256,12 @@ def test_hold_keeps_the_contribution_kept_in_the_status(index: ClusterIndex) -> 
     held = claim()  # research 3 GPUs, prod 50%: 3 + 4 of 8 fit
     held.spec["overAllocation"] = "Hold"
     index.kueue.upsert_claim(held)
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     before = written_status(request)
     index.kueue.upsert_claim(ClusterResourceClaim(held.metadata, held.spec, before))  # the watch brings it back
     index.upsert_node(make_node("n2", {"pool": "a100"}, ready="False", allocatable=NODE))
     clock.now += 1
-    run(claims, (CLAIMS, "pool"), request)  # a settle of 0: at once
+    run(claims, (CLAIMS.plural, "pool"), request)  # a settle of 0: at once
     status = written_status(request)
     assert status["shortfall"] == {GPU: "1"}  # research's 3 and half of 4 GPUs, of 4
     assert status["queues"] == before["queues"]  # held: what was applied
@@ -274,7 +276,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), clock, recorder=recorder), Recorder()
     index.kueue.upsert_claim(claim())
     caplog.set_level("INFO", logger="reconciler.claims")
-    run(claims, (QUEUES, "prod"), request)
+    run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
     assert [c[:2] for c in request.calls] == [("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod"),
                                               ("POST", "/apis/events.k8s.io/v1/namespaces/default/events")]
     [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
@@ -299,7 +301,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
                 raise Forbidden(403, "Forbidden", "events is forbidden")
             return await super().request(method, path, body, **kwargs)
 
-    assert run(claims, (QUEUES, "research"), RefusingEvents()) == DONE
+    assert run(claims, (CLUSTER_QUEUES.plural, "research"), RefusingEvents()) == DONE
     assert claims.writes.counts[("research", "applied")] == 1 and recorder.counts["failed"] == 1
     assert "ClusterQueue research nominalQuota written: flavor a100 nvidia.com/gpu 0 -> 3 (claim pool)" in caplog.text
 
@@ -320,12 +322,12 @@ def test_a_claim_moved_to_another_flavor_takes_its_capacity_at_once(index: Clust
     clock = Clock()
     claims, request = Claims(index.kueue, ClaimSettings(settle=120), clock), Recorder()
     index.kueue.upsert_claim(claim())
-    run(claims, (CLAIMS, "pool"), request)
+    run(claims, (CLAIMS.plural, "pool"), request)
     moved = claim(status=written_status(request))
     moved.spec["flavor"] = "h100"
     index.kueue.upsert_claim(moved)
     clock.now += 1
-    assert run(claims, (CLAIMS, "pool"), request) == DONE  # nothing pending: no 120 s on a100's capacity
+    assert run(claims, (CLAIMS.plural, "pool"), request) == DONE  # nothing pending: no 120 s on a100's capacity
     status = written_status(request)
     assert status["settledResources"][GPU] == "4" and status["settledFor"]["flavor"] == "h100"
     assert "pendingSince" not in status

@@ -7,7 +7,7 @@ import asyncio
 import json
 import math
 import time
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from kubernetes import client
@@ -15,6 +15,7 @@ from kubernetes import client
 from kubeindex.client.api import ApiClient, Connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION, NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
+from kubeindex.model.resources import Resource
 from kubeindex.watch.sources import Sources
 from reconciler import desired
 from reconciler.desired import TypeInfo, desired_state
@@ -117,7 +118,7 @@ class Things(Controller):
     answers, in turn."""
 
     name = "things"
-    kinds: ClassVar[dict[str, str]] = {"things": "Thing"}
+    resources = (Resource("example.com", "v1", "Thing", "things", False),)
 
     def __init__(self, answers: list[Result | Exception]) -> None:
         super().__init__()

@@ -16,6 +16,19 @@ import yaml
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import kwok_node
 from deploy.image import version as package_version
+from kubeindex.model import resources
+from kubeindex.model.resources import (
+    ACCESS_REVIEWS,
+    CLAIMS,
+    CLUSTER_QUEUES,
+    EVENTS,
+    LEASES,
+    MULTIKUEUE_CLUSTERS,
+    RESOURCE_FLAVORS,
+    SECRETS,
+    TOKEN_REVIEWS,
+    WORKLOAD_SUMMARIES,
+)
 from localkube.build import KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
@@ -322,12 +335,18 @@ def _used(kube: AuditedCluster) -> set[tuple[str, str, str]]:
 
 
 def test_role_grants_exactly_what_the_service_uses(kube: AuditedCluster, as_service_account: Service) -> None:
-    expected = {("ux.sean.example.com", "workloadsummaries", "delete"), ("coordination.k8s.io", "leases", "update"),
-                ("authentication.k8s.io", "tokenreviews", "create"),
-                ("authorization.k8s.io", "subjectaccessreviews", "create"),
-                ("kueue.x-k8s.io", "resourceflavors", "watch"), ("kueue.x-k8s.io", "clusterqueues", "watch"),
-                ("ux.sean.example.com", "clusterresourceclaims", "watch"),
-                ("ux.sean.example.com", "clusterresourceclaims/status", "patch")}
+    expected = {(WORKLOAD_SUMMARIES.group, WORKLOAD_SUMMARIES.plural, "delete"),
+                (LEASES.group, LEASES.plural, "update"),
+                (TOKEN_REVIEWS.group, TOKEN_REVIEWS.plural, "create"),
+                (ACCESS_REVIEWS.group, ACCESS_REVIEWS.plural, "create"),
+                (RESOURCE_FLAVORS.group, RESOURCE_FLAVORS.plural, "watch"),
+                (CLUSTER_QUEUES.group, CLUSTER_QUEUES.plural, "watch"),
+                (CLAIMS.group, CLAIMS.plural, "watch"), (CLAIMS.group, f"{CLAIMS.plural}/status", "patch")}
+    # Every resource the service declares it reads or writes is granted something.
+    declared = {(r.group, r.plural) for r in vars(resources).values() if isinstance(r, resources.Resource)}
+    assert declared - {(g, r) for g, r, _ in _granted()} == {
+        (EVENTS.group, EVENTS.plural),  # deploy/with-quota-actuation/ grants them
+        (SECRETS.group, SECRETS.plural), (MULTIKUEUE_CLUSTERS.group, MULTIKUEUE_CLUSTERS.plural)}  # a fleet hub's
     try:
         wait_for(lambda: expected <= _used(kube), timeout=30)
     except AssertionError:

@@ -30,7 +30,7 @@ import pytest
 
 from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
-from kubeindex.client.api import ApiResource, NotFound
+from kubeindex.client.api import NotFound
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import (
     API_VERSION,
@@ -49,6 +49,7 @@ from kubeindex.model.objects import (
     ResourceFlavorSpec,
 )
 from kubeindex.model.quantity import NANO
+from kubeindex.model.resources import CLAIMS, Resource
 from kubeindex.watch.fleet import RECHECK, Fleet
 from kubeindex.watch.fleet import Member as FleetMember
 from kubeindex.watch.reflector import Reflector
@@ -56,7 +57,7 @@ from localkube.build import HELM
 from localkube.cluster import LocalCluster, Options
 from localkube.proxy import StallingProxy
 from localkube.service import Service, select, value, wait_for
-from reconciler.claims import CLAIMS, ClaimController, Claims, ClaimSettings, member_claim_name
+from reconciler.claims import ClaimController, Claims, ClaimSettings, member_claim_name
 from reconciler.writer import Writer
 from tests.clock import FakeClock, settle
 from tests.fleetkit import (
@@ -114,9 +115,9 @@ class Secrets:
         return json.dumps({"data": {"kubeconfig": base64.b64encode(self.kubeconfigs[name].encode()).decode()}}).encode()
 
 
-async def v1beta2(api: object) -> list[ApiResource]:
+async def v1beta2(api: object) -> list[Resource]:
     """A member's discovery: ResourceFlavors served at v1beta2 (and v1beta1, less preferred)."""
-    return [ApiResource(KUEUE_GROUP, v, "ResourceFlavor", "resourceflavors", False) for v in ("v1beta2", "v1beta1")]
+    return [Resource(KUEUE_GROUP, v, "ResourceFlavor", "resourceflavors", False) for v in ("v1beta2", "v1beta1")]
 
 
 def multikueue_cluster(name: str, secret: str) -> MultiKueueCluster:
@@ -221,7 +222,7 @@ class Requests:
 
 
 async def reconcile(claims: Claims, name: str, requests: Requests) -> None:
-    await ClaimController(claims, Writer(requests)).reconcile((CLAIMS, name))
+    await ClaimController(claims, Writer(requests)).reconcile((CLAIMS.plural, name))
 
 
 def queued(claims: Claims) -> list[tuple[str, str]]:
@@ -242,9 +243,9 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         claims = Claims(index.kueue, ClaimSettings(), clock=lambda: 1_800_000_000.0 + clock.now, fleet=fleet)
         fleet.upsert(multikueue_cluster("a", "member-a"))
         await settle()
-        assert (CLAIMS, "a-a100") not in queued(claims)  # not synced yet: no capacity, no claim
+        assert (CLAIMS.plural, "a-a100") not in queued(claims)  # not synced yet: no capacity, no claim
         feed(fleet.members["a"])
-        assert (CLAIMS, "a-a100") in queued(claims)
+        assert (CLAIMS.plural, "a-a100") in queued(claims)
         await reconcile(claims, "a-a100", requests)
         method, path, body = requests.calls[-1]
         assert (method, path) == ("POST", f"/apis/{API_VERSION}/clusterresourceclaims")
@@ -252,7 +253,7 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         assert body["spec"] == {"clusterName": "a", "flavor": "a100", "resourceAssignments": []}
 
         index.kueue.upsert_claim(seen("a-a100", body["spec"]))
-        assert (CLAIMS, "a-a100") in queued(claims) and claims.wanted == {}
+        assert (CLAIMS.plural, "a-a100") in queued(claims) and claims.wanted == {}
         await reconcile(claims, "a-a100", requests)
         status = requests.calls[-1][2]["status"]
         assert status["nominalResources"] == {"cpu": "16", GPU[1]: "8"}

@@ -26,9 +26,10 @@ import yaml
 
 import kubeindex.watch.discovery as discovery
 from demo.kueue import V014, V019
-from kubeindex.client.api import ApiClient, ApiResource, load_connection
+from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSIONS, MultiKueueCluster
+from kubeindex.model.resources import Resource
 from kubeindex.watch.discovery import KindDiscovery, choose
 from kubeindex.watch.fleet import Fleet
 from kubeindex.watch.reflector import WatchSettings
@@ -42,8 +43,8 @@ from tests.kube import create_node, found, get_object, until
 from tests.paths import CRDS
 
 
-def resource(version: str, kind: str = "ResourceFlavor") -> ApiResource:
-    return ApiResource(KUEUE_GROUP, version, kind, f"{kind.lower()}s", False)
+def resource(version: str, kind: str = "ResourceFlavor") -> Resource:
+    return Resource(KUEUE_GROUP, version, kind, f"{kind.lower()}s", False)
 
 
 # -- without a cluster ---------------------------------------------------------------------------
@@ -62,17 +63,17 @@ class ServedAt:
     def __init__(self, versions: tuple[str, ...]) -> None:
         self.versions = versions
 
-    async def served_resources(self, group: str, kind: str) -> list[ApiResource]:
+    async def served_resources(self, group: str, kind: str) -> list[Resource]:
         return [resource(v, kind) for v in self.versions]
 
-    async def preferred_resource(self, group: str, kind: str, version: str | None = None) -> ApiResource | None:
+    async def preferred_resource(self, group: str, kind: str, version: str | None = None) -> Resource | None:
         return resource(version or self.versions[0], kind)
 
 
 def test_a_kind_served_only_at_unknown_versions_is_said_once_and_forgotten_when_fixed(
         caplog: pytest.LogCaptureFixture) -> None:
     async def scenario() -> None:
-        found_: list[ApiResource] = []
+        found_: list[Resource] = []
         api = ServedAt(("v1", "v2"))
         tasks: set[asyncio.Task] = set()
         finder = KindDiscovery(api, lambda c: _keep(tasks, asyncio.ensure_future(c)),  # type: ignore[arg-type]
@@ -130,7 +131,7 @@ def test_a_member_the_hub_cannot_read_is_said_in_its_claims_ready(caplog: pytest
     """By clusterProfileRef (its credentials come from an exec plugin); or a member whose Kueue serves
     ResourceFlavors only at a version not known: MemberUnsupported, saying what to do, and logged."""
     async def scenario() -> None:
-        async def future_kueue(api: ApiClient) -> list[ApiResource]:
+        async def future_kueue(api: ApiClient) -> list[Resource]:
             return [resource("v1")]
 
         clock = FakeClock()

@@ -213,12 +213,13 @@ def test_readyz_names_an_uninstalled_resource(kube: LocalCluster) -> None:
     async def run() -> tuple[int, str]:
         async with RecordingApi(load_connection(str(kube.kubeconfig))) as api:
             sources = Sources(api, ClusterIndex(), FAST)
-            ours = sources_module.API_VERSION
-            try:
-                sources_module.API_VERSION = "not-installed.example.com/v1alpha1"
+            ours = sources_module.NODE_SUMMARIZERS, sources_module.WORKLOAD_SUMMARIZERS
+            try:  # the summarizers in a group no CRD serves
+                sources_module.NODE_SUMMARIZERS, sources_module.WORKLOAD_SUMMARIZERS = (
+                    dataclasses.replace(r, group="not-installed.example.com") for r in ours)
                 await sources.start()
             finally:
-                sources_module.API_VERSION = ours
+                sources_module.NODE_SUMMARIZERS, sources_module.WORKLOAD_SUMMARIZERS = ours
             try:
                 await until(lambda: sources.reflectors["nodesummarizers"].last_error_status == 404)
                 async with TestClient(TestServer(make_app(None, sources))) as client:

@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
+from ..model.resources import Resource
 from ..runtime.histogram import REQUEST_BUCKETS, Histogram
 from ..runtime.logfields import Extra, Told, fields
 from . import exchange, protobuf, watchstream
@@ -290,30 +291,6 @@ def _connection(where: str, load: Callable[[], None], config: k8s_client.Configu
     return Connection(config.host.rstrip("/"), ssl_context, config)
 
 
-@dataclass(frozen=True)
-class ApiResource:
-    group: str
-    version: str
-    kind: str
-    plural: str
-    namespaced: bool
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    @property
-    def path(self) -> str:
-        """Collection path across all namespaces."""
-        prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        return f"{prefix}/{self.plural}"
-
-    @property
-    def name(self) -> str:
-        """Short name for logs and metric labels, e.g. "replicasets.apps"."""
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-
 def predates_watch_list(version: dict[str, Any]) -> str:
     """Why a server of this /version cannot stream lists, or "". Servers before 1.27 ignore
     sendInitialEvents and never send the bookmark that ends the initial state: a WatchList there
@@ -400,7 +377,7 @@ class ApiClient:
         # Told when a request's connection went silent (see _silent): the watches reconnect.
         self.on_silence: list[Callable[[], None]] = []
         self._silence_told = -SILENCE_EVERY
-        self._discovery: dict[str, dict[str, ApiResource]] = {}  # apiVersion -> kind -> resource
+        self._discovery: dict[str, dict[str, Resource]] = {}  # apiVersion -> kind -> resource
         # The server's answer to the first streaming list (WatchList) it refused, e.g. with its
         # WatchList feature gate off: remembered for this server, so every reflector lists instead.
         self.watch_list_refused = ""
@@ -595,7 +572,7 @@ class ApiClient:
 
     # -- discovery ---------------------------------------------------------------------------
 
-    async def _group_version(self, api_version: str, refresh: bool = False) -> dict[str, ApiResource]:
+    async def _group_version(self, api_version: str, refresh: bool = False) -> dict[str, Resource]:
         if api_version in self._discovery and not refresh:
             return self._discovery[api_version]
         path = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
@@ -605,21 +582,21 @@ class ApiClient:
             body = {"resources": []}
         group, _, version = api_version.rpartition("/")
         kinds = {
-            r["kind"]: ApiResource(group, version, r["kind"], r["name"], r["namespaced"])
+            r["kind"]: Resource(group, version, r["kind"], r["name"], r["namespaced"])
             for r in body.get("resources", [])
             if "/" not in r["name"] and {"list", "watch"} <= set(r.get("verbs", []))
         }
         self._discovery[api_version] = kinds
         return kinds
 
-    async def resource_for(self, api_version: str, kind: str) -> ApiResource | None:
+    async def resource_for(self, api_version: str, kind: str) -> Resource | None:
         """The listable/watchable resource of ``kind`` in ``api_version`` (None: not served)."""
         kinds = await self._group_version(api_version)
         if kind not in kinds:
             kinds = await self._group_version(api_version, refresh=True)
         return kinds.get(kind)
 
-    async def preferred_resource(self, group: str, kind: str, version: str | None = None) -> ApiResource | None:
+    async def preferred_resource(self, group: str, kind: str, version: str | None = None) -> Resource | None:
         """The resource of group/kind at ``version``, or at the group's preferred version."""
         if version:
             return await self.resource_for(f"{group}/{version}" if group else version, kind)
@@ -631,7 +608,7 @@ class ApiClient:
                 return resource
         return None
 
-    async def served_resources(self, group: str, kind: str) -> list[ApiResource]:
+    async def served_resources(self, group: str, kind: str) -> list[Resource]:
         """The kind's resource at every version of the group that serves it, the preferred first."""
         out = []
         for api_version in await self._group_versions(group):

@@ -264,6 +264,49 @@ class ClusterResourceClaim(Struct):
     status: dict[str, Any] = field(default_factory=dict)  # whole: the controller compares it with the one it wants
 
 
+class ClaimQueue(Struct):
+    name: str = ""
+    flavor: str = ""
+    resources: dict[str, str] = field(default_factory=dict)
+
+
+class Condition(Struct):
+    type: str = ""
+    status: str = ""
+    reason: str | None = None
+
+
+class SettledFor(Struct):
+    clusterName: str = ""
+    flavor: str = ""
+
+
+class ClaimStatus(Struct):
+    """What is read of a claim's status (the exporter's claim series, the controller's settle and
+    Hold): its shape is the CRD's structural schema, quantities still text."""
+
+    nominalResources: dict[str, str] = field(default_factory=dict)
+    settledResources: dict[str, str] = field(default_factory=dict)
+    settledFor: SettledFor | None = None
+    pendingSince: str = ""
+    assigned: dict[str, str] = field(default_factory=dict)
+    shortfall: dict[str, str] = field(default_factory=dict)
+    queues: list[ClaimQueue] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
+
+    def ready_reason(self) -> str | None:
+        return next((c.reason for c in self.conditions if c.type == "Ready"), None)
+
+
+def claim_status(claim: ClusterResourceClaim) -> ClaimStatus:
+    """The claim's status, typed. One the schema would refuse (written past it, or by a test) reads
+    as none at all: the controller then writes it afresh."""
+    try:
+        return msgspec.convert(claim.status, ClaimStatus, strict=False)
+    except msgspec.ValidationError:
+        return ClaimStatus()
+
+
 # -- List and watch envelopes --------------------------------------------------------------------
 
 class ListMeta(Struct):

@@ -23,8 +23,9 @@ import logging
 from collections.abc import Callable, Container, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..client.api import ApiClient, ApiResource
+from ..client.api import ApiClient
 from ..model.objects import long_type
+from ..model.resources import Resource
 from ..runtime.backoff import sleep_jittered
 from ..runtime.logfields import fields
 
@@ -34,7 +35,7 @@ DISCOVERY_RETRY_SECONDS = 30.0
 LOOKUP_ATTEMPTS = 5
 Need = tuple[str, str, str | None]  # (group, kind, version; None: any served version)
 Spawn = Callable[[Coroutine[Any, Any, None]], asyncio.Task]  # runs a task its owner stops
-Found = Callable[[Need, ApiResource], None]
+Found = Callable[[Need, Resource], None]
 Known = Mapping[str, Sequence[str]]  # group -> the versions this code reads, newest first
 
 
@@ -46,7 +47,7 @@ def describe(need: Need) -> str:
     return f"{kind} ({group or 'core'})"
 
 
-def choose(served: Sequence[ApiResource], known: Sequence[str]) -> ApiResource | None:
+def choose(served: Sequence[Resource], known: Sequence[str]) -> Resource | None:
     """The first of ``served`` (the API server's order of preference) at a version ``known``."""
     return next((r for r in served if r.version in known), None)
 
@@ -63,7 +64,7 @@ class KindDiscovery:
         self._found = found
         self._optional = optional  # not served is no problem for these: said at INFO
         self._known = known or {}
-        self._answers: dict[Need, ApiResource | None] = {}  # None: not served; absent: not known
+        self._answers: dict[Need, Resource | None] = {}  # None: not served; absent: not known
         self._pending: set[Need] = set()  # being looked up
         self.unknown: dict[Need, tuple[str, ...]] = {}  # served only at these versions, none known
 
@@ -75,7 +76,7 @@ class KindDiscovery:
     def knows(self, need: Need) -> bool:
         return need in self._answers
 
-    def resource(self, need: Need) -> ApiResource | None:
+    def resource(self, need: Need) -> Resource | None:
         """The resource serving the need; None when not served or not known."""
         return self._answers.get(need)
 
@@ -124,7 +125,7 @@ class KindDiscovery:
         finally:
             self._pending.discard(need)
 
-    async def _resource(self, need: Need) -> ApiResource | None:
+    async def _resource(self, need: Need) -> Resource | None:
         group, kind, version = need
         known = self._known.get(group)
         if version or known is None:

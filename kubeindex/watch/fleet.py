@@ -39,16 +39,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..client.api import ApiClient, ApiError, ApiResource, ConfigError, connection_from_kubeconfig
+from ..client.api import ApiClient, ApiError, ConfigError, connection_from_kubeconfig
 from ..model.objects import (
-    API_VERSION,
-    KUEUE_GROUP,
     KUEUE_VERSIONS,
     MemberNodeSummary,
     MultiKueueCluster,
     ResourceFlavor,
 )
 from ..model.quantity import parse_or_zero
+from ..model.resources import MULTIKUEUE_CLUSTERS, NODE_SUMMARIES, RESOURCE_FLAVORS, SECRETS, Resource
 from ..runtime import tasks
 from ..runtime.backoff import backoff
 from ..runtime.clock import REAL, Clock
@@ -64,12 +63,12 @@ RECHECK = 60.0  # seconds between reads of a member's kubeconfig (rotated creden
 KUBECONFIG_KEY = "kubeconfig"  # the Secret's key, as MultiKueue reads it
 MEMBER_CONNECTIONS = 4  # per member: two watches and the odd LIST
 Capacity = dict[str, int]
-MULTIKUEUE_CLUSTER = (KUEUE_GROUP, "MultiKueueCluster")
+MULTIKUEUE_CLUSTER = MULTIKUEUE_CLUSTERS.group_kind
 NOT_LISTED = ("the hub has not listed the MultiKueueClusters yet (is MultiKueue's CRD "
-              "multikueueclusters.kueue.x-k8s.io installed, and may the hub list them?)")
-MEMBER_RESOURCE = f"multikueueclusters.{KUEUE_GROUP}"  # the log lines' resource
+              f"{MULTIKUEUE_CLUSTERS.name} installed, and may the hub list them?)")
+MEMBER_RESOURCE = MULTIKUEUE_CLUSTERS.name  # the log lines' resource
 AddWatch = Callable[[Reflector], None]
-Discover = Callable[[ApiClient], Awaitable[list[ApiResource]]]
+Discover = Callable[[ApiClient], Awaitable[list[Resource]]]
 DISCOVERY_ATTEMPTS = 5  # a member's discovery, with backoff, before waiting RECHECK
 
 
@@ -102,7 +101,7 @@ class Member:
         self.flavors: dict[str, dict[str, str]] = {}  # ResourceFlavor -> nodeLabels
         self.version = 0
         self.reflectors: list[Reflector] = [
-            Reflector(api, f"member-{name}-nodesummaries", f"/apis/{API_VERSION}/nodesummaries", MemberNodeSummary,
+            Reflector(api, f"member-{name}-nodesummaries", NODE_SUMMARIES.path(), MemberNodeSummary,
                       Handler(self._summary, self._summary_gone), settings=settings, clock=clock),
             Reflector(api, f"member-{name}-resourceflavors", flavors, ResourceFlavor,
                       Handler(self._flavor, self._flavor_gone), settings=settings, clock=clock),
@@ -165,8 +164,8 @@ class Unsupported(ConfigError):
     """A member this code cannot read, whatever it retries: the claims' Ready says MemberUnsupported."""
 
 
-async def served_flavors(api: ApiClient) -> list[ApiResource]:
-    return await api.served_resources(KUEUE_GROUP, "ResourceFlavor")
+async def served_flavors(api: ApiClient) -> list[Resource]:
+    return await api.served_resources(*RESOURCE_FLAVORS.group_kind)
 
 
 class Fleet:
@@ -276,7 +275,7 @@ class Fleet:
                 return Path(where.location).read_text()
             except OSError as err:
                 raise ConfigError(f"kubeconfig file {where.location}: {err.strerror}") from None
-        path = f"/api/v1/namespaces/{self.namespace}/secrets/{where.location}"
+        path = SECRETS.path(self.namespace, where.location)
         try:
             secret = await self.api.get(path)
         except ApiError as err:
@@ -305,7 +304,7 @@ class Fleet:
 
     async def _discover(self, api: ApiClient, name: str) -> str:
         """The path of the member's ResourceFlavors, at the version it prefers among KUEUE_VERSIONS."""
-        served: list[ApiResource] = []
+        served: list[Resource] = []
         for attempt in range(DISCOVERY_ATTEMPTS):
             try:
                 served = await self.discover(api)
@@ -316,12 +315,12 @@ class Fleet:
                 await self.clock.sleep(backoff(attempt))
         resource = choose(served, KUEUE_VERSIONS)
         if resource is not None:
-            return resource.path
+            return resource.path()
         if served:
             raise Unsupported(f"member {name} serves ResourceFlavors only at "
                               f"{', '.join(r.api_version for r in served)}, which this version of node-workload-summary"
                               f" does not read (it reads {', '.join(KUEUE_VERSIONS)})")
-        raise ConfigError(f"member {name} serves no ResourceFlavors (resourceflavors.{KUEUE_GROUP}): is Kueue "
+        raise ConfigError(f"member {name} serves no ResourceFlavors ({RESOURCE_FLAVORS.name}): is Kueue "
                           "installed there?")
 
     def _detach(self, member: Member) -> None:

@@ -24,10 +24,10 @@ import logging
 from collections.abc import Callable, Collection
 from functools import partial
 
-from ..client.api import ApiResource
 from ..model.index import ClusterIndex
 from ..model.objects import OwnerReference, PartialObject, group_of, object_key
 from ..model.owners import POD, GroupKind
+from ..model.resources import Resource
 from ..runtime.logfields import fields
 from .discovery import KindDiscovery, Need
 from .reflector import Handler, Reflector
@@ -45,7 +45,7 @@ class OwnerKinds:
         self.discovery = discovery
         self._start = start
         self._reserved = reserved  # watch names taken already (nodes: a Node owns mirror pods)
-        self.watched: dict[GroupKind, ApiResource] = {}
+        self.watched: dict[GroupKind, Resource] = {}
         self.reflectors: dict[GroupKind, Reflector] = {}
         self.configured: set[Need] = set()
         # Live objects whose controller reference names a kind not watched: source -> key -> kind.
@@ -67,7 +67,7 @@ class OwnerKinds:
         for need in added:
             self.discovery.look_up_unless_served(need)
 
-    def watch(self, resource: ApiResource) -> None:
+    def watch(self, resource: Resource) -> None:
         """Watch the kind discovery found (once per group/kind)."""
         gk = (resource.group, resource.kind)
         if gk in self.watched:
@@ -76,9 +76,9 @@ class OwnerKinds:
         self._forget_refs(gk)
         name = resource.name if resource.name not in self._reserved else f"{resource.name}.owners"
         handler = Handler(partial(self._upsert, gk, name), partial(self._delete, gk, name))
-        log.info("watching %s (metadata only) for %s", resource.path, resource.kind,
+        log.info("watching %s (metadata only) for %s", resource.path(), resource.kind,
                  extra=fields(resource.name, kind=resource.kind))
-        self.reflectors[gk] = self._start(name, resource.path, handler)
+        self.reflectors[gk] = self._start(name, resource.path(), handler)
 
     def track(self, source: str, key: str, ref: OwnerReference | None) -> None:
         """The controller reference the object ``key`` of ``source`` has now (None: none, or gone).

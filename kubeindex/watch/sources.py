@@ -39,14 +39,11 @@ from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..client.api import ApiClient, ApiResource
+from ..client.api import ApiClient
 from ..model.index import ClusterIndex
 from ..model.objects import (
-    API_VERSION,
-    GROUP,
     KUEUE_GROUP,
     KUEUE_VERSIONS,
-    VERSION,
     ClusterQueue,
     ClusterResourceClaim,
     Node,
@@ -57,6 +54,16 @@ from ..model.objects import (
     WorkloadSummarizer,
 )
 from ..model.owners import POD, GroupKind
+from ..model.resources import (
+    CLAIMS,
+    CLUSTER_QUEUES,
+    NODE_SUMMARIZERS,
+    NODES,
+    PODS,
+    RESOURCE_FLAVORS,
+    WORKLOAD_SUMMARIZERS,
+    Resource,
+)
 from ..runtime import tasks
 from ..runtime.logfields import fields
 from .discovery import KindDiscovery, Need, describe
@@ -65,7 +72,7 @@ from .reflector import Handler, Reflector, SourceStats, WatchSettings
 
 log = logging.getLogger(__name__)
 
-CORE = ("nodes", "pods", "nodesummarizers", "workloadsummarizers")
+CORE = tuple(r.plural for r in (NODES, PODS, NODE_SUMMARIZERS, WORKLOAD_SUMMARIZERS))  # the reflectors' names
 SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem (--sync-loss-grace)
 
 
@@ -103,11 +110,11 @@ class Sources:
         self._tasks: set[asyncio.Task] = set()
         # Optional kinds: need -> (projection, handler); watched whenever served.
         self.optional: dict[Need, tuple[type, Handler]] = {
-            (KUEUE_GROUP, "ResourceFlavor", None):
+            (*RESOURCE_FLAVORS.group_kind, None):
                 (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
-            (KUEUE_GROUP, "ClusterQueue", None):
+            (*CLUSTER_QUEUES.group_kind, None):
                 (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
-            (GROUP, "ClusterResourceClaim", VERSION):
+            (*CLAIMS.group_kind, CLAIMS.version):
                 (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
@@ -117,7 +124,7 @@ class Sources:
         api.on_silence.append(self.reconnect)
 
     @property
-    def owner_resources(self) -> dict[GroupKind, ApiResource]:
+    def owner_resources(self) -> dict[GroupKind, Resource]:
         """The owner kinds watched, and the resource each is read at."""
         return self.owner_kinds.watched
 
@@ -130,14 +137,14 @@ class Sources:
             self._added_tasks[name] = self._spawn(reflector.run())
         # Nodes are read as each event comes: a NotReady node is what alerts fire on, and nodes change
         # seldom (a kubelet reports an unchanged status every 5 minutes). Every other watch gathers.
-        self._add(Reflector(self.api, "nodes", "/api/v1/nodes", Node,
+        self._add(Reflector(self.api, NODES.plural, NODES.path(), Node,
                             Handler(self.index.upsert_node, self.index.delete_node),
                             settings=replace(self.settings, gather=0.0)))
-        self._add(Reflector(self.api, "pods", "/api/v1/pods", Pod,
+        self._add(Reflector(self.api, PODS.plural, PODS.path(), Pod,
                             Handler(self._pod_upsert, self._pod_delete), settings=self.settings))
-        self._add(Reflector(self.api, "nodesummarizers", f"/apis/{API_VERSION}/nodesummarizers", NodeSummarizer,
+        self._add(Reflector(self.api, NODE_SUMMARIZERS.plural, NODE_SUMMARIZERS.path(), NodeSummarizer,
                             Handler(self._node_summarizer, self._node_summarizer_deleted), settings=self.settings))
-        self._add(Reflector(self.api, "workloadsummarizers", f"/apis/{API_VERSION}/workloadsummarizers",
+        self._add(Reflector(self.api, WORKLOAD_SUMMARIZERS.plural, WORKLOAD_SUMMARIZERS.path(),
                             WorkloadSummarizer, Handler(self._workload_summarizer, self._workload_summarizer_deleted),
                             settings=self.settings))
         for need in self.optional:
@@ -338,19 +345,19 @@ class Sources:
         """The kinds needed now (configured, or referenced while not watched) that are not served."""
         return self.owner_kinds.missing()
 
-    def _found(self, need: Need, resource: ApiResource) -> None:
+    def _found(self, need: Need, resource: Resource) -> None:
         if need in self.optional:
             self._watch_optional_kind(need, resource)
         else:
             self.owner_kinds.watch(resource)
 
-    def _watch_optional_kind(self, need: Need, resource: ApiResource) -> None:
+    def _watch_optional_kind(self, need: Need, resource: Resource) -> None:
         gk = (resource.group, resource.kind)
         if gk in self._optional_reflectors:
             return
         item_type, handler = self.optional[need]
-        log.info("watching %s", resource.path, extra=fields(resource.name))
-        reflector = Reflector(self.api, resource.name, resource.path, item_type, handler, settings=self.settings)
+        log.info("watching %s", resource.path(), extra=fields(resource.name))
+        reflector = Reflector(self.api, resource.name, resource.path(), item_type, handler, settings=self.settings)
         self._optional_reflectors[gk] = reflector
         self.stats[reflector.name] = reflector.stats
         self.reflectors[reflector.name] = reflector
