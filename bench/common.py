@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from kubeindex.model.objects import API_PATH
+from kubeindex.model.resources import NODE_SUMMARIES, SUMMARIES, WORKLOAD_SUMMARIES
 from localkube.cluster import LocalCluster
 from localkube.service import Service, parse, select, wait_for
 
@@ -180,16 +180,15 @@ def writes_settled(svc: Service, summaries: int, quiet: float = 5, timeout: floa
 def clean(cluster: LocalCluster) -> None:
     """Delete the summaries a previous service run wrote, so the next one starts as the first did
     (one DELETE of the collection per namespace: `kubectl delete --all` takes one request each)."""
-    api = API_PATH
     _, listed = cluster.request("/api/v1/namespaces")
     assert isinstance(listed, dict)
     for ns in [item["metadata"]["name"] for item in listed["items"]]:
-        cluster.request(f"{api}/namespaces/{ns}/workloadsummaries", "DELETE")
-    cluster.request(f"{api}/nodesummaries", "DELETE")
+        cluster.request(WORKLOAD_SUMMARIES.path(ns), "DELETE")
+    cluster.request(NODE_SUMMARIES.path(), "DELETE")
 
     def gone() -> bool:
-        for plural in ("workloadsummaries", "nodesummaries"):
-            _, listed = cluster.request(f"{api}/{plural}?limit=1")
+        for resource in SUMMARIES:
+            _, listed = cluster.request(f"{resource.path()}?limit=1")
             assert isinstance(listed, dict)
             if listed["items"]:
                 return False

@@ -52,7 +52,8 @@ import msgspec
 from demo.kueue import API as KUEUE_API
 from demo.kueue import install_kueue
 from kubeindex.model.index import ClusterIndex
-from kubeindex.model.objects import API_PATH, API_VERSION, KUEUE_GROUP, KUEUE_VERSION, Node, Pod
+from kubeindex.model.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSION, Node, Pod
+from kubeindex.model.resources import CLAIMS, NODE_SUMMARIES, NODE_SUMMARIZERS
 from localkube.cluster import ClusterError, LocalCluster
 from localkube.service import Service, parse, wait_for
 from reconciler.desired import MANAGER, node_summary
@@ -137,7 +138,7 @@ def populate_member(cluster: LocalCluster, member: str) -> int:
     index = ClusterIndex()
     uids = {}
     for name, label in SUMMARIZERS.items():
-        created = request(cluster, f"{API_PATH}/nodesummarizers", "POST", {
+        created = request(cluster, NODE_SUMMARIZERS.path(), "POST", {
             "apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": name},
             "spec": {"labelKey": label}})
         uids[name] = created["metadata"]["uid"]
@@ -150,7 +151,7 @@ def populate_member(cluster: LocalCluster, member: str) -> int:
     params = f"fieldManager={MANAGER}&force=true"
     for (summarizer, value), agg in sorted(index.node_groups.items()):
         desired = node_summary(agg, f"{summarizer}-{value}", SUMMARIZERS[summarizer], uids[summarizer])
-        path = f"{API_PATH}/nodesummaries/{desired.name}"
+        path = NODE_SUMMARIES.path(name=desired.name)
         request(cluster, f"{path}?{params}", "PATCH", desired.body, APPLY)
         request(cluster, f"{path}/status?{params}", "PATCH", {
             "apiVersion": API_VERSION, "kind": "NodeSummary", "metadata": {"name": desired.name},
@@ -159,7 +160,7 @@ def populate_member(cluster: LocalCluster, member: str) -> int:
         request(cluster, f"{KUEUE_PATH}/resourceflavors", "POST", {
             "apiVersion": KUEUE_API, "kind": "ResourceFlavor", "metadata": {"name": flavor},
             "spec": {"nodeLabels": {"pool": flavor.removeprefix("pool-")}}})
-    listed = request(cluster, f"{API_PATH}/nodesummaries")
+    listed = request(cluster, NODE_SUMMARIES.path())
     return len(json.dumps(listed, separators=(",", ":")).encode())
 
 
@@ -269,7 +270,7 @@ def hub_writes(before: dict[str, float], after: dict[str, float]) -> dict[str, f
 # -- the hub --------------------------------------------------------------------------------------
 
 def claims(hub: LocalCluster) -> dict[str, dict[str, Any]]:
-    return {c["metadata"]["name"]: c for c in request(hub, f"{API_PATH}/clusterresourceclaims")["items"]}
+    return {c["metadata"]["name"]: c for c in request(hub, CLAIMS.path())["items"]}
 
 
 def join(hub: LocalCluster, members: list[LocalCluster]) -> dict[str, float]:
@@ -465,7 +466,7 @@ def run(args: argparse.Namespace, report: Callable[[dict[str, Any]], None]) -> d
         say(f"starting {max(counts)} member control planes ...")
         members = start_members(stack, max(counts), args.min_available)
         result["members_reached"] = len(members)
-        listed = request(members[0], f"{API_PATH}/nodesummaries")["items"]
+        listed = request(members[0], NODE_SUMMARIES.path())["items"]
         result["summaries_per_member"] = len(listed)
         result["summaries_bytes_per_member"] = len(json.dumps(listed, separators=(",", ":")).encode())
         result["member_rss_mb"] = {"kube-apiserver": statistics.mean(rss_mb(m, "kube-apiserver") for m in members),

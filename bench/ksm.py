@@ -52,7 +52,7 @@ from typing import Any
 
 from alerts.replicas import CLUSTER, one
 from kubeindex.client.api import ApiClient, load_connection
-from kubeindex.model.objects import API_PATH
+from kubeindex.model.resources import NODES, PODS, WORKLOAD_SUMMARIZERS
 from localkube.build import KUBE_STATE_METRICS
 from localkube.cluster import LocalCluster, Options
 from localkube.ksm import RESOURCES, KubeStateMetrics, build
@@ -286,7 +286,7 @@ async def _direct_workloads(api: ApiClient, nodes: int, kinds: dict[str, int], p
         name = obj["metadata"]["name"]
         manifest = pod_manifest(f"{name}-{k}", f"node-{p % nodes:05d}", obj, name)
         manifest["metadata"]["ownerReferences"][0] |= {"apiVersion": version, "kind": kind}
-        return create(api, "/api/v1/namespaces/bench/pods", manifest)
+        return create(api, PODS.path("bench"), manifest)
 
     tasks = []
     p = first_pod
@@ -312,11 +312,11 @@ def setup(cluster: LocalCluster, size: dict) -> dict:
     started = time.monotonic()
     asyncio.run(run())
     size["populate_seconds"] = round(time.monotonic() - started)
-    cluster.request(f"{API_PATH}/workloadsummarizers/apps", "PATCH", {"spec": {"workloadTypes": [
+    cluster.request(WORKLOAD_SUMMARIZERS.path(name="apps"), "PATCH", {"spec": {"workloadTypes": [
         {"group": "apps", "kind": "Deployment"}, {"group": "apps", "kind": "StatefulSet"},
         {"group": "batch", "kind": "Job"}]}}, content_type="application/merge-patch+json")
     for node, status in size["not_ready"].items():
-        cluster.request(f"/api/v1/nodes/{node}/status", "PATCH",
+        cluster.request(NODES.path(name=node, subresource="status"), "PATCH",
                         {"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Bench"}]}},
                         content_type="application/strategic-merge-patch+json")
     return {"kube_node_info": nodes, "kube_pod_info": size["pods"], "kube_deployment_created": size["deployments"],

@@ -44,7 +44,17 @@ import msgspec
 
 from demo import kueue
 from demo.workloads import deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.model.objects import API_PATH, Node, Pod
+from kubeindex.model.objects import Node, Pod
+from kubeindex.model.resources import (
+    BY_PLURAL,
+    LEASES,
+    NODE_SUMMARIES,
+    NODE_SUMMARIZERS,
+    NODES,
+    PODS,
+    WORKLOAD_SUMMARIES,
+    WORKLOAD_SUMMARIZERS,
+)
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, select, value
 from reconciler.leader import LeaseSettings
@@ -87,16 +97,16 @@ def items(cluster: LocalCluster, path: str) -> list[dict]:
 
 def read_world(cluster: LocalCluster) -> World:
     """The objects as the API server has them now, in tests/reference.py's shape."""
-    nodes = {n["metadata"]["name"]: msgspec.convert(n, Node) for n in items(cluster, "/api/v1/nodes")}
-    pods = {p["metadata"]["uid"]: msgspec.convert(p, Pod) for p in items(cluster, "/api/v1/pods")}
+    nodes = {n["metadata"]["name"]: msgspec.convert(n, Node) for n in items(cluster, NODES.path())}
+    pods = {p["metadata"]["uid"]: msgspec.convert(p, Pod) for p in items(cluster, PODS.path())}
     owners: dict[str, Owner] = {}
     for kind, plural in (("Deployment", "deployments"), ("ReplicaSet", "replicasets")):
         for o in items(cluster, f"/apis/apps/v1/{plural}"):
             meta = o["metadata"]
             parent = next((r["uid"] for r in meta.get("ownerReferences", []) if r.get("controller")), None)
             owners[meta["uid"]] = Owner(meta["uid"], "apps", kind, meta["namespace"], meta["name"], parent)
-    summarizers = {s["metadata"]["name"]: s["spec"]["labelKey"] for s in items(cluster, f"{API_PATH}/nodesummarizers")}
-    configured = {(t.get("group", ""), t["kind"]) for s in items(cluster, f"{API_PATH}/workloadsummarizers")
+    summarizers = {s["metadata"]["name"]: s["spec"]["labelKey"] for s in items(cluster, NODE_SUMMARIZERS.path())}
+    configured = {(t.get("group", ""), t["kind"]) for s in items(cluster, WORKLOAD_SUMMARIZERS.path())
                   for t in s["spec"]["workloadTypes"]}
     return World(nodes, pods, owners, summarizers, configured)
 
@@ -150,7 +160,7 @@ def actual_summaries(cluster: LocalCluster) -> tuple[Expected, list[str]]:
     (two summaries for one group or workload, invalid names)."""
     out: Expected = {}
     problems: list[str] = []
-    for s in items(cluster, f"{API_PATH}/nodesummaries"):
+    for s in items(cluster, NODE_SUMMARIES.path()):
         name = s["metadata"]["name"]
         refs = s["metadata"].get("ownerReferences", [])
         owner = next((r["name"] for r in refs if r["kind"] == "NodeSummarizer"), "?")
@@ -165,7 +175,7 @@ def actual_summaries(cluster: LocalCluster) -> tuple[Expected, list[str]]:
         out[("ready", owner, value_)] = conditions.get("Ready", 0)
         out[("notready", owner, value_)] = conditions.get("NotReady", 0)
         out[("nodepods", owner, value_)] = status.get("podCount", 0)
-    for s in items(cluster, f"{API_PATH}/workloadsummaries"):
+    for s in items(cluster, WORKLOAD_SUMMARIES.path()):
         meta = s["metadata"]
         key = ("workload", meta["namespace"], s["spec"]["workloadRef"]["uid"])
         if key in out:
@@ -243,8 +253,8 @@ class Bench:
 
     def node_groups(self, node: str) -> int:
         """Summaries a change on this node touches: one per node summarizer whose label it has."""
-        labels = ok(self.cluster.request(f"/api/v1/nodes/{node}"))["metadata"].get("labels", {})
-        keys = {s["spec"]["labelKey"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
+        labels = ok(self.cluster.request(NODES.path(name=node)))["metadata"].get("labels", {})
+        keys = {s["spec"]["labelKey"] for s in items(self.cluster, NODE_SUMMARIZERS.path())}
         return len(keys & labels.keys())
 
     def claim_writes(self, node: str) -> int:
@@ -255,7 +265,7 @@ class Bench:
     def create_pod(self, workload: str, node: str, phase: str) -> None:
         name = f"{workload}-{self.serial:06d}"
         self.serial += 1
-        ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
+        ok(self.cluster.request(PODS.path(NS), "POST", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": workload},
                          "ownerReferences": [owner_ref(self.replicasets[workload])]},
@@ -263,7 +273,7 @@ class Bench:
                                                        "resources": {"requests": {"cpu": "100m"}}}]}}))
         self.pods.append((name, node, workload))
         if phase != "Pending":
-            ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods/{name}/status", "PATCH",
+            ok(self.cluster.request(PODS.path(NS, name, "status"), "PATCH",
                                     {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
 
     def churn_once(self) -> None:
@@ -274,7 +284,7 @@ class Bench:
             self.changed += self.node_groups(node) + self.claim_writes(node)
             return
         name, node, _ = self.pods.pop(self.rng.randrange(len(self.pods)))
-        ok(self.cluster.request(f"/api/v1/namespaces/{NS}/pods/{name}", "DELETE", {"gracePeriodSeconds": 0}))
+        ok(self.cluster.request(PODS.path(NS, name), "DELETE", {"gracePeriodSeconds": 0}))
         self.changed += 1 + self.node_groups(node)
         node = f"node-{self.rng.randrange(self.args.nodes):02d}"
         self.create_pod(self.rng.choice(sorted(self.replicasets)), node,
@@ -282,7 +292,7 @@ class Bench:
         self.changed += 2 * (1 + self.node_groups(node))  # created, then its phase set
 
     def set_ready(self, node: str, ready: str) -> None:
-        ok(self.cluster.request(f"/api/v1/nodes/{node}/status", "PATCH", {"status": {"conditions": [
+        ok(self.cluster.request(NODES.path(name=node, subresource="status"), "PATCH", {"status": {"conditions": [
             {"type": "Ready", "status": ready, "reason": "Bench"}]}},
             content_type="application/strategic-merge-patch+json"))
 
@@ -360,7 +370,7 @@ class Bench:
     # -- actions --
 
     def random_summary(self, plural: str) -> dict:
-        return self.rng.choice(items(self.cluster, f"{API_PATH}/{plural}"))
+        return self.rng.choice(items(self.cluster, BY_PLURAL[plural].path()))
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         return self.cluster.kubectl(*args, input=input).stdout.strip()
@@ -439,7 +449,7 @@ class Bench:
 
     def blip(self) -> str:
         """A node of the claim's flavor NotReady for a third of the settle time: no quota write."""
-        ready = [n["metadata"]["name"] for n in items(self.cluster, "/api/v1/nodes")
+        ready = [n["metadata"]["name"] for n in items(self.cluster, NODES.path())
                  if n["metadata"].get("labels", {}).get(POOL_LABEL) == FLAVOR
                  and {c["type"]: c["status"] for c in n["status"].get("conditions", [])}.get("Ready") == "True"]
         if not ready:
@@ -464,7 +474,7 @@ class Bench:
 
     def annotate_lease(self) -> str:
         """Another writer annotates the Lease: the leader keeps leading and the annotation stays."""
-        (lease,) = [x for x in items(self.cluster, "/apis/coordination.k8s.io/v1/leases")
+        (lease,) = [x for x in items(self.cluster, LEASES.path())
                     if x["metadata"]["name"] == LEASE_NAME]
         meta, started = lease["metadata"], time.monotonic()
         holder = lease["spec"].get("holderIdentity")
@@ -483,7 +493,7 @@ class Bench:
         return f"annotated the Lease held by {holder}" + ("" if not problems else f": {problems}")
 
     def toggle(self, summarizers: dict[str, str]) -> str:
-        existing = {s["metadata"]["name"] for s in items(self.cluster, f"{API_PATH}/nodesummarizers")}
+        existing = {s["metadata"]["name"] for s in items(self.cluster, NODE_SUMMARIZERS.path())}
         workloads = len(self.replicasets)
         groups_before = len(expected_summaries(read_world(self.cluster)))
         if summarizers.keys() <= existing:
@@ -615,9 +625,9 @@ def populate(bench: Bench) -> None:
         "apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}}))
     for i in range(args.nodes):
         alloc = {"cpu": "32", "memory": "128Gi", "pods": "110"}
-        ok(cluster.request("/api/v1/nodes", "POST", {"apiVersion": "v1", "kind": "Node", "metadata": {
+        ok(cluster.request(NODES.path(), "POST", {"apiVersion": "v1", "kind": "Node", "metadata": {
             "name": f"node-{i:02d}", "labels": node_labels(i)}}))
-        ok(cluster.request(f"/api/v1/nodes/node-{i:02d}/status", "PATCH", {"status": {
+        ok(cluster.request(NODES.path(name=f"node-{i:02d}", subresource="status"), "PATCH", {"status": {
             "allocatable": alloc, "capacity": alloc,
             "conditions": [{"type": "Ready", "status": "True", "reason": "Bench"}]}},
             content_type="application/merge-patch+json"))

@@ -22,8 +22,9 @@ from typing import Any
 from demo import kueue
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import ok
-from kubeindex.model.objects import API_PATH, API_VERSION
+from kubeindex.model.objects import API_VERSION
 from kubeindex.model.quantity import format_quantity, parse_nano
+from kubeindex.model.resources import CLAIMS, NODES
 from localkube.cluster import LocalCluster
 from reconciler.quota import evaluate, parse_claim
 
@@ -46,7 +47,7 @@ def setup(cluster: LocalCluster, label_key: str) -> None:
     resource_flavor(cluster, FLAVOR, {label_key: FLAVOR})
     for name in QUEUES:
         cluster_queue(cluster, name, {FLAVOR: dict.fromkeys(RESOURCES, "0")})
-    ok(cluster.request(f"{API_PATH}/clusterresourceclaims", "POST", {
+    ok(cluster.request(CLAIMS.path(), "POST", {
         "apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": CLAIM},
         "spec": {"flavor": FLAVOR, "overAllocation": "Scale", "resourceAssignments": [
             {"clusterQueueName": "team-a", "shares": {"cpu": "60%", "memory": "50%"}},
@@ -81,7 +82,7 @@ def nominal(queue: dict[str, Any]) -> dict[str, str]:
 
 def expected_quota(cluster: LocalCluster, nodes: list[dict], label_key: str) -> dict[str, dict[str, str]]:
     """queue -> resource -> the nominalQuota the claim gives at the capacity the nodes have now."""
-    claim = ok(cluster.request(f"{API_PATH}/clusterresourceclaims/{CLAIM}"))
+    claim = ok(cluster.request(CLAIMS.path(name=CLAIM)))
     capacity = ready_capacity(nodes, label_key)
     plan = evaluate([parse_claim(claim)], queues(cluster), {("local", FLAVOR): capacity})
     return {q: {r: format_quantity(r, plan.quota.get(q, {}).get((FLAVOR, r), 0)) for r in RESOURCES} for q in QUEUES}
@@ -121,7 +122,7 @@ def quota_probe(cluster: LocalCluster, label_key: str, neighbour: Neighbour) -> 
     """A check's probe: the differences between the queues' quota and the from-scratch quota, and any
     neighbour's edit undone (what a check reports; empty when all is right)."""
     def probe() -> list[str]:
-        nodes = ok(cluster.request("/api/v1/nodes"))["items"]
+        nodes = ok(cluster.request(NODES.path()))["items"]
         want = expected_quota(cluster, nodes, label_key)
         current = queues(cluster)
         problems = [f"quota {q}/{r}: want {want[q][r]} got {nominal(current[q]).get(r)}"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from kubeindex.client.api import ApiClient, ApiError, Conflict, Transient, load_connection
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import NODE_SUMMARIZERS, NODES, PODS, WORKLOAD_SUMMARIZERS
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
 
@@ -116,16 +117,16 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
     already there (a cluster grown size by size): the new pods go to the new nodes and workloads."""
     first_node, first_pod, first_workload = grow_from
     await create(api, "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "bench"}})
-    await create(api, f"/apis/{API_VERSION}/nodesummarizers", {
+    await create(api, NODE_SUMMARIZERS.path(), {
         "apiVersion": API_VERSION, "kind": "NodeSummarizer", "metadata": {"name": "pool"},
         "spec": {"labelKey": POOL_LABEL}})
-    await create(api, f"/apis/{API_VERSION}/workloadsummarizers", {
+    await create(api, WORKLOAD_SUMMARIZERS.path(), {
         "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": "apps"},
         "spec": {"workloadTypes": [{"group": "apps", "kind": "Deployment"}]}})
 
     async def make_node(i: int) -> None:
-        await create(api, "/api/v1/nodes", node_manifest(i, groups))
-        await api.request("PATCH", f"/api/v1/nodes/node-{i:05d}/status", node_status(i),
+        await create(api, NODES.path(), node_manifest(i, groups))
+        await api.request("PATCH", NODES.path(name=f"node-{i:05d}", subresource="status"), node_status(i),
                           content_type="application/merge-patch+json")
 
     await run_all([partial(make_node, i) for i in range(first_node, nodes)], concurrency, "nodes")
@@ -151,7 +152,7 @@ async def populate(api: ApiClient, nodes: int, groups: int, pods: int, workloads
         rs = replicasets[(p - first_pod) % len(replicasets)]
         app = rs["metadata"]["name"].rsplit("-", 1)[0]
         node = first_node + (p - first_pod) % (nodes - first_node)
-        return create(api, "/api/v1/namespaces/bench/pods",
+        return create(api, PODS.path("bench"),
                      pod_manifest(f"{app}-{p:06d}", f"node-{node:05d}", rs, app, lean))
 
     await run_all([partial(make_pod, p) for p in range(first_pod, pods)], concurrency, "pods")
@@ -183,7 +184,7 @@ async def churn(api: ApiClient, pods: list[str], seconds: float, concurrency: in
                 return
             phase = "Running" if (i // len(pods)) % 2 else "Pending"  # each visit flips the pod
             with contextlib.suppress(ApiError):  # counted when done: a refused write (429) is not churn
-                await api.request("PATCH", f"/api/v1/namespaces/bench/pods/{pods[i % len(pods)]}/status",
+                await api.request("PATCH", PODS.path("bench", pods[i % len(pods)], "status"),
                                   {"status": {"phase": phase}}, content_type="application/merge-patch+json")
                 done += 1
 

@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from kubeindex.client.api import ApiClient, load_connection
-from kubeindex.model.objects import API_PATH
+from kubeindex.model.resources import NODE_SUMMARIES, NODES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
@@ -120,7 +120,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
                            group=group, condition="NotReady") or 0
             want = before + (1 if status == "False" else -1)
             started = time.monotonic()
-            cluster.request(f"/api/v1/nodes/{node}/status", "PATCH",
+            cluster.request(NODES.path(name=node, subresource="status"), "PATCH",
                             {"status": {"conditions": [{"type": "Ready", "status": status, "reason": "Bench"}]}},
                             content_type="application/strategic-merge-patch+json")
 
@@ -128,7 +128,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
                 return f"{series}{want:g}\n" in svc.get("/metrics")[1]
 
             def summary_shows(want: float = want) -> bool:
-                code, body = cluster.request(f"{API_PATH}/nodesummaries/pool-{group}")
+                code, body = cluster.request(NODE_SUMMARIES.path(name=f"pool-{group}"))
                 conds = ({c["type"]: c["count"] for c in body.get("status", {}).get("conditions", [])}
                          if code == 200 and isinstance(body, dict) else {})
                 return conds.get("NotReady") == want
@@ -177,7 +177,7 @@ def disruption_latency(cluster: LocalCluster, svc: Service, nodes: list[str], gr
             want = f"{count}{before + 1 if tainted else before:g}\n"
             taints = [{"key": taint, "value": "bench", "effect": "NoSchedule"}] if tainted else None
             started = time.monotonic()
-            cluster.request(f"/api/v1/nodes/{node}", "PATCH", {"spec": {"taints": taints}},
+            cluster.request(NODES.path(name=node), "PATCH", {"spec": {"taints": taints}},
                             content_type="application/merge-patch+json")
 
             def shows(want: str = want, tainted: bool = tainted, on_node: Counter[str] = on_node,

@@ -27,6 +27,7 @@ import prometheus_client
 from exporter.metrics import Renderer
 from kubeindex.client.api import ApiClient, ApiError, load_connection
 from kubeindex.model.index import interned_vectors
+from kubeindex.model.resources import PODS
 from kubeindex.model.revision import Stamped
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value
@@ -37,7 +38,7 @@ from .index_events import build, pod_json
 from .plot import pyplot
 from .populate import pod_manifest, populate
 
-PODS = "/api/v1/namespaces/bench/pods"
+BENCH_PODS = PODS.path("bench")
 
 
 async def _status(request: Awaitable[object]) -> int:
@@ -82,8 +83,8 @@ async def soak(cluster: LocalCluster, svc: Service, args: argparse.Namespace) ->
                 fresh.append((name, pod_manifest(name, f"node-{serial % args.nodes:05d}", rs, app)))
                 serial += 1
             statuses = await asyncio.gather(
-                *(_status(api.request("DELETE", f"{PODS}/{n}", {"gracePeriodSeconds": 0})) for n in victims),
-                *(_status(api.request("POST", PODS, m)) for _, m in fresh))
+                *(_status(api.request("DELETE", PODS.path("bench", n), {"gracePeriodSeconds": 0})) for n in victims),
+                *(_status(api.request("POST", BENCH_PODS, m)) for _, m in fresh))
             deleted = [s < 300 or s == 404 for s in statuses[: len(victims)]]  # 404: a retried delete that was done
             created = [s < 300 for s in statuses[len(victims):]]
             names.extend(n for ok, (n, _) in zip(created, fresh, strict=True) if ok)

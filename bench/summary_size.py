@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from kubeindex.model.objects import API_PATH
+from kubeindex.model.resources import NODE_SUMMARIES, WORKLOAD_SUMMARIES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
 
@@ -56,7 +56,7 @@ def without_managed_fields(obj: dict) -> dict:
 
 def workload_bytes(cluster: LocalCluster) -> dict:
     """The WorkloadSummaries of namespace bench as the API server returns them."""
-    listed = json.loads(raw(cluster, f"{API_PATH}/namespaces/bench/workloadsummaries"))
+    listed = json.loads(raw(cluster, WORKLOAD_SUMMARIES.path("bench")))
     items = listed["items"]
     sizes = sorted(compact(i) for i in items)
     bare = sorted(compact(without_managed_fields(i)) for i in items)
@@ -72,18 +72,18 @@ def measure(cluster: LocalCluster, code: Path, groups: int, workloads: int) -> d
         svc.start()
     try:
         def written() -> bool:
-            items = json.loads(raw(cluster, f"{API_PATH}/nodesummaries"))["items"]
+            items = json.loads(raw(cluster, NODE_SUMMARIES.path()))["items"]
             return len(items) == groups and all(i.get("status", {}).get("nodeCount") for i in items)
 
         wait_for(written, timeout=120, interval=0.5)
         wait_for(lambda: workload_bytes(cluster)["objects"] == workloads, timeout=300, interval=1)
         time.sleep(3)  # past the write debounce: the status settled
-        listed = raw(cluster, f"{API_PATH}/nodesummaries")
+        listed = raw(cluster, NODE_SUMMARIES.path())
         items = json.loads(listed)["items"]
         stripped = {**json.loads(listed), "items": [without_managed_fields(i) for i in items]}
         singles, singles_bare = [], []
         for item in items:
-            one = raw(cluster, f"{API_PATH}/nodesummaries/{item['metadata']['name']}")
+            one = raw(cluster, NODE_SUMMARIES.path(name=item['metadata']['name']))
             singles.append(len(one))
             singles_bare.append(compact(without_managed_fields(json.loads(one))))
         sample = next(i for i in items if "nvidia.com/gpu" in i["status"].get("allocatable", {}))
@@ -92,7 +92,7 @@ def measure(cluster: LocalCluster, code: Path, groups: int, workloads: int) -> d
         result = {
             "checkout": str(code), "code": revision(code), "objects": len(items),
             "list_bytes": len(listed), "list_bytes_without_managed_fields": compact(stripped),
-            "table_bytes": len(raw(cluster, f"{API_PATH}/nodesummaries", TABLE)),  # kubectl get, printed as a table
+            "table_bytes": len(raw(cluster, NODE_SUMMARIES.path(), TABLE)),  # kubectl get, printed as a table
             "kubectl_json_bytes": len(cluster.kubectl("get", "nodesummaries", "-o", "json").stdout.encode()),
             "kubectl_json_managed_fields_bytes": len(cluster.kubectl(
                 "get", "nodesummaries", "-o", "json", "--show-managed-fields").stdout.encode()),

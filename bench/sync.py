@@ -13,6 +13,7 @@ import sys
 import time
 
 from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.resources import NODES, PODS
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, value, wait_for
 
@@ -40,7 +41,7 @@ async def list_floor(api: ApiClient, rounds: int = 2) -> tuple[float, int]:
     ones are warm, like the service's), seconds and bytes."""
     best = (float("inf"), 0)
     for _ in range(rounds):
-        n, p = await _floor(api, "/api/v1/nodes", 500), await _floor(api, "/api/v1/pods", 500)
+        n, p = await _floor(api, NODES.path(), 500), await _floor(api, PODS.path(), 500)
         best = min(best, (n[0] + p[0], n[1] + p[1]))
     return best
 

@@ -29,6 +29,7 @@ from kubeindex.client import protobuf
 from kubeindex.client.api import ApiClient, Connection, load_connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import Pod, WorkloadType
+from kubeindex.model.resources import PODS
 from kubeindex.watch.reflector import Handler, Reflector
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
@@ -48,15 +49,15 @@ async def capture(cluster: LocalCluster, pods: int, flips: int, namespace: str =
     async with ApiClient(load_connection(str(cluster.kubeconfig))) as api:
         await api.request("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                          "metadata": {"name": namespace}})
-        watch = asyncio.create_task(api.watch(f"/api/v1/namespaces/{namespace}/pods", {"watch": "1"},
+        watch = asyncio.create_task(api.watch(PODS.path(namespace), {"watch": "1"},
                                               protobuf.ACCEPT_WATCH, 60, frames.append))
         for i in range(pods):
             pod = pod_manifest(f"web-5d8f-{i:05d}", f"node-{i % 10:05d}", REPLICASET, "web")
             pod["metadata"]["namespace"] = namespace
-            await api.request("POST", f"/api/v1/namespaces/{namespace}/pods", pod)
+            await api.request("POST", PODS.path(namespace), pod)
         for n in range(flips):
             for i in range(pods):
-                await api.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/web-5d8f-{i:05d}/status",
+                await api.request("PATCH", PODS.path(namespace, f"web-5d8f-{i:05d}", "status"),
                                   {"status": {"phase": "Pending" if n % 2 else "Running"}},
                                   content_type="application/merge-patch+json")
         deadline = time.monotonic() + 30

@@ -21,7 +21,8 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 
 from kubeindex.client.api import ApiClient, load_connection
-from kubeindex.model.objects import API_PATH, API_VERSION
+from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import WORKLOAD_SUMMARIES
 from localkube.cluster import LocalCluster, Options
 from reconciler.desired import MANAGER
 from reconciler.writer import APPLY
@@ -29,7 +30,7 @@ from reconciler.writer import APPLY
 from .common import CRDS, add_out, sayer, write_results
 
 say = sayer("write-cost")
-PATH = f"{API_PATH}/namespaces/default/workloadsummaries/bench"
+PATH = WORKLOAD_SUMMARIES.path("default", "bench")
 PARAMS = {"fieldManager": MANAGER, "force": "true"}
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from kubeindex.model.objects import API_VERSION
 from kubeindex.model.quantity import parse_nano
+from kubeindex.model.resources import CLAIMS
 from localkube.cluster import LocalCluster
 
 from .kueue import cell, cluster_queue, install_kueue, resource_flavor
@@ -75,7 +76,7 @@ def setup(cluster: LocalCluster, per_pool: int) -> None:
     resource_flavor(cluster, FLAVOR, {POOL_LABEL: POOL})
     for name in QUEUES:
         cluster_queue(cluster, name, {FLAVOR: {"cpu": "0", GPU: "0"}})
-    create(cluster, f"/apis/{API_VERSION}/clusterresourceclaims", {
+    create(cluster, CLAIMS.path(), {
         "apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": CLAIM},
         "spec": {"clusterName": "local", "flavor": FLAVOR, "overAllocation": "Scale", "resourceAssignments": [
             {"clusterQueueName": "research", "resources": research(per_pool)},
@@ -90,7 +91,7 @@ def quota(cluster: LocalCluster, queue: str) -> dict[str, str]:
 
 
 def claim_status(cluster: LocalCluster) -> dict[str, Any]:
-    return ok(cluster.request(f"/apis/{API_VERSION}/clusterresourceclaims/{CLAIM}")).get("status", {})
+    return ok(cluster.request(CLAIMS.path(name=CLAIM))).get("status", {})
 
 
 def ready_reason(status: dict[str, Any]) -> str:

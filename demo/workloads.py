@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import NODE_SUMMARIZERS, NODES, WORKLOAD_SUMMARIZERS
 from localkube.cluster import ClusterError, LocalCluster
 
 POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -30,21 +31,21 @@ def owner_ref(obj: dict) -> dict:
 
 
 def node_summarizer(cluster: LocalCluster, name: str, label_key: str) -> dict:
-    return create(cluster, f"/apis/{API_VERSION}/nodesummarizers", {"apiVersion": API_VERSION, "kind": "NodeSummarizer",
+    return create(cluster, NODE_SUMMARIZERS.path(), {"apiVersion": API_VERSION, "kind": "NodeSummarizer",
                                                                     "metadata": {"name": name},
                                                                     "spec": {"labelKey": label_key}})
 
 
 def workload_summarizer(cluster: LocalCluster, name: str, types: list[tuple[str, str]]) -> dict:
     """``types``: (group, kind) pairs."""
-    return create(cluster, f"/apis/{API_VERSION}/workloadsummarizers", {
+    return create(cluster, WORKLOAD_SUMMARIZERS.path(), {
         "apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
         "spec": {"workloadTypes": [{"group": g, "kind": k} for g, k in types]}})
 
 
 def kwok_node(cluster: LocalCluster, name: str, pool: str, allocatable: dict[str, str],
               labels: dict[str, str] | None = None) -> dict:
-    return create(cluster, "/api/v1/nodes", {
+    return create(cluster, NODES.path(), {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {POOL_LABEL: pool, **(labels or {})},
                      "annotations": {"kwok.x-k8s.io/node": "fake"}},

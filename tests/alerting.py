@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from demo.workloads import ok
+from kubeindex.model.resources import NODES
 from localkube.cluster import LocalCluster
 from tests.paths import ROOT
 
@@ -22,7 +23,7 @@ RUNBOOKS = (ROOT / "docs" / "runbooks.md").read_text()
 def disrupt(cluster: LocalCluster, node: str, taints: list[dict[str, str]] | None = None) -> None:
     """Set the node's taints (default: Karpenter's disruption taint)."""
     taints = [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}] if taints is None else taints
-    ok(cluster.request(f"/api/v1/nodes/{node}", "PATCH", {"spec": {"taints": taints}},
+    ok(cluster.request(NODES.path(name=node), "PATCH", {"spec": {"taints": taints}},
                        content_type="application/merge-patch+json"))
 
 

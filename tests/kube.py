@@ -16,6 +16,7 @@ import yaml
 from demo.workloads import create, node_summarizer, ok, owner_ref, workload_summarizer
 from kubeindex.client.api import JSON, ApiClient, ApiError, Transient
 from kubeindex.client.watchstream import Framing
+from kubeindex.model.resources import NODES, PODS
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.paths import CRDS
@@ -24,7 +25,7 @@ from tests.paths import CRDS
 def create_node(cluster: LocalCluster, name: str, labels: dict[str, str], ready: str = "True",
                 allocatable: dict[str, str] | None = None, unschedulable: bool = False) -> dict:
     alloc = allocatable or {"cpu": "8", "memory": "32Gi", "pods": "110"}
-    ok(cluster.request("/api/v1/nodes", "POST", {
+    ok(cluster.request(NODES.path(), "POST", {
         "apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels},
         "spec": {"unschedulable": unschedulable},
     }))
@@ -37,12 +38,12 @@ def set_node_status(cluster: LocalCluster, name: str, ready: str, allocatable: d
     if allocatable is not None:
         status["allocatable"] = allocatable
         status["capacity"] = allocatable
-    return ok(cluster.request(f"/api/v1/nodes/{name}/status", "PATCH", {"status": status},
+    return ok(cluster.request(NODES.path(name=name, subresource="status"), "PATCH", {"status": status},
                               content_type="application/merge-patch+json"))
 
 
 def set_node_labels(cluster: LocalCluster, name: str, labels: dict[str, str | None]) -> dict:
-    return ok(cluster.request(f"/api/v1/nodes/{name}", "PATCH", {"metadata": {"labels": labels}},
+    return ok(cluster.request(NODES.path(name=name), "PATCH", {"metadata": {"labels": labels}},
                               content_type="application/merge-patch+json"))
 
 
@@ -54,7 +55,7 @@ def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "",
     spec: dict = {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu}}}]}
     if node:
         spec["nodeName"] = node
-    pod = create(cluster, f"/api/v1/namespaces/{namespace}/pods",
+    pod = create(cluster, PODS.path(namespace),
                  {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})
     if phase != "Pending":
         set_pod_phase(cluster, namespace, name, phase)
@@ -62,7 +63,7 @@ def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "",
 
 
 def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict:
-    return ok(cluster.request(f"/api/v1/namespaces/{namespace}/pods/{name}/status", "PATCH",
+    return ok(cluster.request(PODS.path(namespace, name, "status"), "PATCH",
                               {"status": {"phase": phase}}, content_type="application/merge-patch+json"))
 
 

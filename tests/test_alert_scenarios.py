@@ -24,6 +24,7 @@ from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import CLAIMS
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
@@ -83,7 +84,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 
 
 def claim(cluster: LocalCluster, flavor: str, assignments: list[dict]) -> None:
-    create(cluster, f"/apis/{API_VERSION}/clusterresourceclaims", {
+    create(cluster, CLAIMS.path(), {
         "apiVersion": API_VERSION, "kind": "ClusterResourceClaim", "metadata": {"name": flavor},
         "spec": {"flavor": flavor, "overAllocation": "Scale", "resourceAssignments": assignments}})
 

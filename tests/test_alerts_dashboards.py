@@ -23,6 +23,7 @@ from alerts.rules import RUNBOOK_BASE_URL, Marker, Thresholds, alerts, chart_rul
 from dashboards.build import Options as DashboardOptions
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
+from kubeindex.model.resources import NODES, PODS
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
@@ -292,7 +293,7 @@ def test_metric_name_extraction() -> None:
 def gpu_pod(cluster: LocalCluster, name: str, node: str, owner: dict) -> None:
     """A Running pod requesting cpu, memory and a GPU, so every requested/allocatable panel has data."""
     requests = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
-    create(cluster, "/api/v1/namespaces/default/pods", {
+    create(cluster, PODS.path("default"), {
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "ownerReferences": [owner_ref(owner)]},
         "spec": {"nodeName": node, "containers": [
@@ -323,7 +324,8 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
             create_node(c, name, {"pool": pool}, allocatable=gpu if pool == "a" else None)
         create_node(c, "b-3", {"pool": "b"}, unschedulable=True)
         disrupt(c, "b-1")
-        ok(c.request("/api/v1/nodes/a-2/status", "PATCH", {"status": {"capacity": {"nvidia.com/gpu": "5"}}},
+        ok(c.request(NODES.path(name="a-2", subresource="status"), "PATCH",
+                     {"status": {"capacity": {"nvidia.com/gpu": "5"}}},
                      content_type="application/merge-patch+json"))  # the device plugin gave one up
         _, rs = deployment_chain(c, "default", "web")
         gpu_pod(c, "web-1", "a-1", rs)

@@ -27,7 +27,7 @@ from kubeindex.model.objects import (
     ResourceQuota,
     claim_status,
 )
-from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, EVENTS
 from kubeindex.runtime.logfields import FIELDS
 from reconciler.claims import (
     ClaimController,
@@ -278,7 +278,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     caplog.set_level("INFO", logger="reconciler.claims")
     run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
     assert [c[:2] for c in request.calls] == [("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod"),
-                                              ("POST", "/apis/events.k8s.io/v1/namespaces/default/events")]
+                                              ("POST", EVENTS.path("default"))]
     [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
     assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8,"
                                  " nvidia.com/gpu 0 -> 4 (claim pool)")

@@ -14,8 +14,8 @@ from kubernetes import client
 
 from kubeindex.client.api import ApiClient, Connection
 from kubeindex.model.index import ClusterIndex
-from kubeindex.model.objects import API_VERSION, NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
-from kubeindex.model.resources import Resource
+from kubeindex.model.objects import NodeSummarizer, NodeSummarizerSpec, ObjectMeta, WorkloadType
+from kubeindex.model.resources import WORKLOAD_SUMMARIES, Resource
 from kubeindex.watch.sources import Sources
 from reconciler import desired
 from reconciler.desired import TypeInfo, desired_state
@@ -239,8 +239,8 @@ def test_a_pass_queues_what_changed_and_the_worker_makes_it_when_taken(monkeypat
         assert await controller.reconcile(key) == DONE
         (_, path, body), (_, status_path, status) = writes.take()  # none of it exists: applied, then its status
         assert len(made) == 2 and status["status"]["pods"] == {"Pending": 1}
-        assert (path, status_path) == (f"/apis/{API_VERSION}/namespaces/ns/workloadsummaries/web",
-                                       f"/apis/{API_VERSION}/namespaces/ns/workloadsummaries/web/status")
+        assert (path, status_path) == (WORKLOAD_SUMMARIES.path("ns", "web"),
+                                       WORKLOAD_SUMMARIES.path("ns", "web", "status"))
         await controller.reconcile(key)
         assert len(made) == 2  # taken again: nothing new to make
         scratch = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, DEPLOYMENTS)}

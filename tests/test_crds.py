@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kubeindex.model.objects import API_VERSION, GROUP
+from kubeindex.model.resources import NODE_SUMMARIES, WORKLOAD_SUMMARIES
 from localkube.build import KUEUE, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import wait_for
@@ -231,7 +232,7 @@ def test_kubectl_get_workloads_columns(cluster: LocalCluster) -> None:
     code, out = _create(cluster, {"apiVersion": API_VERSION, "kind": "WorkloadSummary",
                                   "metadata": {"name": "trainer", "namespace": "team-a"}})
     assert code == 0, out
-    _set_status(cluster, f"/apis/{API_VERSION}/namespaces/team-a/workloadsummaries/trainer", {
+    _set_status(cluster, WORKLOAD_SUMMARIES.path("team-a", "trainer"), {
         "podCount": 12, "shortType": "js", "longType": "jobset.jobset.x-k8s.io/v1alpha2",
         "nodeSummaryRefs": [{"name": "gke-nodepool-tpu-v5", "nodeCount": 3},
                             {"name": "gke-nodepool-cpu", "nodeCount": 1}],
@@ -250,7 +251,7 @@ def test_kubectl_get_nodesummaries_columns(cluster: LocalCluster) -> None:
         "spec": {"selector": {"matchLabels": {"cloud.google.com/gke-nodepool": "gpu"}}},
     })
     assert code == 0, out
-    _set_status(cluster, f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-gpu", {
+    _set_status(cluster, NODE_SUMMARIES.path(name="gke-nodepool-gpu"), {
         "nodeCount": 4, "nodeNamesPrefix": "gke-gpu-*",
         "conditions": [{"type": "Ready", "count": 3}, {"type": "NotReady", "count": 1}],
         "allocatable": {"cpu": "380", "memory": "1.5Ti", "nvidia.com/gpu": "32"},

@@ -11,6 +11,7 @@ from exporter.auth import AuthCollector, Authorizer
 from exporter.metrics import Renderer
 from kubeindex.client.api import RequestMetrics
 from kubeindex.model.index import ClusterIndex
+from kubeindex.model.resources import PODS
 from kubeindex.watch.metrics import FleetCollector, RequestCollector, SourcesCollector
 from kubeindex.watch.reflector import SourceStats
 from node_workload_summary.settings import Settings
@@ -32,7 +33,7 @@ def exposed_families() -> set[str]:
     reconciler = ReconcilerCollector(SimpleNamespace(writes={"apply": 1}, errors={"409": 1}), [WorkQueue[str]()],
                                      {"nodesummaries": {}}, SimpleNamespace(counts={("q", "applied"): 1}))
     requests = RequestMetrics()
-    requests.observe("GET", "/api/v1/pods", None, "200", 0.01)
+    requests.observe("GET", PODS.path(), None, "200", 0.01)
     registry.register(SourcesCollector(sources))
     registry.register(RequestCollector(requests))
     registry.register(FleetCollector(SimpleNamespace(specs={"a": None}, problem=lambda name: None)))

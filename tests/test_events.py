@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 from kubeindex.client.api import Forbidden, NotFound
+from kubeindex.model.resources import EVENTS
 from reconciler.events import Event, EventRecorder, Ref
 from reconciler.writer import Writer
 
@@ -38,7 +39,7 @@ class Server:
         if self.fail is not None:
             raise self.fail
         if method == "POST":
-            assert path == f"/apis/events.k8s.io/v1/namespaces/{body['metadata']['namespace']}/events"
+            assert path == EVENTS.path(body['metadata']['namespace'])
             assert body["metadata"]["name"] not in self.events and content_type == "application/json"
             self.events[body["metadata"]["name"]] = body
             return b"{}"

@@ -18,7 +18,8 @@ import exporter.metrics as metrics
 from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from exporter.metrics import Renderer
 from kubeindex.model.index import NODE_STATES, PHASES, ClusterIndex
-from kubeindex.model.objects import API_VERSION, Taint
+from kubeindex.model.objects import Taint
+from kubeindex.model.resources import NODE_SUMMARIZERS, NODES, PODS
 from kubeindex.watch.metrics import SourcesCollector
 from kubeindex.watch.reflector import SourceStats
 from localkube.cluster import LocalCluster, Options
@@ -164,7 +165,7 @@ def test_node_label_change_moves_node_and_pods(kube: LocalCluster, exporter: Ser
 
 def test_deleted_pods_series_disappear(kube: LocalCluster, exporter: Service, world: dict) -> None:
     for name in ("train-a", "train-b", "pending"):
-        delete(kube, f"/api/v1/namespaces/{NS}/pods/{name}")
+        delete(kube, PODS.path(NS, name))
     delete(kube, f"/apis/batch/v1/namespaces/{NS}/jobs/train")
     # The pods and the Job come on watches of their own, in either order: the Job's deletion may be
     # seen first (its pods then have no workload for a moment), so wait for both.
@@ -181,7 +182,7 @@ def test_summarizer_changes_rebuild_groups(kube: LocalCluster, exporter: Service
     set_node_labels(kube, "tpu-1", {"kubernetes.io/hostname": "tpu-1"})
     wait_for(lambda: value(exporter.scrape(), "nws_nodegroup_nodes", summarizer="hostnames", group="tpu-1") == 1,
              retry=ScrapeFailed)
-    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/hostnames")
+    delete(kube, NODE_SUMMARIZERS.path(name="hostnames"))
     wait_for(lambda: not select(exporter.scrape(), "nws_nodegroup_nodes", summarizer="hostnames"), retry=ScrapeFailed)
     assert group_value(exporter.scrape(), "nws_nodegroup_nodes", "tpu") == 1  # the other summarizer is untouched
 
@@ -210,8 +211,8 @@ def test_recovers_from_410_and_apiserver_restart(kube: LocalCluster, exporter: S
     exporter.pause()
     try:
         kube.restart_apiserver()  # its connections are gone: it will see none of what follows
-        delete(kube, f"/api/v1/namespaces/{NS}/pods/db-1")
-        delete(kube, "/api/v1/nodes/gpu-2")
+        delete(kube, PODS.path(NS, "db-1"))
+        delete(kube, NODES.path(name="gpu-2"))
         create_node(kube, "cpu-3", {POOL: "cpu"})
         create_pod(kube, NS, "web-1-9", "cpu-3", owner=world["rs"])
         set_node_status(kube, "tpu-1", "False")

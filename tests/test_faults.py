@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import create, deployment_chain, node_summarizer, owner_ref, pod_template
-from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import PODS, WORKLOAD_SUMMARIES
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
 from localkube.service import ScrapeFailed, Service, parse, select, value, wait_for
@@ -67,7 +67,7 @@ def test_odd_input_never_crashes(kube: LocalCluster) -> None:
     # A pod whose owner reference carries a stale UID, and an owner cycle between two ReplicaSets.
     deploy, _ = deployment_chain(kube, NS, "recreated")
     stale = owner_ref(deploy) | {"uid": "00000000-0000-0000-0000-000000000000"}
-    kube.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
+    kube.request(PODS.path(NS), "POST", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "stale-owner", "ownerReferences": [stale]},
         "spec": {"containers": [{"name": "c", "image": "x"}]}})
     # Two ReplicaSets that own each other, and a pod under them.
@@ -156,7 +156,7 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
         while not stop.is_set():
             create_pod(kube, NS, f"churn-{i}", f"n-{i % 3}", owner=rs, labels={"app": "churn"})
             if i >= 5:
-                delete(kube, f"/api/v1/namespaces/{NS}/pods/churn-{i - 5}")
+                delete(kube, PODS.path(NS, f"churn-{i - 5}"))
             i += 1
 
     thread = threading.Thread(target=churn, daemon=True)
@@ -173,7 +173,7 @@ def test_leader_failover_under_churn(kube: LocalCluster) -> None:
         assert truth >= 1
 
         def summary_pods() -> int | None:
-            churn = get_object(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/churn")
+            churn = get_object(kube, WORKLOAD_SUMMARIES.path(NS, "churn"))
             return (churn or {}).get("status", {}).get("podCount")
 
         wait_for(lambda: summary_pods() == truth, timeout=20)

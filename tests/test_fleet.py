@@ -248,7 +248,7 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
         assert (CLAIMS.plural, "a-a100") in queued(claims)
         await reconcile(claims, "a-a100", requests)
         method, path, body = requests.calls[-1]
-        assert (method, path) == ("POST", f"/apis/{API_VERSION}/clusterresourceclaims")
+        assert (method, path) == ("POST", CLAIMS.path())
         assert body["metadata"] == {"name": "a-a100", "labels": {"ux.sean.example.com/member": "a"}}
         assert body["spec"] == {"clusterName": "a", "flavor": "a100", "resourceAssignments": []}
 

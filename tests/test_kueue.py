@@ -24,6 +24,7 @@ from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
 from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
+from kubeindex.model.resources import NODES, PODS
 from kubeindex.watch.reflector import WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
@@ -152,7 +153,7 @@ def test_flavor_series_follow_the_pools(kube: LocalCluster, service: Service) ->
     set_node_status(kube, "gpu-3", "True")
     follows(service, "nws_flavor_nodes_by_state", "gpu", states(Ready=3))
     # It shrinks: a node goes, with its pod's requests.
-    delete(kube, "/api/v1/nodes/gpu-1")
+    delete(kube, NODES.path(name="gpu-1"))
     follows(service, alloc, "gpu", {"cpu": 16, "memory": 64 * 2**30, "pods": 220, "nvidia.com/gpu": 8})
     follows(service, "nws_flavor_requested", "gpu", {"cpu": 0, "nvidia.com/gpu": 0})
     # A node is relabelled into the other pool: it leaves one flavor for the other.
@@ -163,7 +164,7 @@ def test_flavor_series_follow_the_pools(kube: LocalCluster, service: Service) ->
     # Node groups are the pools, whatever the flavors: no group per flavor.
     groups = {dict(k)["group"]: v for k, v in select(service.scrape(), "nws_nodegroup_nodes").items()}
     assert groups == {"gpu": 1, "cpu": 2}
-    delete(kube, "/api/v1/namespaces/default/pods/train-0")
+    delete(kube, PODS.path("default", "train-0"))
 
 
 def test_cluster_queue_and_flavor_edits_change_the_series(kube: LocalCluster, service: Service) -> None:
@@ -249,7 +250,7 @@ def test_quota_exceeds_capacity_fires_in_prometheus_and_resolves(kube: LocalClus
                  timeout=60)
         time.sleep(5)  # longer than `for`: a wrong query would fire by now
         assert firing() == []
-        delete(kube, "/api/v1/nodes/tpu-2")
+        delete(kube, NODES.path(name="tpu-2"))
         wait_for(firing, timeout=60)
         time.sleep(3)  # a duplicate per replica would have shown by now
         (alert,) = firing()

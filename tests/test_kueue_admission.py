@@ -17,6 +17,7 @@ import pytest
 
 from demo.kueue import cell, cluster_queue, controller, local_queue, resource_flavor, workload, workload_condition
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import CLAIMS
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.kube import create_node, found, get_object
@@ -55,7 +56,7 @@ def quota(kube: LocalCluster, name: str) -> dict[tuple[str, str], str]:
 
 
 def claim_status(kube: LocalCluster, name: str) -> dict[str, Any]:
-    return found(get_object(kube, f"/apis/{API_VERSION}/clusterresourceclaims/{name}")).get("status", {})
+    return found(get_object(kube, CLAIMS.path(name=name))).get("status", {})
 
 
 def writes(svc: Service, result: str) -> float:

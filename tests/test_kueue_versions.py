@@ -29,7 +29,7 @@ from demo.kueue import V014, V019
 from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION, KUEUE_GROUP, KUEUE_VERSIONS, MultiKueueCluster
-from kubeindex.model.resources import Resource
+from kubeindex.model.resources import CLAIMS, Resource
 from kubeindex.watch.discovery import KindDiscovery, choose
 from kubeindex.watch.fleet import Fleet
 from kubeindex.watch.reflector import WatchSettings
@@ -202,7 +202,7 @@ def test_kueue_at_an_unknown_version_is_said_in_the_log_the_metrics_readyz_and_t
     svc = Service(kube, ("--identity=a", "--quota-settle=1", "--quota-actuation=on")).start()
     try:
         def ready() -> dict[str, Any]:
-            status = found(get_object(kube, f"/apis/{API_VERSION}/clusterresourceclaims/a100")).get("status", {})
+            status = found(get_object(kube, CLAIMS.path(name="a100"))).get("status", {})
             return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
 
         wait_for(lambda: ready().get("reason") == "KueueVersionUnknown", timeout=30)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import PODS, WORKLOAD_SUMMARIES, WORKLOAD_SUMMARIZERS
 from localkube.cluster import LocalCluster
 from localkube.service import ScrapeFailed, Service, select, wait_for
 from reconciler.names import is_dns1123_subdomain
@@ -109,10 +110,10 @@ def test_label_workloads_appear_change_and_go(kube: LocalCluster, leader: Servic
 
     gang_pod(kube, "train-2", "train", "n-1")
     wait_for(lambda: pod_count(kube, "train") == 3, timeout=10)
-    delete(kube, f"/api/v1/namespaces/{NS}/pods/train-0")
+    delete(kube, PODS.path(NS, "train-0"))
     wait_for(lambda: pod_count(kube, "train") == 2, timeout=10)
     for pod in ("train-1", "train-2"):
-        delete(kube, f"/api/v1/namespaces/{NS}/pods/{pod}")
+        delete(kube, PODS.path(NS, pod))
     wait_for(lambda: "train" not in summaries(kube), timeout=10)  # no owner, no GC: the reconciler deletes it
     assert "sim" in summaries(kube)
 
@@ -122,9 +123,9 @@ def test_an_owner_of_a_configured_kind_wins(kube: LocalCluster, leader: Service)
     gang_pod(kube, "web-0", "web-gang", owner=web)
     gang_pod(kube, "loner-0", "web-gang", "n-1")
     wait_for(lambda: pod_count(kube, "web-gang") == 1, timeout=10)
-    summary = f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web"  # written a debounce after its change
+    summary = WORKLOAD_SUMMARIES.path(NS, "web")  # written a debounce after its change
     wait_for(lambda: (get_object(kube, summary) or {}).get("status", {}).get("podCount") == 1, timeout=10)
-    delete(kube, f"/api/v1/namespaces/{NS}/pods/loner-0")
+    delete(kube, PODS.path(NS, "loner-0"))
     wait_for(lambda: "web-gang" not in summaries(kube), timeout=10)
 
 
@@ -166,7 +167,7 @@ def test_overlapping_summarizers_share_a_key(kube: LocalCluster, leader: Service
     wait_for(lambda: summaries(kube)["edited"]["status"]["shortType"] == "gang", timeout=10)
     assert f"also listed by a-gangs ({GANG})" in message("gangs")
     assert summarizer_status(kube, "a-gangs")["workloadCount"] > 0
-    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/a-gangs")
+    delete(kube, WORKLOAD_SUMMARIZERS.path(name="a-gangs"))
     wait_for(lambda: summaries(kube)["edited"]["status"]["shortType"] == "pg", timeout=10)
 
 
@@ -179,7 +180,7 @@ def test_another_writer_is_taken_back_and_labels_cost_nothing(kube: LocalCluster
     patch = json.dumps({"spec": {"workloadRef": {"labelValue": "hijacked"}}})
     kube.kubectl("patch", "workloadsummary", name, "-n", NS, "--type=merge", "-p", patch)
     wait_for(lambda: summaries(kube).get("edited", {}).get("metadata", {}).get("name") == name, timeout=10)
-    delete(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
+    delete(kube, WORKLOAD_SUMMARIES.path(NS, name))
     wait_for(lambda: pod_count(kube, "edited") == 1, timeout=10)
     assert summaries(kube)["edited"]["metadata"]["name"] == name and "hijacked" not in summaries(kube)
 
@@ -190,9 +191,9 @@ def test_two_replicas_failover_keeps_names_and_deletes(kube: LocalCluster, leade
     workload's summary when its last pod goes."""
     # The Deployment `web` goes: the label workload `web` keeps its hashed name, and so must a new
     # leader, which can only learn it from the object.
-    delete(kube, f"/api/v1/namespaces/{NS}/pods/web-0")
+    delete(kube, PODS.path(NS, "web-0"))
     delete(kube, f"/apis/apps/v1/namespaces/{NS}/deployments/web")
-    wait_for(lambda: kube.request(f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web")[0] == 404, timeout=10)
+    wait_for(lambda: kube.request(WORKLOAD_SUMMARIES.path(NS, "web"))[0] == 404, timeout=10)
     standby = Service(kube, ("--identity=replica-b", *FAST_LEASE)).start()
     try:
         settled(leader)
@@ -203,7 +204,7 @@ def test_two_replicas_failover_keeps_names_and_deletes(kube: LocalCluster, leade
         settled(standby)
         after = {v: (o["metadata"]["name"], o["metadata"]["uid"]) for v, o in summaries(kube).items()}
         assert after == before and after["web"][0] != "web"
-        delete(kube, f"/api/v1/namespaces/{NS}/pods/odd-0")  # the last pod of Gang_A.v2
+        delete(kube, PODS.path(NS, "odd-0"))  # the last pod of Gang_A.v2
         wait_for(lambda: "Gang_A.v2" not in summaries(kube), timeout=10)
         gang_pod(kube, "late-0", "late")
         wait_for(lambda: pod_count(kube, "late") == 1, timeout=10)

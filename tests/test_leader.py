@@ -14,10 +14,11 @@ import threading
 from kubernetes import client
 
 from kubeindex.client.api import ApiClient, Conflict, Connection, NotFound, Transient
+from kubeindex.model.resources import LEASES
 from reconciler.leader import LeaderElector, LeaseSettings
 from tests.clock import FakeClock
 
-PATH = "/apis/coordination.k8s.io/v1/namespaces/default/leases"
+PATH = LEASES.path("default")
 
 
 class LeaseStore:

@@ -19,6 +19,15 @@ from demo.workloads import create, node_summarizer, ok, workload_summarizer
 from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import (
+    BY_PLURAL,
+    LEASES,
+    NODE_SUMMARIES,
+    NODE_SUMMARIZERS,
+    NODES,
+    WORKLOAD_SUMMARIES,
+    WORKLOAD_SUMMARIZERS,
+)
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster
 from localkube.proxy import through_proxy
@@ -45,7 +54,7 @@ pytestmark = pytest.mark.compat  # one of the core scenarios make compat runs on
 
 NS = "team"
 FAST_LEASE = ("--lease-duration=4", "--renew-deadline=3", "--retry-period=1", "--write-debounce=0.2")
-LEASE = "/apis/coordination.k8s.io/v1/namespaces/default/leases/node-workload-summary"
+LEASE = LEASES.path("default", "node-workload-summary")
 
 
 @pytest.fixture(scope="module")
@@ -66,8 +75,7 @@ def leader(kube: LocalCluster) -> Iterator[Service]:
 
 
 def summary(kube: LocalCluster, plural: str, name: str, namespace: str = "") -> dict[str, Any] | None:
-    path = f"/apis/{API_VERSION}/" + (f"namespaces/{namespace}/" if namespace else "") + f"{plural}/{name}"
-    return get_object(kube, path)
+    return get_object(kube, BY_PLURAL[plural].path(namespace, name))
 
 
 def errors(svc: Service) -> dict[frozenset, float]:
@@ -90,7 +98,7 @@ def test_foreign_labels_and_annotations_cause_no_writes(kube: LocalCluster, lead
 
 def test_a_field_of_ours_taken_by_kubectl_is_taken_back_once(kube: LocalCluster, leader: Service) -> None:
     before = settled(leader)
-    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
+    ok(kube.request(NODE_SUMMARIES.path(name="pool-a", subresource="status"), "PATCH", {"status": {"nodeCount": 99}},
                     content_type="application/merge-patch+json"))
     wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 2,
              timeout=10)
@@ -110,9 +118,9 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
         return {"apiVersion": API_VERSION, "kind": "NodeSummary", "metadata": {"name": name, "labels": label},
                 "spec": {"selector": {"matchLabels": {"pool": name}}}}
 
-    there = f"/apis/{API_VERSION}/nodesummaries/delete-404-there"
-    gone = f"/apis/{API_VERSION}/nodesummaries/delete-404-gone"
-    create(kube, f"/apis/{API_VERSION}/nodesummaries", node_summary("delete-404-there"))
+    there = NODE_SUMMARIES.path(name="delete-404-there")
+    gone = NODE_SUMMARIES.path(name="delete-404-gone")
+    create(kube, NODE_SUMMARIES.path(), node_summary("delete-404-there"))
     stale = msgspec.convert(node_summary("delete-404-gone"), Summary)
     stale.metadata.uid = "00000000-0000-4000-8000-000000000404"
 
@@ -176,9 +184,9 @@ def test_colliding_and_odd_names(kube: LocalCluster, leader: Service) -> None:
     assert writes(leader) == before and set(mine()) == names  # no delete/recreate dance
     assert not errors(leader), errors(leader)
     for name in ("gke", "gke-pool"):
-        delete(kube, f"/apis/{API_VERSION}/nodesummarizers/{name}")
-    delete(kube, "/api/v1/nodes/m-0")
-    delete(kube, "/api/v1/nodes/m-1")
+        delete(kube, NODE_SUMMARIZERS.path(name=name))
+    delete(kube, NODES.path(name="m-0"))
+    delete(kube, NODES.path(name="m-1"))
     wait_for(lambda: not mine(), timeout=15)
 
 
@@ -195,7 +203,7 @@ def test_a_deposed_leader_writes_nothing(kube: LocalCluster, leader: Service) ->
     wait_for(lambda: not is_leader(leader), timeout=5)
     before = writes(leader)
     deployment(kube, NS, "api")  # a change the old leader would have written
-    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 7}},
+    ok(kube.request(NODE_SUMMARIES.path(name="pool-a", subresource="status"), "PATCH", {"status": {"nodeCount": 7}},
                     content_type="application/merge-patch+json"))
     time.sleep(3)
     assert writes(leader) == before
@@ -244,7 +252,7 @@ def test_an_unsynced_replica_never_holds_the_lease(kube: LocalCluster, leader: S
         create_node(kube, "n-9", {"pool": "a"})
         wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 3,
                  timeout=10)
-        delete(kube, "/api/v1/nodes/n-9")
+        delete(kube, NODES.path(name="n-9"))
     finally:
         blind.stop()
 
@@ -267,7 +275,7 @@ def test_a_terminating_namespace_is_not_a_write_error(kube: LocalCluster, leader
     deployment(kube, "doomed", "old")
     wait_for(lambda: summary(kube, "workloadsummaries", "old", "doomed") is not None, timeout=10)
     kube.kubectl("delete", "namespace", "doomed", "--wait=false")  # no namespace controller: it stays
-    delete(kube, f"/apis/{API_VERSION}/namespaces/doomed/workloadsummaries/old")  # recreating it is refused (403)
+    delete(kube, WORKLOAD_SUMMARIES.path("doomed", "old"))  # recreating it is refused (403)
     time.sleep(3)
     assert not errors(leader), errors(leader)
     assert 'being terminated' not in leader.log_text()
@@ -281,11 +289,11 @@ def _ready(kube: LocalCluster, plural: str, name: str) -> dict:
 def test_summarizer_recreated_with_the_same_spec_gets_its_status(kube: LocalCluster, leader: Service) -> None:
     node_summarizer(kube, "again", "pool")
     wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
-    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/again")
+    delete(kube, NODE_SUMMARIZERS.path(name="again"))
     wait_for(lambda: summary(kube, "nodesummarizers", "again") is None, timeout=10)
     node_summarizer(kube, "again", "pool")
     wait_for(lambda: _ready(kube, "nodesummarizers", "again").get("reason") == "Summarizing", timeout=10)
-    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/again")
+    delete(kube, NODE_SUMMARIZERS.path(name="again"))
 
 
 def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leader: Service) -> None:
@@ -296,7 +304,7 @@ def test_overlapping_summarizers_both_count_and_say_so(kube: LocalCluster, leade
     wait_for(lambda: found(summary(kube, "workloadsummarizers", "also-apps"))["status"].get("workloadCount") == count,
              timeout=10)
     assert "also listed by also-apps" in _ready(kube, "workloadsummarizers", "apps")["message"]
-    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/also-apps")
+    delete(kube, WORKLOAD_SUMMARIZERS.path(name="also-apps"))
 
 
 def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, leader: Service) -> None:
@@ -306,7 +314,7 @@ def test_cluster_scoped_kind_is_reported_and_never_written(kube: LocalCluster, l
     assert _ready(kube, "workloadsummarizers", "nodes-as-workloads")["status"] == "False"
     time.sleep(2)
     assert not errors(leader), errors(leader)
-    delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/nodes-as-workloads")
+    delete(kube, WORKLOAD_SUMMARIZERS.path(name="nodes-as-workloads"))
 
 
 def test_a_leader_cut_off_from_the_api_server_gives_way(kube: LocalCluster, leader: Service) -> None:
@@ -352,8 +360,8 @@ def test_a_new_leader_writes_from_a_fresh_view(kube: LocalCluster, leader: Servi
         leader.kill()
         wait_for(lambda: is_leader(standby), timeout=20)
         deployment(kube, NS, "after-failover")
-        ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/pool-a/status", "PATCH", {"status": {"nodeCount": 99}},
-                        content_type="application/merge-patch+json"))
+        ok(kube.request(NODE_SUMMARIES.path(name="pool-a", subresource="status"), "PATCH",
+                        {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
         wait_for(lambda: summary(kube, "workloadsummaries", "after-failover", NS) is not None, timeout=10)
         wait_for(lambda: found(summary(kube, "nodesummaries", "pool-a"))["status"]["nodeCount"] == 2,
                  timeout=10)
@@ -409,7 +417,7 @@ def test_the_leader_renews_in_one_request_and_gives_way_to_another_writer_of_the
             return await self.api.request(method, path, body, timeout=timeout)
 
     def lease() -> dict[str, Any]:
-        return found(get_object(kube, f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{name}"))
+        return found(get_object(kube, LEASES.path("default", name)))
 
     async def main() -> None:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
@@ -437,4 +445,4 @@ def test_the_leader_renews_in_one_request_and_gives_way_to_another_writer_of_the
     try:
         asyncio.run(main())
     finally:
-        kube.request(f"/apis/coordination.k8s.io/v1/namespaces/default/leases/{name}", "DELETE")
+        kube.request(LEASES.path("default", name), "DELETE")

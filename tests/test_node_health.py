@@ -13,6 +13,7 @@ import pytest
 
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.model.index import NODE_STATES
+from kubeindex.model.resources import NODES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Samples, ScrapeFailed, Service, select, value, wait_for
 from node_workload_summary.main import main
@@ -32,7 +33,7 @@ HEALTHY_WORKLOAD = ("web", "Deployment")  # on the cpu pool only
 
 
 def patch_node(kube: LocalCluster, body: dict, status: bool = False) -> None:
-    path = f"/api/v1/nodes/{SICK}" + ("/status" if status else "")
+    path = NODES.path(name=SICK) + ("/status" if status else "")
     ok(kube.request(path, "PATCH", body, content_type="application/merge-patch+json"))
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from demo.workloads import ok
-from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import BY_PLURAL, NODES
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, deployment, get_object, summarized_cluster
@@ -44,11 +44,13 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 
 
 def status(kube: LocalCluster, path: str) -> dict:
-    return (get_object(kube, f"/apis/{API_VERSION}/{path}") or {}).get("status", {})
+    """The status of ``<plural>/<name>`` of this project's kinds."""
+    plural, name = path.split("/")
+    return (get_object(kube, BY_PLURAL[plural].path(name=name)) or {}).get("status", {})
 
 
 def patch_node(kube: LocalCluster, name: str, body: dict, subresource: str = "") -> None:
-    ok(kube.request(f"/api/v1/nodes/{name}{subresource}", "PATCH", body,
+    ok(kube.request(NODES.path(name=f"{name}{subresource}"), "PATCH", body,
                     content_type="application/strategic-merge-patch+json"))
 
 

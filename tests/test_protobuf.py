@@ -33,6 +33,7 @@ from kubeindex.model.objects import (
     Resources,
     Taint,
 )
+from kubeindex.model.resources import NODES, PODS
 from kubeindex.watch.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
 from localkube.build import core
 from localkube.cluster import LocalCluster
@@ -145,14 +146,15 @@ def kube(cluster: LocalCluster) -> Iterator[LocalCluster]:
     create_node(cluster, "pb-0", {"pool": "a", "example.com/zone": "z"}, unschedulable=True)
     create_node(cluster, "pb-1", {"pool": "b"}, ready="False", allocatable={"cpu": "64", "example.com/gpu": "8"})
     capacity = {"status": {"capacity": {"cpu": "66", "example.com/gpu": "8"}}}  # unlike its allocatable
-    ok(cluster.request("/api/v1/nodes/pb-1/status", "PATCH", capacity, content_type="application/merge-patch+json"))
-    ok(cluster.request("/api/v1/nodes/pb-0", "PATCH", {"spec": {"taints": [
+    ok(cluster.request(NODES.path(name="pb-1", subresource="status"), "PATCH", capacity,
+                       content_type="application/merge-patch+json"))
+    ok(cluster.request(NODES.path(name="pb-0"), "PATCH", {"spec": {"taints": [
         {"key": "gpu", "value": "x", "effect": "NoSchedule"}, {"key": "maintenance", "effect": "NoExecute"}]}},
         content_type="application/merge-patch+json"))
     for i in range(5):
-        ok(cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", full_pod(f"p-{i}", f"pb-{i % 2}")))
+        ok(cluster.request(PODS.path(NS), "POST", full_pod(f"p-{i}", f"pb-{i % 2}")))
     set_pod_phase(cluster, NS, "p-0", "Running")
-    ok(cluster.request(f"/api/v1/namespaces/{NS}/pods", "POST", {
+    ok(cluster.request(PODS.path(NS), "POST", {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare", "namespace": NS},
         "spec": {"containers": [{"name": "c", "image": "x"}]}}))  # no node, no requests, no labels
     yield cluster
@@ -169,7 +171,7 @@ class NodePage(msgspec.Struct):
     items: list[Node]
 
 
-@pytest.mark.parametrize("path, kind, page_type", [("/api/v1/pods", Pod, PodPage), ("/api/v1/nodes", Node, NodePage)],
+@pytest.mark.parametrize("path, kind, page_type", [(PODS.path(), Pod, PodPage), (NODES.path(), Node, NodePage)],
                          ids=["pods", "nodes"])
 def test_a_list_decodes_to_what_json_decodes_to(kube: LocalCluster, path: str, kind: type, page_type: type) -> None:
     async def both() -> tuple[bytes, bytes]:
@@ -215,11 +217,11 @@ def test_a_large_page_comes_gzipped_and_is_read_object_by_object(kube: LocalClus
     ns = "protobuf-large"
     ok(kube.request("/api/v1/namespaces", "POST", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
     for i in range(60):  # 60 x 3 KB of annotation that gzip cannot shrink to nothing
-        ok(kube.request(f"/api/v1/namespaces/{ns}/pods", "POST", {
+        ok(kube.request(PODS.path(ns), "POST", {
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"big-{i}", "namespace": ns, "annotations": {"noise": os.urandom(1536).hex()}},
             "spec": {"nodeName": "pb-0", "containers": [{"name": "c", "image": "x"}]}}))
-    path = f"/api/v1/namespaces/{ns}/pods"
+    path = PODS.path(ns)
 
     async def read() -> tuple[list[bytes], ListMeta, bytes, str]:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
@@ -263,16 +265,16 @@ def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, way: st
             for encoding in ("protobuf", "json"):
                 recorder = Recorder()
                 settings = WatchSettings(page_size=2, initial_list=initial_list, encoding=encoding)
-                reflector = Reflector(api, "pods", f"/api/v1/namespaces/{NS}/pods", Pod, recorder.handler(),
+                reflector = Reflector(api, "pods", PODS.path(NS), Pod, recorder.handler(),
                                       settings=settings)
                 seen[encoding] = recorder, reflector
             tasks = [asyncio.ensure_future(r.run()) for _, r in seen.values()]
             try:
                 await until(lambda: all(r.synced.is_set() for _, r in seen.values()))
                 name = f"moved-{initial_list}"
-                ok(kube.request(f"/api/v1/namespaces/{NS}/pods", "POST", full_pod(name, "pb-1")))
+                ok(kube.request(PODS.path(NS), "POST", full_pod(name, "pb-1")))
                 set_pod_phase(kube, NS, name, "Succeeded")
-                delete(kube, f"/api/v1/namespaces/{NS}/pods/{name}")
+                delete(kube, PODS.path(NS, name))
                 await until(lambda: all(("delete", f"{NS}/{name}") in rec.calls for rec, _ in seen.values()))
             finally:
                 for task in tasks:
@@ -296,7 +298,7 @@ def test_a_reflector_sees_the_same_in_both_encodings(kube: LocalCluster, way: st
 def test_errors_in_protobuf_read_as_in_json(kube: LocalCluster) -> None:
     async def missing() -> None:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            await api.get(f"/api/v1/namespaces/{NS}/pods/none", accept=protobuf.ACCEPT)
+            await api.get(PODS.path(NS, "none"), accept=protobuf.ACCEPT)
 
     with pytest.raises(NotFound, match=r'^404 NotFound: pods "none" not found$'):
         asyncio.run(missing())

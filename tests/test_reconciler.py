@@ -20,7 +20,7 @@ from demo.workloads import (
     ok,
     workload_summarizer,
 )
-from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import NODE_SUMMARIES, NODE_SUMMARIZERS, NODES, WORKLOAD_SUMMARIES
 from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
@@ -79,7 +79,7 @@ def summaries(kube: LocalCluster) -> dict[str, dict]:
 
 
 def workload(kube: LocalCluster, name: str, namespace: str = NS) -> dict[str, Any] | None:
-    return get_object(kube, f"/apis/{API_VERSION}/namespaces/{namespace}/workloadsummaries/{name}")
+    return get_object(kube, WORKLOAD_SUMMARIES.path(namespace, name))
 
 
 def test_design_doc_workflow(kube: LocalCluster, service: Service) -> None:
@@ -153,20 +153,20 @@ def test_node_moves_summaries_follow_and_go(kube: LocalCluster, service: Service
     set_node_labels(kube, "gpu-1", {POOL: "tpu"})
     wait_for(lambda: summaries(kube)["gke-nodepool-tpu"]["status"]["nodeCount"] == 2, timeout=10)
     wait_for(lambda: summaries(kube)["gke-nodepool-gpu"]["status"]["nodeCount"] == 1, timeout=10)  # its own write
-    delete(kube, "/api/v1/nodes/gpu-0")  # the last node of the gpu group
+    delete(kube, NODES.path(name="gpu-0"))  # the last node of the gpu group
     wait_for(lambda: "gke-nodepool-gpu" not in summaries(kube), timeout=10)
     # A summarizer created and deleted takes its summaries with it.
     node_summarizer(kube, "zone", "topology.kubernetes.io/zone")
     wait_for(lambda: len([n for n in summaries(kube) if n.startswith("zone-")]) == 3, timeout=10)
-    delete(kube, f"/apis/{API_VERSION}/nodesummarizers/zone")
+    delete(kube, NODE_SUMMARIZERS.path(name="zone"))
     wait_for(lambda: not [n for n in summaries(kube) if n.startswith("zone-")], timeout=15)
 
 
 def test_user_edits_are_restored(kube: LocalCluster, service: Service) -> None:
-    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+    ok(kube.request(NODE_SUMMARIES.path(name="gke-nodepool-cpu", subresource="status"), "PATCH",
                     {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
     wait_for(lambda: summaries(kube)["gke-nodepool-cpu"]["status"]["nodeCount"] == 3, timeout=10)
-    delete(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/nginx")
+    delete(kube, WORKLOAD_SUMMARIES.path(NS, "nginx"))
     wait_for(lambda: workload(kube, "nginx") is not None, timeout=10)
 
 
@@ -178,7 +178,7 @@ def test_the_watches_of_our_summaries_are_in_the_watch_metrics(kube: LocalCluste
 
     wait_for(lambda: "gke-nodepool-cpu" in summaries(kube), timeout=20)
     before = modified(service.scrape())
-    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+    ok(kube.request(NODE_SUMMARIES.path(name="gke-nodepool-cpu", subresource="status"), "PATCH",
                     {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
     wait_for(lambda: modified(service.scrape()) >= before + 2, timeout=10)  # the edit, and our write back
     s = service.scrape()
@@ -200,7 +200,7 @@ def test_our_own_writes_coming_back_queue_nothing(kube: LocalCluster, service: S
 
     settled(service)
     adds, events = counts()
-    ok(kube.request(f"/apis/{API_VERSION}/nodesummaries/gke-nodepool-cpu/status", "PATCH",
+    ok(kube.request(NODE_SUMMARIES.path(name="gke-nodepool-cpu", subresource="status"), "PATCH",
                     {"status": {"nodeCount": 99}}, content_type="application/merge-patch+json"))
     wait_for(lambda: counts()[1] >= events + 2, timeout=10)  # the edit, and our write back
     settled(service)

@@ -16,6 +16,7 @@ import pytest
 from demo.workloads import deployment_chain, node_summarizer, workload_summarizer
 from kubeindex.client.api import NO_ANSWER, Forbidden, RequestMetrics, path_fields
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import LEASES, NODE_SUMMARIES, PODS, SECRETS, WORKLOAD_SUMMARIES
 from kubeindex.runtime.logfields import FIELDS, fields, key_fields
 from localkube.cluster import LocalCluster
 from localkube.service import Samples, Service, select, value, wait_for
@@ -40,7 +41,7 @@ def leader(cluster: LocalCluster) -> Iterator[Service]:
     _, rs = deployment_chain(cluster, NS, "web")
     create_pod(cluster, NS, "web-1", node="obs-1", owner=rs)
     svc = Service(cluster, ("--log-format=json", "--identity=obs", f"--lease-name={LEASE}", *FAST_LEASE)).start()
-    wait_for(lambda: get_object(cluster, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/web"), timeout=30)
+    wait_for(lambda: get_object(cluster, WORKLOAD_SUMMARIES.path(NS, "web")), timeout=30)
     yield svc
     svc.stop()
 
@@ -127,7 +128,7 @@ def _record(extra: Mapping[str, object] | None = None, exc: BaseException | None
     logger = logging.getLogger("kubeindex.watch.reflector")
     exc_info = (type(exc), exc, exc.__traceback__) if exc is not None else None
     return logger.makeRecord(logger.name, logging.WARNING, __file__, 1, "%s: LIST %s: %s", (
-        "pods", "/api/v1/pods", "403 Forbidden"), exc_info, extra=extra)
+        "pods", PODS.path(), "403 Forbidden"), exc_info, extra=extra)
 
 
 def test_json_lines_carry_the_fields_and_text_lines_stay_as_they_were() -> None:
@@ -144,7 +145,7 @@ def test_json_lines_carry_the_fields_and_text_lines_stay_as_they_were() -> None:
 def test_an_object_key_or_path_gives_namespace_and_name_and_a_traceback_stays_on_one_line() -> None:
     assert key_fields("pods", "team-a/web-1", KeyError("x")) == {FIELDS: {
         "resource": "pods", "namespace": "team-a", "name": "web-1", "error": "KeyError('x')"}}
-    assert path_fields(f"/apis/{API_VERSION}/nodesummaries/pool-a/status") == {FIELDS: {
+    assert path_fields(NODE_SUMMARIES.path(name="pool-a", subresource="status")) == {FIELDS: {
         "resource": f"nodesummaries.{API_VERSION.split('/')[0]}", "name": "pool-a"}}
     try:
         raise RuntimeError("a bug")
@@ -157,13 +158,13 @@ def test_an_object_key_or_path_gives_namespace_and_name_and_a_traceback_stays_on
 
 
 @pytest.mark.parametrize(("method", "path", "params", "verb", "resource"), [
-    ("GET", "/api/v1/pods", {"limit": "500"}, "LIST", "pods"),
-    ("GET", "/api/v1/pods", {"watch": "1"}, "WATCH", "pods"),
+    ("GET", PODS.path(), {"limit": "500"}, "LIST", "pods"),
+    ("GET", PODS.path(), {"watch": "1"}, "WATCH", "pods"),
     ("GET", "/apis/apps/v1/replicasets", {"watch": "1", "sendInitialEvents": "true"}, "WATCH", "replicasets.apps"),
-    ("GET", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", None, "GET", "leases.coordination.k8s.io"),
-    ("PUT", "/apis/coordination.k8s.io/v1/namespaces/ns/leases/l", None, "PUT", "leases.coordination.k8s.io"),
+    ("GET", LEASES.path("ns", "l"), None, "GET", "leases.coordination.k8s.io"),
+    ("PUT", LEASES.path("ns", "l"), None, "PUT", "leases.coordination.k8s.io"),
     ("PATCH", "/apis/x.io/v1/namespaces/ns/workloadsummaries/web/status", {}, "PATCH", "workloadsummaries.x.io"),
-    ("GET", "/api/v1/namespaces/ns/secrets/member", None, "GET", "secrets"),
+    ("GET", SECRETS.path("ns", "member"), None, "GET", "secrets"),
     ("GET", "/api/v1/namespaces/ns", None, "GET", "namespaces"),
     ("GET", "/apis/apps/v1", None, "GET", ""),  # discovery
     ("GET", "/version", None, "GET", ""),

@@ -28,6 +28,7 @@ from exporter.server import make_app
 from kubeindex.client.api import load_connection
 from kubeindex.model.index import ClusterIndex, label_workload_uid
 from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import PODS, WORKLOAD_SUMMARIZERS
 from kubeindex.watch.reflector import WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster
@@ -50,14 +51,14 @@ def kube(cluster: LocalCluster) -> LocalCluster:
 
 def summarizer(kube: LocalCluster, name: str, types: list[dict]) -> None:
     """Create or replace a WorkloadSummarizer with ``types`` ({group, kind, version?})."""
-    existing = get_object(kube, f"/apis/{API_VERSION}/workloadsummarizers/{name}")
+    existing = get_object(kube, WORKLOAD_SUMMARIZERS.path(name=name))
     obj: dict[str, Any] = {"apiVersion": API_VERSION, "kind": "WorkloadSummarizer", "metadata": {"name": name},
                            "spec": {"workloadTypes": types}}
     if existing is not None:
         obj["metadata"]["resourceVersion"] = existing["metadata"]["resourceVersion"]
-        ok(kube.request(f"/apis/{API_VERSION}/workloadsummarizers/{name}", "PUT", obj))
+        ok(kube.request(WORKLOAD_SUMMARIZERS.path(name=name), "PUT", obj))
     else:
-        create(kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
+        create(kube, WORKLOAD_SUMMARIZERS.path(), obj)
 
 
 @asynccontextmanager
@@ -92,7 +93,7 @@ def test_missing_kinds_hold_only_kinds_still_needed(kube: LocalCluster, monkeypa
             await until(lambda: lookups(api, "example.com") >= 2, timeout=5)  # retried while needed
             summarizer(kube, "needed", [{"group": "apps", "kind": "Deployment"}])
             await until(lambda: ("example.com", "Gone") not in sources.missing_kinds, timeout=5)
-            await asyncio.to_thread(delete, kube, f"/api/v1/namespaces/{NS}/pods/ghost-child")
+            await asyncio.to_thread(delete, kube, PODS.path(NS, "ghost-child"))
             await until(lambda: ("ghost.example.com", "Ghost") not in sources.missing_kinds, timeout=5)
             await asyncio.sleep(0.5)  # a lookup in flight at that moment may still end
             before = lookups(api, "example.com"), lookups(api, "ghost.example.com")
@@ -103,7 +104,7 @@ def test_missing_kinds_hold_only_kinds_still_needed(kube: LocalCluster, monkeypa
     try:
         asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/needed")
+        delete(kube, WORKLOAD_SUMMARIZERS.path(name="needed"))
 
 
 def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,7 +136,7 @@ def test_an_unserved_version_is_never_replaced(kube: LocalCluster, monkeypatch: 
         asyncio.run(run())
     finally:
         for name in ("v1", "v2"):
-            delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/{name}")
+            delete(kube, WORKLOAD_SUMMARIZERS.path(name=name))
 
 
 # -- RBAC: forbidden --------------------------------------------------------------------------------
@@ -185,7 +186,7 @@ def test_a_forbidden_owner_kind_is_reported_and_retried_quietly(kube: LocalClust
     try:
         asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/jobs")
+        delete(kube, WORKLOAD_SUMMARIZERS.path(name="jobs"))
     warnings = [r for r in caplog.records if r.name == "kubeindex.watch.reflector" and "jobs.batch" in r.getMessage()]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]  # ... and said once
 
@@ -301,7 +302,7 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
             await asyncio.wait_for(sources.ready.wait(), 20)
             pods = sources.reflectors["pods"]
             lists = pods.lists
-            await asyncio.to_thread(create, kube, f"/apis/{API_VERSION}/workloadsummarizers", obj)
+            await asyncio.to_thread(create, kube, WORKLOAD_SUMMARIZERS.path(), obj)
             key = label_workload_uid("volcano.sh/job-name", ns, "sim")
             await until(lambda: key in sources.index.workloads)
             await until(lambda: sum(sources.index.workloads[key].pods.values()) == 3)
@@ -310,7 +311,7 @@ def test_a_label_key_configured_later_reads_the_pods_again(kube: LocalCluster) -
     try:
         pods, lists = asyncio.run(run())
     finally:
-        delete(kube, f"/apis/{API_VERSION}/workloadsummarizers/later")
+        delete(kube, WORKLOAD_SUMMARIZERS.path(name="later"))
     assert pods == {"Running": 3} and lists == 1
 
 

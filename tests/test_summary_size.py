@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from demo.workloads import node_summarizer
-from kubeindex.model.objects import API_PATH
+from kubeindex.model.resources import NODE_SUMMARIES
 from localkube.cluster import LocalCluster
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, get_object
@@ -41,11 +41,11 @@ def summary(cluster: LocalCluster) -> Iterator[bytes]:
     svc = Service(cluster).start()
     try:
         def written() -> bool:
-            status = (get_object(cluster, f"{API_PATH}/nodesummaries/{NAME}") or {}).get("status", {})
+            status = (get_object(cluster, NODE_SUMMARIES.path(name=NAME)) or {}).get("status", {})
             return status.get("podCount") == 6
 
         wait_for(written, timeout=30)
-        yield raw(cluster, f"{API_PATH}/nodesummaries/{NAME}")
+        yield raw(cluster, NODE_SUMMARIES.path(name=NAME))
     finally:
         svc.stop()
 

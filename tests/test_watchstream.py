@@ -15,6 +15,7 @@ from kubernetes import client as k8s_client
 
 from kubeindex.client import protobuf, watchstream
 from kubeindex.client.api import NO_ANSWER, ApiClient, Connection, Forbidden, Gone, Transient
+from kubeindex.model.resources import PODS
 
 Serve = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 WATCH_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: " + protobuf.MEDIA_TYPE.encode() + b";stream=watch\r\n"
@@ -46,7 +47,7 @@ def watch(serve: Serve, tls: ssl.SSLContext | None = None, client_tls: ssl.SSLCo
         failure: BaseException | None = None
         async with server, ApiClient(Connection(url, client_tls, k8s_client.Configuration())) as api:
             try:
-                await api.watch("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH, read_timeout,
+                await api.watch(PODS.path(), {"watch": "1"}, protobuf.ACCEPT_WATCH, read_timeout,
                                 lambda frame: on_frame(got, frame), gather=lambda: gather)
             except Exception as err:
                 failure = err
@@ -199,7 +200,7 @@ def test_a_failed_handshake_leaves_no_connection_open(tls: tuple[ssl.SSLContext,
             counts = []
             for _ in range(6):
                 try:
-                    await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
+                    await watchstream.open_stream(endpoint, PODS.path(), {}, {}, 5, 5)
                 except ssl.SSLError as err:
                     kept.append(err)
                 await asyncio.sleep(0.05)  # the server's side of it closed too
@@ -215,8 +216,8 @@ def test_a_failed_handshake_leaves_no_connection_open(tls: tuple[ssl.SSLContext,
 def test_a_header_value_that_would_break_the_request_is_refused(token: str) -> None:
     endpoint = watchstream.Endpoint("https://127.0.0.1:6443", False)
     with pytest.raises(watchstream.StreamError, match="header 'Authorization'"):
-        endpoint.request("/api/v1/pods", {}, {"Authorization": f"Bearer {token}"})
-    assert endpoint.request("/api/v1/pods", {"watch": "1"}, {"Authorization": "Bearer abc"}) == (
+        endpoint.request(PODS.path(), {}, {"Authorization": f"Bearer {token}"})
+    assert endpoint.request(PODS.path(), {"watch": "1"}, {"Authorization": "Bearer abc"}) == (
         b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: 127.0.0.1:6443\r\nAuthorization: Bearer abc\r\n\r\n")
 
 
@@ -262,7 +263,7 @@ def test_a_turn_of_the_event_loop_hands_over_a_bounded_number_of_events() -> Non
 
         async with server:
             endpoint = watchstream.Endpoint(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", False)
-            stream = await watchstream.open_stream(endpoint, "/api/v1/pods", {}, {}, 5, 5)
+            stream = await watchstream.open_stream(endpoint, PODS.path(), {}, {}, 5, 5)
             tick()
             try:
                 await stream.deliver(watchstream.LengthPrefixed(), on_frame)
@@ -294,7 +295,7 @@ def test_a_watch_cancelled_while_it_waits_closes_its_connection() -> None:
         async with server, ApiClient(Connection(f"http://127.0.0.1:{port}", False,
                                                 k8s_client.Configuration())) as api:
             before = connections(port)
-            task = asyncio.ensure_future(api.watch("/api/v1/pods", {"watch": "1"}, protobuf.ACCEPT_WATCH, 30,
+            task = asyncio.ensure_future(api.watch(PODS.path(), {"watch": "1"}, protobuf.ACCEPT_WATCH, 30,
                                                    got.append))
             while not got:
                 await asyncio.sleep(0.01)

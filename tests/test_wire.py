@@ -24,6 +24,7 @@ from kubeindex.client.watchstream import (
     parse_head,
 )
 from kubeindex.model.objects import ListMeta, OwnerReference, Pod, Resources
+from kubeindex.model.resources import PODS
 
 
 def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -129,7 +130,7 @@ def test_an_answers_head_is_read_as_http_says() -> None:
 ])
 def test_a_watch_goes_where_the_server_url_says(url: str, target: tuple[str, int, str, str]) -> None:
     endpoint = Endpoint(url, False)
-    request = endpoint.request("/api/v1/pods", {"watch": "1", "labelSelector": "a in (b,c)"}, {"Accept": "x"})
+    request = endpoint.request(PODS.path(), {"watch": "1", "labelSelector": "a in (b,c)"}, {"Accept": "x"})
     line, host, *_ = request.decode().split("\r\n")
     assert (endpoint.host, endpoint.port, host.removeprefix("Host: "), line.removesuffix(" HTTP/1.1")) == target
     assert (endpoint.tls is None) == url.startswith("http:") and request.endswith(b"Accept: x\r\n\r\n")

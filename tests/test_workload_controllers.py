@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from demo.workloads import jobset_chain, kwok_node, leaderworkerset_chain, ok, workload_summarizer
-from kubeindex.model.objects import API_VERSION
+from kubeindex.model.resources import WORKLOAD_SUMMARIES
 from localkube.build import JOBSET_CONTROLLER, KUBERNETES_CONTROLLERS, KWOK, LWS_CONTROLLER
 from localkube.cluster import LocalCluster, Options
 from localkube.controllers import JOBSET_PROJECT, LWS_PROJECT, Controller
@@ -57,7 +57,7 @@ def get(kube: LocalCluster, *args: str) -> dict:
 
 
 def summary(kube: LocalCluster, name: str) -> dict[str, Any] | None:
-    return get_object(kube, f"/apis/{API_VERSION}/namespaces/{NS}/workloadsummaries/{name}")
+    return get_object(kube, WORKLOAD_SUMMARIES.path(NS, name))
 
 
 def pod_count(kube: LocalCluster, name: str) -> int | None:

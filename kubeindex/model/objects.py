@@ -341,7 +341,6 @@ class Bookmark(Struct):
 GROUP = "ux.sean.example.com"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-API_PATH = f"/apis/{API_VERSION}"
 
 
 def _keep(value: str) -> str:
