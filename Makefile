@@ -97,8 +97,8 @@ node-tools:  ## Debian's runc, CNI plugins, conntrack and podman, for a real nod
 test-node: binaries tools node-tools  ## the image on a real node: helm install, probes, leader election, SIGTERM, the fleet hub
 	$(BIN)/pytest -m node
 
-unit: install  ## only the tests that need no cluster
-	$(BIN)/pytest -m 'not cluster'
+unit: install  ## only the tests that need no cluster (tests/unit)
+	$(BIN)/pytest tests/unit
 
 generate: install  ## regenerate dashboards/generated, alerts/generated and deploy/{base,with-monitoring}/generated
 	$(BIN)/python -m dashboards

@@ -70,7 +70,7 @@ KSM_FAMILIES_READ = ("kube_node_labels", "kube_node_status_condition", "kube_pod
 
 
 # ---------------------------------------------------------------------------------------------
-# The questions: pure, unit-tested (tests/test_bench_ksm.py)
+# The questions: pure, unit-tested (tests/unit/test_bench_ksm.py)
 
 
 def ksm_label(key: str) -> str:

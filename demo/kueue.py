@@ -1,6 +1,6 @@
 """Kueue objects on the local control plane, with the real CRDs of one Kueue "cell", shared by the demo
 and the tests. Most run no Kueue controller or webhooks (the CRDs' own schema and validation rules
-check what is created); tests/test_kueue_admission.py runs the cell's controller manager
+check what is created); tests/cluster/test_kueue_admission.py runs the cell's controller manager
 (localkube.controllers).
 
 The cells (``CELLS``): Kueue v0.14.0 (kueue.x-k8s.io/v1beta1 only); v0.19.0, the newest release the

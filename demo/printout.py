@@ -1,5 +1,5 @@
 """The demo's printout as the docs show it: README.md's (up to "Ready in"), docs/localkube.md's
-(whole, to the stop). Both are a real run's, written here; tests/test_demo.py checks its own run
+(whole, to the stop). Both are a real run's, written here; tests/cluster/test_demo.py checks its own run
 against them, modulo what changes from run to run: seconds, ports, paths.
 
     .venv/bin/python -m demo.printout          # runs `python -m demo --duration 1`, rewrites both samples

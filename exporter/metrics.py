@@ -4,7 +4,7 @@ Families are tables of FamilyGenerator rows, in the manner of kube-state-metrics
 kind of aggregate (NODEGROUP_FAMILIES, WORKLOAD_FAMILIES, FLAVOR_FAMILIES) and one for the
 renderer's own bookkeeping (RENDERER_FAMILIES). A row holds the family's name, type and help and a
 function from the aggregate to its samples, so a new family is one row (and its line in
-docs/metrics.md, which tests/test_docs.py checks).
+docs/metrics.md, which tests/unit/test_docs.py checks).
 
 A scrape costs O(series), never O(pods): each node group and each workload keeps its exposition
 lines cached under the aggregate's revision stamp (kubeindex/model/revision.py's ``Stamped``), so only

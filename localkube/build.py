@@ -184,7 +184,7 @@ def prometheus_release(module_version: str) -> str:
     major_minor, patch = module_version.removeprefix("v0.").split(".")
     return f"v{major_minor[0]}.{int(major_minor[1:])}.{patch}"
 
-# Not in COMPONENTS: only tests/test_release.py lints the GitHub Actions workflows with it.
+# Not in COMPONENTS: only tests/unit/test_release.py lints the GitHub Actions workflows with it.
 ACTIONLINT = Component(
     "actionlint",
     "github.com/rhysd/actionlint",
@@ -212,7 +212,7 @@ PROMETHEUS_OPERATOR = Component(
 
 # Not in COMPONENTS: localkube/ksm.py runs kube-state-metrics for bench/ksm.py and
 # bench/apiserver_bill.py, to measure the service beside what users run today (and bench.ksm's
-# smoke run in tests/test_bench_smoke.py, the last of TEST_TOOLS).
+# smoke run in tests/cluster/test_bench_smoke.py, the last of TEST_TOOLS).
 KUBE_STATE_METRICS = Component(
     "kube-state-metrics",
     "k8s.io/kube-state-metrics/v2",

@@ -285,7 +285,7 @@ def run(main: Coroutine[Any, Any, None]) -> None:
     """The event loop the service runs in: asyncio's own. uvloop (0.23) mixes up file descriptors
     when a TLS handshake to the API server is reset, as in an API server restart: a Prometheus
     scrape then got the ClientHello meant for the API server, or no answer (CHANGELOG.md,
-    tests/test_event_loop.py)."""
+    tests/unit/test_event_loop.py)."""
     asyncio.run(main)
 
 

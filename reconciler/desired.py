@@ -122,7 +122,7 @@ def _phases(pods: dict[str, int]) -> dict[str, int]:
 
 
 # NodeSummary status: one function per field. A new field is one row here and its property in
-# crds/nodesummaries.yaml (the API server drops undeclared fields; tests/test_desired.py checks the
+# crds/nodesummaries.yaml (the API server drops undeclared fields; tests/unit/test_desired.py checks the
 # two agree). Empty maps, lists and strings are left out, so the desired status compares equal to
 # what the API server returns.
 NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {

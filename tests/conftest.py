@@ -17,6 +17,9 @@ from localkube.pki import generate
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, FAILED_LOGS
 
+# Fixtures both halves of a split module use (tests/unit, tests/cluster), defined once.
+pytest_plugins = ("tests.support.wheel",)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # One marker for everything that needs the local control plane: a test whose fixture closure

@@ -1,4 +1,4 @@
-"""What the fleet's tests share (tests/test_fleet.py: the hub as a process; tests/test_fleet_pods.py:
+"""What the fleet's tests share (tests/cluster/test_fleet.py: the hub as a process; tests/node/test_fleet_pods.py:
 the hub as the chart's pods on a real node): the chart's RBAC, the hub's reader in a member, the
 MultiKueueClusters, and the claims and the quota they read back."""
 

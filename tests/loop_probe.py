@@ -1,5 +1,5 @@
 """A probe of the service's event loop (node_workload_summary.main.run), run as its own process by
-tests/test_event_loop.py: while an aiohttp client's TLS handshakes are reset, as when kube-apiserver
+tests/unit/test_event_loop.py: while an aiohttp client's TLS handshakes are reset, as when kube-apiserver
 restarts, an aiohttp server in the same loop must answer every scrape, and nothing may be written
 into a connection it does not own.
 

@@ -1,4 +1,4 @@
-"""What the real node's tests share (tests/test_real_node.py, tests/test_fleet_pods.py): the image
+"""What the real node's tests share (tests/node/test_real_node.py, tests/node/test_fleet_pods.py): the image
 built as `make image` builds it, helm against a cluster, the chart's pods and its Lease's holder."""
 
 from __future__ import annotations

@@ -1,0 +1,38 @@
+"""The README's commands work as written, pasted into a fresh shell after its setup step.
+
+Each command block of "Try it locally: the demo" runs as one script in a fresh shell from the
+checkout: `env -i`, HOME and a PATH of the system's directories and Go's (which the README asks
+for), nothing activated. `make install`, the setup step, runs as written (a no-op once done).
+`make demo` runs until Ctrl-C, a minute or more: its lines run with `--help` added to their
+DEMO_ARGS, which proves the target, its prerequisites (the binaries, Prometheus) and the demo's
+imports in the virtualenv; tests/cluster/test_demo.py runs the demo itself, checks the printout the README
+shows and runs the commands that printout gives. Every other line runs as written
+(`node-workload-summary --help`, `--version`). And no command elsewhere in the README names a
+Python command off the virtualenv (`python -m ...`, `node-workload-summary`), which a fresh shell
+answers with `command not found` or `No module named ...`."""
+
+from __future__ import annotations
+
+import re
+
+from tests.support.readme import README, SECTION, command_blocks, section, with_help
+
+
+def test_the_try_it_section_has_the_setup_step_and_the_commands() -> None:
+    blocks = command_blocks(section(SECTION))
+    assert len(blocks) == 2, blocks
+    setup, more = blocks
+    assert [line.split("#")[0].strip() for line in setup.splitlines()] == ["make install", "make demo"]
+    assert ".venv/bin/node-workload-summary --help" in more and ".venv/bin/node-workload-summary --version" in more
+    assert with_help("make demo DEMO_ARGS=--pods   # x") == "make demo DEMO_ARGS='--pods --help'   # x"
+    assert with_help("make demo      # y") == "make demo DEMO_ARGS=--help      # y"
+
+
+def test_no_python_command_off_the_virtualenv() -> None:
+    """In code spans and code blocks alike: `python -m x`, `python3 -m x` or `node-workload-summary`
+    as a command is `.venv/bin/...` (a make target runs the virtualenv's itself)."""
+    code = "\n".join([*re.findall(r"`([^`\n]+)`", README), *re.findall(r"^```\w*\n(.*?)^```$", README, re.M | re.S)])
+    commands = [part.strip().removeprefix("$ ") for line in code.splitlines() for part in re.split(r"[;|]|&&", line)]
+    bare = [command for command in commands if re.match(r"python3? -m \S|node-workload-summary\s+-", command)]
+    assert bare == [], bare
+    assert ".venv/bin/python -m bench.scale" in code and ".venv/bin/node-workload-summary --help" in code
