@@ -25,6 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 from kubeindex.client.api import ApiClient, load_connection
+from kubeindex.model.resources import PODS
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
 
@@ -116,7 +117,7 @@ def run(args: argparse.Namespace) -> dict:
                 say(f"the first summaries written in {first:.0f} s")
             say(f"settling {args.settle:.0f} s ...")
             time.sleep(args.settle)
-            _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
+            _, listed = cluster.request(f"{PODS.path('bench')}?limit=2000")
             assert isinstance(listed, dict)
             names = [item["metadata"]["name"] for item in listed["items"]]
             raw = args.out.with_suffix(".txt")

@@ -425,7 +425,7 @@ def measure_size(nodes: int, args: argparse.Namespace) -> dict:
             say(f"the first summaries written ({ours['first_summaries_seconds']} s)")
             prom = prometheus_for(cluster, svc, ksm, args.scrape_interval, exporter)
             say(f"Prometheus scraping both every {args.scrape_interval}; churn for {args.churn_seconds:.0f} s ...")
-            _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
+            _, listed = cluster.request(f"{PODS.path('bench')}?limit=2000")
             assert isinstance(listed, dict)
             pod_names = [item["metadata"]["name"] for item in listed["items"]]
             cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}

@@ -24,7 +24,7 @@ from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import ok
 from kubeindex.model.objects import API_VERSION
 from kubeindex.model.quantity import format_quantity, parse_nano
-from kubeindex.model.resources import CLAIMS, NODES
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, NODES
 from localkube.cluster import LocalCluster
 from reconciler.quota import evaluate, parse_claim
 
@@ -37,7 +37,7 @@ STRATEGIES = ("StrictFIFO", "BestEffortFIFO")
 
 
 def queue_path(name: str = "") -> str:
-    return f"/apis/{kueue.API}/clusterqueues" + (f"/{name}" if name else "")
+    return kueue.cell().at(CLUSTER_QUEUES).path(name=name)
 
 
 def setup(cluster: LocalCluster, label_key: str) -> None:

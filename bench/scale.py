@@ -34,7 +34,7 @@ from collections import Counter
 from pathlib import Path
 
 from kubeindex.client.api import ApiClient, load_connection
-from kubeindex.model.resources import NODE_SUMMARIES, NODES
+from kubeindex.model.resources import NODE_SUMMARIES, NODES, PODS
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, metrics_reader_token, parse, select, value, wait_for
 
@@ -65,11 +65,11 @@ class PlainWatch:
         self.cluster, self.node = cluster, node
         self.seen: list[tuple[float, str]] = []  # (arrival, Ready status)
         self._lock = threading.Lock()
-        _, listed = cluster.request("/api/v1/nodes?limit=1")
+        _, listed = cluster.request(f"{NODES.path()}?limit=1")
         assert isinstance(listed, dict)
         host, port = cluster.server.removeprefix("https://").split(":")
         self._conn = http.client.HTTPSConnection(host, int(port), context=cluster._ssl, timeout=3600)
-        self._conn.request("GET", f"/api/v1/nodes?watch=1&resourceVersion={listed['metadata']['resourceVersion']}")
+        self._conn.request("GET", f"{NODES.path()}?watch=1&resourceVersion={listed['metadata']['resourceVersion']}")
         self._resp = self._conn.getresponse()
         assert self._resp.status == 200, self._resp.status
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -154,7 +154,7 @@ def not_ready_latency(cluster: LocalCluster, svc: Service, node: str, group: str
 
 def _on_node(cluster: LocalCluster, node: str) -> Counter[str]:
     """Pods per workload (Deployment name) on one node."""
-    _, body = cluster.request(f"/api/v1/namespaces/bench/pods?fieldSelector=spec.nodeName%3D{node}")
+    _, body = cluster.request(f"{PODS.path('bench')}?fieldSelector=spec.nodeName%3D{node}")
     assert isinstance(body, dict)
     return Counter(item["metadata"]["name"].rsplit("-", 1)[0] for item in body["items"])
 
@@ -277,7 +277,7 @@ def measure(cluster: LocalCluster, code: Path, size: dict, args: argparse.Namesp
         flip_nodes = [f"node-{(2 + 251 * k) % nodes:05d}" for k in range(args.flip_nodes)]
         result["flip_latency"] = disruption_latency(cluster, svc, flip_nodes, size["groups"], args.taint)
     say("churn ...")
-    _, listed = cluster.request("/api/v1/namespaces/bench/pods?limit=2000")
+    _, listed = cluster.request(f"{PODS.path('bench')}?limit=2000")
     assert isinstance(listed, dict)
     pod_names = [item["metadata"]["name"] for item in listed["items"]]
     e0, w0, t0 = events(svc), writes(svc), time.monotonic()

@@ -21,7 +21,7 @@ from typing import Any
 
 from kubeindex.model.objects import API_VERSION
 from kubeindex.model.quantity import parse_nano
-from kubeindex.model.resources import CLAIMS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
 from localkube.cluster import LocalCluster
 
 from .kueue import cell, cluster_queue, install_kueue, resource_flavor
@@ -85,7 +85,7 @@ def setup(cluster: LocalCluster, per_pool: int) -> None:
 
 def quota(cluster: LocalCluster, queue: str) -> dict[str, str]:
     """resource -> nominalQuota of the queue's flavor gpu."""
-    spec = ok(cluster.request(f"/apis/{cell().api}/clusterqueues/{queue}"))["spec"]
+    spec = ok(cluster.request(cell().at(CLUSTER_QUEUES).path(name=queue)))["spec"]
     return {r["name"]: str(r["nominalQuota"]) for g in spec["resourceGroups"] for f in g["flavors"]
             if f["name"] == FLAVOR for r in f["resources"]}
 

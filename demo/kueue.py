@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubeindex.model.resources import Resource
 from localkube.build import KUEUE, KUEUE_019, Component, ensure_binaries
 from localkube.cluster import LocalCluster
 from localkube.controllers import KUEUE_019_PROJECT, KUEUE_PROJECT, KueueController, Project, unserve
@@ -47,6 +48,10 @@ class Cell:
     @property
     def release(self) -> str:
         return self.crds.version
+
+    def at(self, resource: Resource) -> Resource:
+        """One of Kueue's resources at the version this cell's objects are written at."""
+        return resource.at(self.version)
 
 
 V014 = Cell("v0.14.0", KUEUE, KUEUE_PROJECT, ("v1beta1",))

@@ -63,6 +63,8 @@ from typing import Any
 
 import yaml
 
+from kubeindex.model.resources import SECRETS
+
 from . import pki
 from .build import (
     JOBSET,
@@ -340,7 +342,7 @@ class KueueController(Controller):
         """Ready, Kueue has made its certificate and injected its CA (it waits for both): copy the
         certificate into its ``certDir``, and wait until the webhook server serves it and both
         webhook configurations trust its CA."""
-        secret = self._get(f"/api/v1/namespaces/{KUEUE_NAMESPACE}/secrets/{KUEUE_SECRET}")
+        secret = self._get(SECRETS.path(KUEUE_NAMESPACE, KUEUE_SECRET))
         data = {k: base64.b64decode(v) for k, v in secret.get("data", {}).items()}
         certs = self.home / "certs"
         # The key first: the manager reloads the pair when the certificate changes.

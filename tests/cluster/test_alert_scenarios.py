@@ -24,7 +24,7 @@ from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.model.objects import API_VERSION
-from kubeindex.model.resources import CLAIMS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, RESOURCE_FLAVORS
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
@@ -248,7 +248,7 @@ def test_an_unclaimed_flavor_still_has_its_drift_alerts(kube: LocalCluster, watc
         cluster_queue(kube, "spare", {"spare": {"cpu": "1600m"}})
         watch.settle({("KueueCapacityUnassigned", "info", "spare")})
     finally:
-        ok(kube.request(f"/apis/{cell().api}/clusterqueues/spare", "DELETE"))
-        ok(kube.request(f"/apis/{cell().api}/resourceflavors/spare", "DELETE"))
+        ok(kube.request(cell().at(CLUSTER_QUEUES).path(name="spare"), "DELETE"))
+        ok(kube.request(cell().at(RESOURCE_FLAVORS).path(name="spare"), "DELETE"))
     watch.settle(set())
 

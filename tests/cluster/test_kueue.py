@@ -24,7 +24,7 @@ from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
 from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
-from kubeindex.model.resources import NODES, PODS
+from kubeindex.model.resources import CLUSTER_QUEUES, NODES, PODS, RESOURCE_FLAVORS
 from kubeindex.watch.reflector import WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
@@ -182,10 +182,10 @@ def test_cluster_queue_and_flavor_edits_change_the_series(kube: LocalCluster, se
     resource_flavor(kube, "spot", {"pool": "nowhere"})  # edited: re-matched, no node left
     follows(service, "nws_flavor_nodes_by_state", "spot", states())
     follows(service, "nws_flavor_allocatable", "spot", {"nvidia.com/gpu": 0})
-    delete(kube, f"/apis/{cell().api}/clusterqueues/team-b")
+    delete(kube, cell().at(CLUSTER_QUEUES).path(name="team-b"))
     follows(service, quota, "gpu", {"cpu": 16, "nvidia.com/gpu": 2})
     follows(service, quota, "spot", {})
-    delete(kube, f"/apis/{cell().api}/resourceflavors/spot")
+    delete(kube, cell().at(RESOURCE_FLAVORS).path(name="spot"))
     follows(service, "nws_flavor_nodes_by_state", "spot", {})
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from demo.kueue import cell, cluster_queue, controller, local_queue, resource_flavor, workload, workload_condition
 from kubeindex.model.objects import API_VERSION
-from kubeindex.model.resources import CLAIMS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, select, value, wait_for
 from tests.kube import create_node, found, get_object
@@ -46,7 +46,7 @@ def kueue(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 
 
 def queue_spec(kube: LocalCluster, name: str) -> dict[str, Any]:
-    return found(get_object(kube, f"/apis/{cell().api}/clusterqueues/{name}"))
+    return found(get_object(kube, cell().at(CLUSTER_QUEUES).path(name=name)))
 
 
 def quota(kube: LocalCluster, name: str) -> dict[tuple[str, str], str]:

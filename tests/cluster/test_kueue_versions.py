@@ -27,7 +27,7 @@ from demo.kueue import V014, V019
 from kubeindex.client.api import ApiClient, load_connection
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import API_VERSION, KUEUE_GROUP
-from kubeindex.model.resources import CLAIMS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
 from kubeindex.watch.reflector import WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.build import ensure_binaries
@@ -99,7 +99,7 @@ def test_kueue_at_an_unknown_version_is_said_in_the_log_the_metrics_readyz_and_t
                 "against readiness)") in text.splitlines(), text
         warned = [line for line in svc.log_text().splitlines() if "is served only at v1" in line]
         assert len(warned) == 2 and all(" WARNING " in line for line in warned), warned  # one per kind
-        queue = found(get_object(kube, "/apis/kueue.x-k8s.io/v1/clusterqueues/research"))
+        queue = found(get_object(kube, CLUSTER_QUEUES.at("v1").path(name="research")))
         assert queue["metadata"]["generation"] == 1  # untouched
     finally:
         svc.stop()
@@ -166,7 +166,7 @@ def test_a_kueue_upgraded_under_a_running_service_is_watched_at_its_new_version(
                     await asyncio.to_thread(queue, "kueue.x-k8s.io/v1beta2", "after", "5")
                     await until(lambda: "after" in index.kueue.queue_objects, timeout=30)
                     assert sources.reflectors["clusterqueues.kueue.x-k8s.io"].path == \
-                        "/apis/kueue.x-k8s.io/v1beta2/clusterqueues"
+                        CLUSTER_QUEUES.path()
                     assert index.kueue.queue_objects["after"].apiVersion == "kueue.x-k8s.io/v1beta2"
                     assert index.kueue.flavors["a100"].quota == {"nvidia.com/gpu": 8 * 10**9}  # before's 3, after's 5
                     assert sources.sync_problems() == [] and sources.optional_problems() == []

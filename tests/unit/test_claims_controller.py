@@ -137,7 +137,7 @@ def test_status_and_patch_with_actuation_and_none_in_a_dry_run(index: ClusterInd
         run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
         if actuation:
             method, path, body = request.calls[0]
-            assert (method, path) == ("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod")
+            assert (method, path) == ("PATCH", CLUSTER_QUEUES.at("v1beta2").path(name="prod"))
             assert body == [{"op": "replace", "path": "/metadata/resourceVersion", "value": "1"},
                             {"op": "replace", "path": "/spec/resourceGroups/0/flavors/0/resources/0/nominalQuota",
                              "value": "8"},
@@ -205,7 +205,7 @@ def test_a_queue_is_patched_at_the_version_it_was_read_at(index: ClusterIndex) -
     index.kueue.upsert_claim(claim())
     claims, request = Claims(index.kueue, ClaimSettings(actuation=True), Clock()), Recorder()
     run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
-    assert request.calls[0][:2] == ("PATCH", "/apis/kueue.x-k8s.io/v1beta1/clusterqueues/prod")
+    assert request.calls[0][:2] == ("PATCH", CLUSTER_QUEUES.at("v1beta1").path(name="prod"))
 
 
 def test_kueue_served_only_at_versions_not_read_is_said_in_every_claims_ready(index: ClusterIndex) -> None:
@@ -277,7 +277,7 @@ def test_a_quota_write_is_logged_and_recorded_as_an_event_on_each_claim_it_wrote
     index.kueue.upsert_claim(claim())
     caplog.set_level("INFO", logger="reconciler.claims")
     run(claims, (CLUSTER_QUEUES.plural, "prod"), request)
-    assert [c[:2] for c in request.calls] == [("PATCH", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues/prod"),
+    assert [c[:2] for c in request.calls] == [("PATCH", CLUSTER_QUEUES.at("v1beta2").path(name="prod")),
                                               ("POST", EVENTS.path("default"))]
     [line] = [r for r in caplog.records if r.name == "reconciler.claims"]
     assert line.getMessage() == ("ClusterQueue prod nominalQuota written: flavor a100 cpu 0 -> 8,"

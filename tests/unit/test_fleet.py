@@ -39,7 +39,7 @@ from kubeindex.model.objects import (
     ResourceFlavorSpec,
 )
 from kubeindex.model.quantity import NANO
-from kubeindex.model.resources import CLAIMS, Resource
+from kubeindex.model.resources import CLAIMS, SECRETS, Resource
 from kubeindex.watch.fleet import RECHECK, Fleet
 from kubeindex.watch.fleet import Member as FleetMember
 from kubeindex.watch.reflector import Reflector
@@ -66,7 +66,7 @@ class Secrets:
 
     async def get(self, path: str, params: dict[str, str] | None = None, accept: str = "",
                   timeout: float = 0) -> bytes:
-        assert path.startswith("/api/v1/namespaces/kueue-system/secrets/")
+        assert path.startswith(SECRETS.path("kueue-system") + "/")
         name = path.rsplit("/", 1)[1]
         if name not in self.kubeconfigs:
             raise NotFound(404, "NotFound", f'secrets "{name}" not found')

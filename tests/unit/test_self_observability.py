@@ -13,7 +13,7 @@ import pytest
 
 from kubeindex.client.api import NO_ANSWER, Forbidden, RequestMetrics, path_fields
 from kubeindex.model.objects import API_VERSION
-from kubeindex.model.resources import LEASES, NODE_SUMMARIES, PODS, SECRETS
+from kubeindex.model.resources import LEASES, NODE_SUMMARIES, PODS, SECRETS, WORKLOAD_SUMMARIES
 from kubeindex.runtime.logfields import FIELDS, fields, key_fields
 from node_workload_summary.logs import TEXT, JsonFormatter
 
@@ -57,7 +57,7 @@ def test_an_object_key_or_path_gives_namespace_and_name_and_a_traceback_stays_on
     ("GET", "/apis/apps/v1/replicasets", {"watch": "1", "sendInitialEvents": "true"}, "WATCH", "replicasets.apps"),
     ("GET", LEASES.path("ns", "l"), None, "GET", "leases.coordination.k8s.io"),
     ("PUT", LEASES.path("ns", "l"), None, "PUT", "leases.coordination.k8s.io"),
-    ("PATCH", "/apis/x.io/v1/namespaces/ns/workloadsummaries/web/status", {}, "PATCH", "workloadsummaries.x.io"),
+    ("PATCH", WORKLOAD_SUMMARIES.path("ns", "web", "status"), {}, "PATCH", WORKLOAD_SUMMARIES.name),
     ("GET", SECRETS.path("ns", "member"), None, "GET", "secrets"),
     ("GET", "/api/v1/namespaces/ns", None, "GET", "namespaces"),
     ("GET", "/apis/apps/v1", None, "GET", ""),  # discovery
