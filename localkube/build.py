@@ -432,6 +432,7 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
 TEST_TOOLS: tuple[Component, ...] = (KUEUE_019, KUEUE, KUBERNETES_CONTROLLERS, KWOK, HELM, PROMETHEUS_OPERATOR,
                                      ACTIONLINT, JOBSET, JOBSET_CONTROLLER, LWS, LWS_CONTROLLER, KUEUE_019_CONTROLLER,
                                      KUBE_STATE_METRICS)
+BENCH_ONLY: tuple[Component, ...] = (KUBE_STATE_METRICS,)  # built in the background only for a run that needs it
 
 
 class BackgroundBuild:

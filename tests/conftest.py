@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from demo import kueue
-from localkube.build import HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
+from localkube.build import BENCH_ONLY, HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
 from localkube.pki import generate
 from tests.kube import leaves_nothing
@@ -71,7 +71,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # On a fresh machine their builds take minutes, spent behind tests that mostly wait on the
     # control plane instead of in front of the tests that need them.
     if session.config.getoption("prebuild") and any(item.get_closest_marker("cluster") for item in session.items):
-        session.config.stash[BACKGROUND] = BackgroundBuild(TEST_TOOLS).start()
+        needed = {c for item in session.items for marker in item.iter_markers("needs") for c in marker.args}
+        tools = tuple(c for c in TEST_TOOLS if c not in BENCH_ONLY or c in needed)
+        session.config.stash[BACKGROUND] = BackgroundBuild(tools).start()
 
 
 BACKGROUND = pytest.StashKey[BackgroundBuild]()

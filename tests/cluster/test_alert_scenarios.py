@@ -123,10 +123,12 @@ class Watch:
         self.pager.stop()
 
     def alerts(self) -> set[Alert]:
-        """Every alert pending or firing in Prometheus."""
+        """Every alert pending or firing in Prometheus. None may carry a replica's ``pod`` or
+        ``instance`` label: each fires once over both replicas (the set would hide a twin)."""
         assert self.prom is not None
-        return {(a["labels"]["alertname"], a["labels"]["severity"], about(a["labels"]), a["state"])
-                for a in self.prom.alerts(state=None)}
+        found = self.prom.alerts(state=None)
+        assert [a["labels"] for a in found if {"pod", "instance"} & a["labels"].keys()] == []
+        return {(a["labels"]["alertname"], a["labels"]["severity"], about(a["labels"]), a["state"]) for a in found}
 
     def paged(self) -> set[tuple[str, str, str]]:
         """What Alertmanager holds active (not muted by an inhibition): what reaches a person."""

@@ -7,7 +7,11 @@ Markdown table, the plot) is missing.
 SMOKE is the table of runs: one row per bench script (tests/unit/test_bench_layout.py fails for a bench
 without one). A row names what the bench needs beyond a local control plane (components built
 from their Go modules, commands installed by `make tools` or the `bench` extra). One bench by
-hand: `.venv/bin/pytest tests/cluster/test_bench_smoke.py -k scale`."""
+hand: `.venv/bin/pytest tests/cluster/test_bench_smoke.py -k scale`.
+
+Marked `bench`: `make bench-smoke` runs them (and CI, after `make test`), not `make test`, which
+keeps its cold run under half an hour; the benches that need no cluster run there
+(tests/unit/test_bench_smoke.py)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.bench_smoke import SMOKE, smoke
+
+pytestmark = pytest.mark.bench
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.needs(*row.needs)) if row.needs else n

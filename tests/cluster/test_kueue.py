@@ -1,9 +1,8 @@
 """Kueue flavors against a real control plane with the real Kueue CRDs: the flavor series follow
 node pools growing, shrinking and relabelled, and ClusterQueue and ResourceFlavor edits, within
 2 s; Kueue installed after the service started is picked up; absent Kueue is no error and no
-readiness problem; forbidden Kueue kinds are reported without failing readiness; a real Prometheus
-scraping two replicas fires KueueQuotaExceedsCapacity when a pool loses nodes and resolves it when
-the quota is lowered."""
+readiness problem; forbidden Kueue kinds are reported without failing readiness. (Their alerts, over
+two replicas in a real Prometheus: tests/cluster/test_alert_scenarios.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import pytest
 import yaml
 
 import kubeindex.watch.discovery as discovery
-from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import node_summarizer
 from exporter.metrics import Renderer
@@ -28,7 +26,6 @@ from kubeindex.model.resources import CLUSTER_QUEUES, NODES, PODS, RESOURCE_FLAV
 from kubeindex.watch.reflector import WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
-from localkube.prometheus import Prometheus
 from localkube.service import ScrapeFailed, Service, select, value, wait_for
 from tests.kube import create_node, create_pod, delete, set_node_labels, set_node_status, token_kubeconfig
 from tests.paths import CRDS
@@ -217,50 +214,3 @@ def test_forbidden_kueue_is_reported_and_never_fails_readiness(kube: LocalCluste
         assert value(samples, "nws_nodegroup_nodes", summarizer="pool", group="cpu") is not None
     finally:
         svc.stop()
-
-
-# -- a real Prometheus, two replicas ---------------------------------------------------------------
-
-def replica_labels(identity: str) -> dict[str, str]:
-    return {"pod": f"node-workload-summary-{identity}", "namespace": "node-workload-summary"}
-
-
-def test_quota_exceeds_capacity_fires_in_prometheus_and_resolves(kube: LocalCluster, service: Service,
-                                                                  tmp_path: Path) -> None:
-    """Pool tpu (2 nodes, 16 cpu) and a ClusterQueue giving flavor tpu 16 cpu: silent. A node goes:
-    fires once (not once per replica), for tpu and cpu, the shortfall 8. The quota lowered to 8:
-    resolved. (Flavor gpu, short since the tests above, fires meanwhile: rightly.)"""
-    for name in ("tpu-1", "tpu-2"):
-        create_node(kube, name, {"pool": "tpu"})
-    resource_flavor(kube, "tpu", {"pool": "tpu"})
-    cluster_queue(kube, "tpu-queue", {"tpu": {"cpu": "16"}})
-    other = Service(kube, ("--identity=b",)).start()
-    rules = tmp_path / "rules.yaml"
-    rules.write_text(yaml.safe_dump(rules_file(Thresholds(quota_exceeds_for="3s"))))
-    targets = {f"127.0.0.1:{s.port}": replica_labels(str(i)) for i, s in enumerate((service, other))}
-    prom = Prometheus(tmp_path / "prometheus", list(targets), [rules], target_labels=targets,
-                      honor_labels=True).start()
-
-    def firing() -> list[dict]:
-        return [a for a in prom.alerts()
-                if a["labels"]["alertname"] == "KueueQuotaExceedsCapacity" and a["labels"]["flavor"] == "tpu"]
-
-    try:
-        wait_for(lambda: len(prom.query('nws_flavor_allocatable{flavor="tpu", resource="cpu"} == 16')) == 2,
-                 timeout=60)
-        time.sleep(5)  # longer than `for`: a wrong query would fire by now
-        assert firing() == []
-        delete(kube, NODES.path(name="tpu-2"))
-        wait_for(firing, timeout=60)
-        time.sleep(3)  # a duplicate per replica would have shown by now
-        (alert,) = firing()
-        assert {k: alert["labels"][k] for k in ("flavor", "resource", "severity")} == {
-            "flavor": "tpu", "resource": "cpu", "severity": "warning"}
-        assert "pod" not in alert["labels"] and "instance" not in alert["labels"]
-        assert alert["annotations"]["description"].startswith(
-            "The ClusterQueues' nominal quota for cpu in flavor tpu is 8 more than the allocatable"), alert
-        cluster_queue(kube, "tpu-queue", {"tpu": {"cpu": "8"}})
-        wait_for(lambda: not firing(), timeout=60)
-    finally:
-        prom.stop()
-        other.stop()

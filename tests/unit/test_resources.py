@@ -3,6 +3,8 @@ client-go's REST client builds them, and each of this project's kinds as its CRD
 
 from __future__ import annotations
 
+import re
+
 import yaml
 
 from kubeindex.model import resources
@@ -16,7 +18,7 @@ from kubeindex.model.resources import (
     WORKLOAD_SUMMARIES,
     Resource,
 )
-from tests.paths import CRDS
+from tests.paths import CRDS, ROOT
 
 
 def test_paths_are_the_api_servers() -> None:
@@ -53,3 +55,29 @@ def test_our_kinds_are_declared_as_their_crds_say() -> None:
 def test_every_declared_resource_has_one_plural() -> None:
     declared = [r for r in vars(resources).values() if isinstance(r, Resource)]
     assert len({(r.group, r.plural) for r in declared}) == len(declared)
+
+
+# Where a declared resource's path may still be written out: the descriptors and their own test,
+# and the reflector's tests of the wire (a path is their input, as a recorded request).
+SPELLED_OUT = {"kubeindex/model/resources.py", "tests/unit/test_resources.py"}
+API_PATH = re.compile(r"""["'](/apis?/[^"']*)["']""")
+
+
+def test_no_declared_resource_has_a_hand_built_path() -> None:
+    """A path to a declared resource is made by its descriptor, in the service, the tooling and the
+    tests alike: a string literal that spells one out is found here (by its plural after an
+    /api or /apis prefix)."""
+    declared = {r.plural for r in vars(resources).values() if isinstance(r, Resource)}
+    found = []
+    for package in ("kubeindex", "exporter", "reconciler", "node_workload_summary", "localkube", "demo", "bench",
+                    "tests", "dashboards", "alerts", "deploy"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel in SPELLED_OUT or "/gomod/" in rel:
+                continue
+            for line_no, line in enumerate(path.read_text().splitlines(), 1):
+                for literal in API_PATH.findall(line):
+                    segments = set(re.split(r"[/?]", literal))
+                    if segments & declared:
+                        found.append(f"{rel}:{line_no}: {literal}")
+    assert found == []
