@@ -1,6 +1,5 @@
-"""Alert rules and dashboards: generated files current, promtool checks and unit tests, every
-expression parses and uses only metrics a real scrape has, alerts fire in a real Prometheus, and
-every dashboard query reads the same with one replica scraped as with two."""
+"""Alert rules and dashboards. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_alerts_dashboards.py."""
 
 from __future__ import annotations
 

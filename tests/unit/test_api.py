@@ -1,5 +1,5 @@
-"""kubeindex/client/api.py: the credentials a Connection sends, however they were loaded; whether a server
-is asked for WatchLists (by its version, asked once; a refusal stays)."""
+"""kubeindex/client/api.py. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_api.py."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Every bench runs to its end: `python -m bench.<name>` at its smallest (a few nodes and pods, a
-second or two of each phase, one round), its results written into the test's temporary folder,
-never to bench/results/. A run fails when the bench exits non-zero or times out, when its --out
-JSON lacks a number its report is made of, or when a file it writes beside that JSON (the
-Markdown table, the plot) is missing.
-
-SMOKE is the table of runs: one row per bench script (tests/unit/test_bench_layout.py fails for a bench
-without one). A row names what the bench needs beyond a local control plane (components built
-from their Go modules, commands installed by `make tools` or the `bench` extra). One bench by
-hand: `.venv/bin/pytest tests/cluster/test_bench_smoke.py -k scale`."""
+"""Every bench runs to its end. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_bench_smoke.py."""
 
 from __future__ import annotations
 

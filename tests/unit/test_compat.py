@@ -1,7 +1,5 @@
-"""What differs by Kubernetes minor, measured on the running control plane. `make compat` runs this
-and the other `compat` modules against every minor localkube builds (`--kubernetes`), and
-docs/compatibility.md's table must say what was measured: the tested patch release, and how the
-service makes its initial list there (a WatchList, or paged LISTs where the server refuses it)."""
+"""What differs by Kubernetes minor, as the docs say it. Here, what needs no cluster; the scenarios
+against one: tests/cluster/test_compat.py."""
 
 from __future__ import annotations
 

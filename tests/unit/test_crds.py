@@ -1,4 +1,4 @@
-"""The five CRDs on a real kube-apiserver: installation, validation, printer columns."""
+"""The five CRDs. Here, what needs no cluster; the scenarios against one: tests/cluster/test_crds.py."""
 
 from __future__ import annotations
 

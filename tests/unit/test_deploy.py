@@ -1,6 +1,5 @@
-"""deploy/ on the local control plane: the base applies to a cluster without the Prometheus
-Operator and deploy/with-monitoring/ to one with it; the service works as its ServiceAccount; and the
-ClusterRole grants exactly what the service uses (checked against the API server's audit log)."""
+"""deploy/ as files. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_deploy.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The exporter process against a real kube-apiserver: exact values, latency, recovery."""
+"""The exporter. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_exporter.py."""
 
 from __future__ import annotations
 

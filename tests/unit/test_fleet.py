@@ -1,18 +1,5 @@
-"""The fleet (kubeindex/watch/fleet.py): a hub reading its members' capacity.
-
-Without a cluster: the capacity a member gives the claims while not listed, connecting, synced, out
-of contact within and past the grace, and gone; its kubeconfig re-read and the member reconnected
-when the Secret changes; which flavors get a claim.
-
-With real control planes: a hub and two member clusters, each with Kueue's real CRDs, each member
-running the service (its NodeSummaries), the hub run with --fleet and reading the members through
-MultiKueueClusters and their kubeconfig Secrets, as the chart's hubReaders identity (list and
-watch on NodeSummaries and ResourceFlavors, nothing more). Member b is reached through a stalling
-proxy. The flow of docs/kueue.md#fleet: members join -> a claim each, with their live capacity and
-no assignments; assignments made -> the hub's ClusterQueue gets their sum; a member loses nodes ->
-the hub's quota follows after the settle time; a member stalls within the grace -> nothing moves
-(no status write, no quota write); past the grace -> MemberUnreachable, and its Hold policy keeps
-the quota; back -> Ready again."""
+"""The fleet (kubeindex/watch/fleet.py). Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_fleet.py."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Which Kueue version the service reads and writes, and what it says when it reads none.
-
-Without a cluster: the choice among the versions served (the API server's preference, among those
-known); both MultiKueueCluster shapes projected alike; a fleet member named by clusterProfileRef, or
-serving ResourceFlavors only at an unknown version, said in the claims' Ready (MemberUnsupported).
-
-With a real API server serving Kueue's kinds only at a version the service does not know (Kueue
-v0.19.0's CRDs with v1beta2 renamed v1, as a future Kueue might serve them): said once in the log,
-in nws_kind_version_unknown, in /readyz (ready all the same) and in the claim's Ready; no flavor
-series, no quota written.
-"""
+"""Which Kueue version the service reads and writes. Here, what needs no cluster; the scenarios
+against one: tests/cluster/test_kueue_versions.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The local control plane itself: build errors, readiness, teardown, no process left behind."""
+"""The local control plane itself. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_localkube.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Node state on a real control plane, through the real process: each transition moves the node's
-state and reaches every workload with pods there on /metrics within 2 s, and healing leaves no
-stale series. Plus the node health settings (no cluster)."""
+"""Node state. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_node_health.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Pods and nodes in protobuf (kubeindex/client/protobuf.py): the same projections as from JSON, from the
-real API server, in LIST pages, WatchLists and watch events; and errors in protobuf read as in JSON.
-A `compat` module: the encoding is the server's, so make compat checks it on every minor."""
+"""Pods and nodes in protobuf (kubeindex/client/protobuf.py). Here, what needs no cluster; the
+scenarios against one: tests/cluster/test_protobuf.py."""
 
 from __future__ import annotations
 

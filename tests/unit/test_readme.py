@@ -1,15 +1,5 @@
-"""The README's commands work as written, pasted into a fresh shell after its setup step.
-
-Each command block of "Try it locally: the demo" runs as one script in a fresh shell from the
-checkout: `env -i`, HOME and a PATH of the system's directories and Go's (which the README asks
-for), nothing activated. `make install`, the setup step, runs as written (a no-op once done).
-`make demo` runs until Ctrl-C, a minute or more: its lines run with `--help` added to their
-DEMO_ARGS, which proves the target, its prerequisites (the binaries, Prometheus) and the demo's
-imports in the virtualenv; tests/cluster/test_demo.py runs the demo itself, checks the printout the README
-shows and runs the commands that printout gives. Every other line runs as written
-(`node-workload-summary --help`, `--version`). And no command elsewhere in the README names a
-Python command off the virtualenv (`python -m ...`, `node-workload-summary`), which a fresh shell
-answers with `command not found` or `No module named ...`."""
+"""The README's commands. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_readme.py."""
 
 from __future__ import annotations
 

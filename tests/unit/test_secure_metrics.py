@@ -1,11 +1,5 @@
-"""--metrics-secure on the local control plane: /metrics over HTTPS, only for bearer tokens whose
-user may `get /metrics` (TokenReview + SubjectAccessReview, as the shipped reader ClusterRole
-grants); the probes stay plain HTTP on a port of their own; a real Prometheus scrapes it with a
-token file and a CA file and the NotReady alert still fires; a scrape storm costs a handful of
-TokenReviews (counted in the API server's audit log); a flood of made-up tokens costs the API
-server no more reviews than the bound, while a reader scrapes from cache as fast as before. The
-Authorizer's bound and caches (on a fake clock) and the certificate reload are also checked
-without a cluster."""
+"""--metrics-secure: the authorizer, its cache and its bounds. Here, what needs no cluster; the
+scenarios against one: tests/cluster/test_secure_metrics.py."""
 
 from __future__ import annotations
 

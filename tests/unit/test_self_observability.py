@@ -1,7 +1,5 @@
-"""The service's own logs and metrics, from the real process on a real control plane: with
---log-format=json every line it writes is one JSON object (ts, level, logger, msg, and the
-structured fields of the lines about a resource or an object), and a scrape shows the write
-queue (nws_workqueue_*) and the API requests (nws_rest_client_*) under bounded labels."""
+"""The service's own logs and metrics. Here, what needs no cluster; the scenarios against one:
+tests/cluster/test_self_observability.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Start and stop of the real `node-workload-summary` process: a start that cannot work ends with
-one line naming what to fix (exit 1), and SIGTERM ends the process within seconds even when the
-API server hangs; an unexpected error is logged with its traceback."""
+"""Start and stop of the real `node-workload-summary` process. Here, what needs no cluster; the
+scenarios against one: tests/cluster/test_startup.py."""
 
 from __future__ import annotations
 

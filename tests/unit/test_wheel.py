@@ -1,6 +1,5 @@
-"""The wheel is what `pip install node-workload-summary` and the image get: the service alone. It is
-built from a copy of the checkout, installed into a clean virtualenv without extras, and the service
-runs from there against the local control plane."""
+"""The wheel is what `pip install node-workload-summary` and the image get. Here, what needs no
+cluster; the scenarios against one: tests/cluster/test_wheel.py."""
 
 from __future__ import annotations
 
