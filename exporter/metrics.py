@@ -102,6 +102,11 @@ def _resources(values: dict[str, int]) -> Iterator[Sample]:
     return ((_labels(resource=r), _quantity(v)) for r, v in sorted(values.items()))
 
 
+def _resources_counted(values: dict[str, int]) -> Iterator[Sample]:
+    """Counts per resource (devices), not quantities."""
+    return ((_labels(resource=r), v) for r, v in sorted(values.items()))
+
+
 # -- node groups ---------------------------------------------------------------------------------
 
 NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
@@ -119,6 +124,14 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
                            "Accelerators of the group's nodes missing from allocatable (capacity - allocatable), "
                            "per resource, while non-zero."),
                     lambda g: _resources(g.accelerators_unhealthy)),
+    FamilyGenerator(Family("nodegroup_pods_with_unhealthy_devices", "gauge",
+                           "Unfinished pods on the group's nodes holding a device the kubelet reports Unhealthy "
+                           "(status.containerStatuses[].allocatedResourcesStatus), while non-zero."),
+                    lambda g: [("", g.pods_with_unhealthy_devices)] if g.pods_with_unhealthy_devices else []),
+    FamilyGenerator(Family("nodegroup_devices_unhealthy", "gauge",
+                           "Devices reported Unhealthy that the unfinished pods on the group's nodes hold, per "
+                           "resource, while non-zero."),
+                    lambda g: _resources_counted(g.devices_unhealthy)),
     FamilyGenerator(Family("nodegroup_nodes_unschedulable", "gauge",
                            "Cordoned nodes (spec.unschedulable) in the node group."),
                     lambda g: [("", g.unschedulable)]),
@@ -177,6 +190,8 @@ class WorkloadSeries:
     nodes_by_node_group: dict[NodeGroupKey, int]
     pods_by_node_state: dict[str, int]
     unhealthy_nodes: int | None
+    pods_with_unhealthy_devices: int
+    devices_unhealthy: dict[str, int]
 
 
 WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
@@ -197,6 +212,14 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                            "Distinct nodes that the root workload's pods run on and that are not Ready, "
                            "while non-zero."),
                     lambda w: [("", w.unhealthy_nodes)] if w.unhealthy_nodes else []),
+    FamilyGenerator(Family("workload_pods_with_unhealthy_devices", "gauge",
+                           "Unfinished pods of the root workload holding a device the kubelet reports Unhealthy, "
+                           "while non-zero."),
+                    lambda w: [("", w.pods_with_unhealthy_devices)] if w.pods_with_unhealthy_devices else []),
+    FamilyGenerator(Family("workload_devices_unhealthy", "gauge",
+                           "Devices reported Unhealthy that the root workload's unfinished pods hold, per resource, "
+                           "while non-zero."),
+                    lambda w: _resources_counted(w.devices_unhealthy)),
 )
 
 
@@ -465,7 +488,8 @@ class Renderer:
                 key = (key[0], OTHER) if key in self._overflowed_node_groups else key
                 folded[key] = folded.get(key, 0) + n
             nodes_by_node_group = folded
-        return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes)
+        return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes,
+                              agg.pods_with_unhealthy_devices, agg.devices_unhealthy)
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
@@ -483,12 +507,15 @@ class Renderer:
         if overflow:  # pod counts only: where "other" runs would be one series per node group again
             pods: dict[str, int] = {}
             by_state: dict[str, int] = {}
+            devices: dict[str, int] = {}
             for uid in overflow:
-                for mine, theirs in ((pods, workloads[uid].pods), (by_state, workloads[uid].pods_by_node_state)):
+                w = workloads[uid]
+                for mine, theirs in ((pods, w.pods), (by_state, w.pods_by_node_state), (devices, w.devices_unhealthy)):
                     for k, n in theirs.items():
                         mine[k] = mine.get(k, 0) + n
+            device_pods = sum(workloads[uid].pods_with_unhealthy_devices for uid in overflow)
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
-                              WorkloadSeries(pods, {}, by_state, None)))
+                              WorkloadSeries(pods, {}, by_state, None, device_pods, devices)))
         return out
 
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------

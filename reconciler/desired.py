@@ -140,6 +140,8 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "nodesByState": lambda a: {s: a.states[s] for s in NODE_STATES if a.states.get(s)},  # a state left out: 0
     "unhealthyNodeCount": lambda a: sum(n for s, n in a.states.items() if s not in ("Ready", "Cordoned")),
     "unhealthyAccelerators": lambda a: _quantities(a.accelerators_unhealthy),
+    "podsWithUnhealthyDevices": lambda a: a.pods_with_unhealthy_devices or None,  # 0: left out
+    "unhealthyDevices": lambda a: dict(sorted(a.devices_unhealthy.items())),
 }
 
 
@@ -193,6 +195,8 @@ WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
                                   if w.agg.pods_by_node_state.get(s)},
     "nodeSummaryRefs": lambda w: w.refs,
     "placement": lambda w: ",".join(f"{r['name']}={r['nodeCount']}" for r in w.refs),
+    "podsWithUnhealthyDevices": lambda w: w.agg.pods_with_unhealthy_devices or None,
+    "unhealthyDevices": lambda w: dict(sorted(w.agg.devices_unhealthy.items())),
 }
 
 

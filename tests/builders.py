@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import (
     Container,
+    ContainerStatus,
     Node,
     NodeCondition,
     NodeSpec,
@@ -21,7 +22,9 @@ from kubeindex.model.objects import (
     PodLabelWorkload,
     PodSpec,
     PodStatus,
+    ResourceHealth,
     Resources,
+    ResourceStatus,
     Taint,
     WorkloadType,
 )
@@ -70,13 +73,20 @@ def make_node(name: str, labels: dict[str, str], ready: str | None = "True", uns
 
 
 def make_pod(name: str, uid: str, node: str = "", phase: str = "Running", owner: OwnerReference | None = None,
-             cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns") -> Pod:
+             cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns",
+             devices: dict[str, list[str]] | None = None) -> Pod:
+    """``devices``: resource -> the health of each device allocated to its container, as the
+    kubelet reports it (allocatedResourcesStatus)."""
     return Pod(
         ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels or {},
                    ownerReferences=[owner] if owner else []),
         PodSpec(nodeName=node, containers=[Container(Resources({"cpu": cpu, "memory": "64Mi"}))]),
-        PodStatus(phase=phase),
+        PodStatus(phase=phase, containerStatuses=[device_status(devices or {})]),
     )
+
+
+def device_status(devices: dict[str, list[str]]) -> ContainerStatus:
+    return ContainerStatus([ResourceStatus(r, [ResourceHealth(h) for h in healths]) for r, healths in devices.items()])
 
 
 def add_owner(index: ClusterIndex, owner: Owner) -> None:

@@ -62,6 +62,8 @@ class GroupTruth:
     pods: dict[str, int]  # phase -> pods bound to its nodes
     requested: dict[str, int]
     node_names: list[str]
+    devices_unhealthy: dict[str, int]  # resource -> Unhealthy devices of the unfinished pods on its nodes
+    pods_with_unhealthy_devices: int
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ class WorkloadTruth:
     label_key: str
     pods: dict[str, int]  # phase -> pods
     nodes: dict[tuple[str, str], int]  # node group -> distinct nodes its unfinished pods hold
+    devices_unhealthy: dict[str, int]
+    pods_with_unhealthy_devices: int
 
 
 Truth = tuple[dict[tuple[str, str], GroupTruth], dict[str, WorkloadTruth], dict[str, int], dict[str, int]]
@@ -119,6 +123,13 @@ def _label(world: World, pod: Pod) -> tuple[str, str] | None:
     return next(((k, pod.metadata.labels[k]) for k in world.pod_labels if pod.metadata.labels.get(k)), None)
 
 
+def unhealthy(pod: Pod) -> Counter:
+    """The pod's devices the kubelet reports Unhealthy, per resource, counted from scratch."""
+    return Counter(resource.name for container in (*pod.status.initContainerStatuses, *pod.status.containerStatuses)
+                   for resource in container.allocatedResourcesStatus
+                   for device in resource.resources if device.health == "Unhealthy")
+
+
 def recompute(world: World) -> Truth:
     """Node groups, root workloads, pods without a workload by reason, pods below a broken chain."""
     groups: dict = {}
@@ -129,7 +140,8 @@ def recompute(world: World) -> Truth:
         for key in keys:
             g = groups.setdefault(key, {"nodes": 0, "conditions": Counter(), "unschedulable": 0,
                                         "allocatable": Counter(), "capacity": Counter(), "pods": Counter(),
-                                        "requested": Counter(), "node_names": set()})
+                                        "requested": Counter(), "node_names": set(), "devices": Counter(),
+                                        "device_pods": 0})
             g["nodes"] += 1
             g["conditions"][node.ready()] += 1
             g["unschedulable"] += int(node.spec.unschedulable)
@@ -144,7 +156,8 @@ def recompute(world: World) -> Truth:
 
     def workload(uid: str, namespace: str, name: str, group: str, kind: str, label_key: str = "") -> dict:
         identity = {"namespace": namespace, "name": name, "group": group, "kind": kind, "label_key": label_key}
-        return workloads.setdefault(uid, {"id": identity, "pods": Counter(), "nodes": {}})
+        return workloads.setdefault(uid, {"id": identity, "pods": Counter(), "nodes": {}, "devices": Counter(),
+                                          "device_pods": 0})
 
     for owner in world.owners.values():
         top, status = walk(world, owner.uid)
@@ -153,11 +166,14 @@ def recompute(world: World) -> Truth:
     for pod in world.pods.values():
         phase = pod.status.phase
         node_name = pod.spec.nodeName
+        bad = Counter() if phase in TERMINATED else unhealthy(pod)
         for key in node_groups.get(node_name, []) if node_name else []:
             groups[key]["pods"][phase] += 1
             if phase not in TERMINATED:
                 for r, v in effective_requests(pod.spec).items():
                     groups[key]["requested"][r] += v
+            groups[key]["devices"].update(bad)
+            groups[key]["device_pods"] += bool(bad)
         top, status = walk(world, pod.metadata.uid)
         if top is None and status == NONE:
             label = _label(world, pod)
@@ -175,16 +191,20 @@ def recompute(world: World) -> Truth:
             workload(top, o.namespace, o.name, o.group, o.kind)
         w = workloads[top]
         w["pods"][phase] += 1
+        w["devices"].update(bad)
+        w["device_pods"] += bool(bad)
         if node_name and phase not in TERMINATED:  # a finished pod holds no node
             for key in node_groups.get(node_name, []):
                 w["nodes"].setdefault(key, set()).add(node_name)
     norm_groups = {
         k: GroupTruth(g["nodes"], _clean(g["conditions"]), g["unschedulable"], _clean(g["allocatable"]),
-                      _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]))
+                      _clean(g["capacity"]), _clean(g["pods"]), _clean(g["requested"]), sorted(g["node_names"]),
+                      _clean(g["devices"]), g["device_pods"])
         for k, g in groups.items()
     }
     norm_workloads = {
-        uid: WorkloadTruth(**w["id"], pods=_clean(w["pods"]), nodes={k: len(v) for k, v in w["nodes"].items()})
+        uid: WorkloadTruth(**w["id"], pods=_clean(w["pods"]), nodes={k: len(v) for k, v in w["nodes"].items()},
+                           devices_unhealthy=_clean(w["devices"]), pods_with_unhealthy_devices=w["device_pods"])
         for uid, w in workloads.items()
     }
     return norm_groups, norm_workloads, _clean(unresolved), _clean(broken)
@@ -194,11 +214,13 @@ def snapshot(index: ClusterIndex) -> Truth:
     """The incremental index's aggregates in the same records."""
     groups = {
         k: GroupTruth(g.nodes, dict(g.conditions), g.unschedulable, dict(g.allocatable), dict(g.capacity),
-                      dict(g.pods), dict(g.requested), sorted(g.node_names))
+                      dict(g.pods), dict(g.requested), sorted(g.node_names), dict(g.devices_unhealthy),
+                      g.pods_with_unhealthy_devices)
         for k, g in index.node_groups.items()
     }
     workloads = {
-        uid: WorkloadTruth(w.namespace, w.name, w.group, w.kind, w.label_key, dict(w.pods), dict(w.nodes_by_node_group))
+        uid: WorkloadTruth(w.namespace, w.name, w.group, w.kind, w.label_key, dict(w.pods), dict(w.nodes_by_node_group),
+                           dict(w.devices_unhealthy), w.pods_with_unhealthy_devices)
         for uid, w in index.workloads.items()
     }
     return groups, workloads, dict(index.unresolved), dict(index.chain_broken)

@@ -9,7 +9,7 @@ import msgspec
 
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import Node, OwnerReference, PodStatus, Taint
-from tests.builders import DISRUPTED, GPU, add_owner, configured, labels_of, make_node, make_pod, ref
+from tests.builders import DISRUPTED, GPU, add_owner, configured, device_status, labels_of, make_node, make_pod, ref
 from tests.reference import Owner, World
 
 KINDS = [("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet"), ("batch", "Job"),
@@ -67,9 +67,16 @@ class Scenario:
                          unschedulable=rnd.random() < 0.2, allocatable=allocatable, capacity=capacity,
                          taints=taints, conditions=conditions)
 
+    def random_devices(self) -> dict[str, list[str]]:
+        """Most pods hold no device; some hold GPUs (or TPUs), each Healthy, Unhealthy or Unknown."""
+        if self.rnd.random() < 0.6:
+            return {}
+        return {r: [self.rnd.choice(["Healthy", "Unhealthy", "Unknown"]) for _ in range(self.rnd.randint(1, 3))]
+                for r in ("nvidia.com/gpu", "google.com/tpu") if self.rnd.random() < 0.6}
+
     def step(self) -> None:
         rnd, w, idx = self.rnd, self.world, self.index
-        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "phase", "pod_del",
+        action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "phase", "devices", "pod_del",
                              "owner", "owner", "owner_del", "nsum", "wsum", "recreate"])
         if action == "node":
             name = f"n{rnd.randint(0, 5)}"
@@ -91,12 +98,19 @@ class Scenario:
                       if rnd.random() < 0.3}
             pod = make_pod(name, uid, node=rnd.choice(["", "n0", "n1", "n2", "n3", "n4", "n5", "n9"]),
                            phase=rnd.choice(PHASES), owner=self._parent_ref(parent),
-                           cpu=rnd.choice(["100m", "1", "250m"]), labels=labels)
+                           cpu=rnd.choice(["100m", "1", "250m"]), labels=labels, devices=self.random_devices())
             w.pods[f"ns/{name}"] = pod
             idx.upsert_pod(pod)
         elif action == "phase" and w.pods:  # most pod churn: the phase alone changes
             key = rnd.choice(list(w.pods))
             pod = msgspec.structs.replace(w.pods[key], status=PodStatus(phase=rnd.choice(PHASES)))
+            w.pods[key] = pod
+            idx.upsert_pod(pod)
+        elif action == "devices" and w.pods:  # the kubelet reports a device's health alone
+            key = rnd.choice(list(w.pods))
+            status = msgspec.structs.replace(w.pods[key].status,
+                                             containerStatuses=[device_status(self.random_devices())])
+            pod = msgspec.structs.replace(w.pods[key], status=status)
             w.pods[key] = pod
             idx.upsert_pod(pod)
         elif action == "pod_del" and w.pods:

@@ -27,6 +27,7 @@ from ..model.objects import (
     Bookmark,
     BookmarkMeta,
     Container,
+    ContainerStatus,
     ListMeta,
     Node,
     NodeCondition,
@@ -37,7 +38,9 @@ from ..model.objects import (
     Pod,
     PodSpec,
     PodStatus,
+    ResourceHealth,
     Resources,
+    ResourceStatus,
     Status,
     Taint,
 )
@@ -81,7 +84,11 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "Container": [("resources", 8, KEPT), ("restartPolicy", 24, STRING)],  # ResourceRequirements
     "PodSpec": [("containers", 2, "[]Container"), ("nodeName", 10, STRING), ("initContainers", 20, "[]Container"),
                 ("overhead", 32, QUANTITIES), ("resources", 40, KEPT)],  # ResourceRequirements
-    "PodStatus": [("phase", 1, STRING)],
+    "ResourceHealth": [("health", 2, STRING)],
+    "ResourceStatus": [("name", 1, STRING), ("resources", 2, "[]ResourceHealth")],
+    "ContainerStatus": [("allocatedResourcesStatus", 14, "[]ResourceStatus")],
+    "PodStatus": [("phase", 1, STRING), ("containerStatuses", 8, "[]ContainerStatus"),
+                  ("initContainerStatuses", 10, "[]ContainerStatus")],
     "Pod": [("metadata", 1, "PodMeta"), ("spec", 2, "PodSpec"), ("status", 3, "PodStatus")],
     "PodList": [("metadata", 1, "ListMeta"), ("items", 2, "[]Pod")],
     "Taint": [("key", 1, STRING), ("effect", 3, STRING)],
@@ -221,14 +228,25 @@ def _container(c: Any) -> Container:
 
 
 def _pod(p: Any) -> Pod:
-    meta, spec = p.metadata, p.spec
+    meta, spec, status = p.metadata, p.spec, p.status
     init = spec.initContainers
     return Pod(
         _meta(meta, _labels(tuple(meta.labels))),
         PodSpec(spec.nodeName, [_container(c) for c in spec.containers], [_container(c) for c in init] if init else [],
                 _quantities(spec.overhead), _resources(spec.resources)),
-        PodStatus(p.status.phase or "Pending"),
+        PodStatus(status.phase or "Pending", _container_statuses(status.initContainerStatuses),
+                  _container_statuses(status.containerStatuses)),
     )
+
+
+_NO_DEVICES = ContainerStatus()  # shared: no consumer changes a projection
+
+
+def _container_statuses(statuses: Any) -> list[ContainerStatus]:
+    """Of each container's status, its devices' health (most report none)."""
+    return [ContainerStatus([ResourceStatus(r.name, [ResourceHealth(h.health) for h in r.resources])
+                             for r in c.allocatedResourcesStatus]) if c.allocatedResourcesStatus else _NO_DEVICES
+            for c in statuses]
 
 
 def _node(n: Any) -> Node:

@@ -38,6 +38,7 @@ from .objects import (
     Pod,
     PodLabelWorkload,
     PodSpec,
+    PodStatus,
     Taint,
     WorkloadType,
     key_of,
@@ -94,6 +95,8 @@ class WorkloadAgg:
     pods_by_node_state: dict[str, int] = field(default_factory=dict)  # UNHEALTHY_STATES -> bound pods
     unhealthy_nodes: int = 0  # distinct nodes not Ready
     unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
+    pods_with_unhealthy_devices: int = 0  # non-terminated pods holding a device reported Unhealthy
+    devices_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> such devices
     revision: int = 0  # its stamp: moves with its content
 
     @property
@@ -103,14 +106,16 @@ class WorkloadAgg:
 
 
 class PodEntry:
-    __slots__ = ("key", "labels", "node", "phase", "requests", "status", "uid", "workload")
+    __slots__ = ("devices", "key", "labels", "node", "phase", "requests", "status", "uid", "workload")
 
-    def __init__(self, key: str, uid: str, node: str, phase: str, requests: Vector, labels: LabelMatches) -> None:
+    def __init__(self, key: str, uid: str, node: str, phase: str, requests: Vector, labels: LabelMatches,
+                 devices: Vector = ()) -> None:
         self.key = key
         self.uid = uid
         self.node = node
         self.phase = phase
         self.requests = requests  # effective requests; () once terminated
+        self.devices = devices  # (resource, devices reported Unhealthy); () for most pods, and once terminated
         # Only the values of configured label keys are kept (usually none): a pod's whole label
         # set would cost about 1 KB per pod, so keys added later are learnt by upserting pods again.
         self.labels = labels
@@ -148,6 +153,19 @@ def pod_requests(spec: PodSpec) -> Vector:
         if len(_by_text) < 100_000:
             _by_text[text] = vector
     return vector
+
+
+def unhealthy_devices(status: PodStatus) -> Vector:
+    """The devices allocated to the pod's containers that the kubelet reports Unhealthy
+    (allocatedResourcesStatus), per resource; () for a pod that has none (nearly all)."""
+    counts: dict[str, int] = {}
+    for statuses in (status.initContainerStatuses, status.containerStatuses):
+        for container in statuses:
+            for resource in container.allocatedResourcesStatus:
+                bad = sum(1 for device in resource.resources if device.health == "Unhealthy")
+                if bad:
+                    counts[resource.name] = counts.get(resource.name, 0) + bad
+    return _intern(counts) if counts else ()
 
 
 def _parse(resources: dict[str, str]) -> dict[str, int]:
@@ -577,14 +595,15 @@ class ClusterIndex:
         parent = share(ref.uid) if ref else None  # strings many pods repeat: held once
         phase = _PHASE.get(pod.status.phase, "Unknown")
         requests = () if phase in TERMINATED else pod_requests(pod.spec)
+        devices = () if phase in TERMINATED else unhealthy_devices(pod.status)
         labels = self._label_matches(meta.labels)
         old = self.pods.get(key)
-        if old is not None and self._alike_but_phase(old, meta.uid, pod.spec.nodeName, requests, labels, parent,
-                                                     phase):
+        if old is not None and old.devices == devices and self._alike_but_phase(
+                old, meta.uid, pod.spec.nodeName, requests, labels, parent, phase):
             if old.phase != phase:  # a phase change alone (it neither starts nor stops holding its node)
                 self._move_phase(old, phase)
             return key  # most pod updates: conditions, container states, IPs
-        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels)
+        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels, devices)
         if old is not None:
             del self.pods[key]  # out of the table first: graph callbacks must not see it
             self._detach_pod(old)
@@ -670,14 +689,17 @@ class ClusterIndex:
             node = self.nodes[entry.node] = NodeEntry(entry.node)
         bump(node.pod_phases, entry.phase, sign)
         add(node.pod_requests, entry.requests, sign)
+        if entry.devices:
+            add(node.pod_devices, entry.devices, sign)
+            node.pods_with_unhealthy_devices += sign
         if sign > 0:
             node.pods.add(entry.key)
         else:
             node.pods.discard(entry.key)
         for g in node.node_groups:
-            pod_into(self.node_groups[g], entry.phase, entry.requests, sign, self.revision)
+            pod_into(self.node_groups[g], entry.phase, entry.requests, entry.devices, sign, self.revision)
             self._touched_node_group(g)
-        self.kueue.pod(node, entry.phase, entry.requests, sign)
+        self.kueue.pod(node, entry.phase, entry.requests, entry.devices, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]
 
@@ -689,6 +711,9 @@ class ClusterIndex:
             bump(self.chain_broken, entry.status, sign)
         agg = self.workloads[entry.workload]
         bump(agg.pods, entry.phase, sign)
+        if entry.devices:
+            add(agg.devices_unhealthy, entry.devices, sign)
+            agg.pods_with_unhealthy_devices += sign
         if entry.node and entry.phase not in TERMINATED:
             before = agg.node_pods.get(entry.node, 0)
             bump(agg.node_pods, entry.node, sign)

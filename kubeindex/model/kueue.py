@@ -97,10 +97,10 @@ class KueueIndex:
         for name in entry.flavors:
             node_into(self.flavors[name], entry, +1, self.revision)
 
-    def pod(self, node: NodeEntry, phase: str, requests: Vector, sign: int) -> None:
+    def pod(self, node: NodeEntry, phase: str, requests: Vector, devices: Vector, sign: int) -> None:
         """A pod bound to ``node`` comes (sign +1) or goes."""
         for name in node.flavors:
-            pod_into(self.flavors[name], phase, requests, sign, self.revision)
+            pod_into(self.flavors[name], phase, requests, devices, sign, self.revision)
 
     def pod_phase(self, node: NodeEntry, before: str, after: str) -> None:
         """A pod bound to ``node`` changes phase alone (its requests stay)."""

@@ -66,6 +66,8 @@ class NodeSetAgg:
     node_names: set[str] = field(default_factory=set, metadata=NOT_SUMMED)  # for a NodeSummary only
     states: dict[str, int] = field(default_factory=dict)  # index.NODE_STATES -> nodes
     accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
+    pods_with_unhealthy_devices: int = 0  # non-terminated pods bound here that hold a device reported Unhealthy
+    devices_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> such devices those pods hold
     revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
     def add_sums(self, other: NodeSetAgg) -> None:
@@ -89,7 +91,8 @@ class NodeEntry:
     the pods bound to it (so it can move between node sets in O(resources))."""
 
     __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "labels", "name", "node_groups",
-                 "pod_phases", "pod_requests", "pods", "present", "ready", "state", "unschedulable")
+                 "pod_devices", "pod_phases", "pod_requests", "pods", "pods_with_unhealthy_devices", "present",
+                 "ready", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -105,6 +108,8 @@ class NodeEntry:
         self.flavors: tuple[str, ...] = ()  # Kueue flavors whose nodeLabels it matches (kueue.py)
         self.pod_phases: dict[str, int] = {}  # running sums of the pods bound here
         self.pod_requests: dict[str, int] = {}
+        self.pod_devices: dict[str, int] = {}  # resource -> Unhealthy devices its pods hold
+        self.pods_with_unhealthy_devices = 0
         self.pods: set[str] = set()  # pod keys
 
 
@@ -121,6 +126,8 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) 
     add(agg.capacity, entry.capacity, sign)
     add(agg.pods, entry.pod_phases.items(), sign)
     add(agg.requested, entry.pod_requests.items(), sign)
+    add(agg.devices_unhealthy, entry.pod_devices.items(), sign)
+    agg.pods_with_unhealthy_devices += sign * entry.pods_with_unhealthy_devices
     if sign > 0:
         agg.node_names.add(entry.name)
     else:
@@ -128,8 +135,11 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) 
     agg.revision = next(revision)
 
 
-def pod_into(agg: NodeSetAgg, phase: str, requests: Vector, sign: int, revision: Revision) -> None:
-    """Add or remove one pod bound to one of the set's nodes."""
+def pod_into(agg: NodeSetAgg, phase: str, requests: Vector, devices: Vector, sign: int, revision: Revision) -> None:
+    """Add or remove one pod bound to one of the set's nodes (``devices``: its Unhealthy ones)."""
     bump(agg.pods, phase, sign)
     add(agg.requested, requests, sign)
+    if devices:
+        add(agg.devices_unhealthy, devices, sign)
+        agg.pods_with_unhealthy_devices += sign
     agg.revision = next(revision)

@@ -90,8 +90,26 @@ class PodSpec(Struct):
     resources: Resources = field(default_factory=Resources)  # pod-level (PodLevelResources, 1.32+)
 
 
+class ResourceHealth(Struct):
+    health: str = ""  # Healthy | Unhealthy | Unknown
+
+
+class ResourceStatus(Struct):
+    """A resource's devices allocated to a container, with their health (KEP-4680: the kubelet
+    writes it from the device plugin's or DRA driver's reports; beta in 1.36)."""
+
+    name: str = ""
+    resources: list[ResourceHealth] = field(default_factory=list)
+
+
+class ContainerStatus(Struct):
+    allocatedResourcesStatus: list[ResourceStatus] = field(default_factory=list)
+
+
 class PodStatus(Struct):
     phase: str = "Pending"
+    initContainerStatuses: list[ContainerStatus] = field(default_factory=list)
+    containerStatuses: list[ContainerStatus] = field(default_factory=list)
 
 
 class Pod(Struct):

@@ -11,6 +11,7 @@ import msgspec.inspect
 from kubeindex.client import protobuf
 from kubeindex.model.objects import (
     Container,
+    ContainerStatus,
     Node,
     NodeCondition,
     NodeSpec,
@@ -20,14 +21,17 @@ from kubeindex.model.objects import (
     Pod,
     PodSpec,
     PodStatus,
+    ResourceHealth,
     Resources,
+    ResourceStatus,
     Taint,
 )
 
 # The protobuf message each struct of the pod and node projections is read from.
 MESSAGE_OF = {Pod: "Pod", Node: "Node", ObjectMeta: "ObjectMeta", OwnerReference: "OwnerReference",
               PodSpec: "PodSpec", Container: "Container", Resources: "ResourceRequirements", PodStatus: "PodStatus",
-              NodeSpec: "NodeSpec", Taint: "Taint", NodeStatus: "NodeStatus", NodeCondition: "NodeCondition"}
+              NodeSpec: "NodeSpec", Taint: "Taint", NodeStatus: "NodeStatus", NodeCondition: "NodeCondition",
+              ContainerStatus: "ContainerStatus", ResourceStatus: "ResourceStatus", ResourceHealth: "ResourceHealth"}
 
 
 def projected(struct: type, into: str) -> Iterator[tuple[str, str, type | None]]:
