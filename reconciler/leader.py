@@ -131,12 +131,13 @@ class LeaderElector:
     async def run(self) -> None:
         try:
             while True:
-                await self._step()
+                await self.step()
                 await self.clock.sleep(self.settings.retry_period)
         finally:
             self._set(False)
 
-    async def _step(self) -> None:
+    async def step(self) -> None:
+        """One attempt to acquire or renew the lease (run calls it every retry period)."""
         if self._stopped:
             return
         reasons = self.may_lead()

@@ -423,23 +423,23 @@ def test_the_leader_renews_in_one_request_and_gives_way_to_another_writer_of_the
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
             counted = Counted(api)
             elector = LeaderElector(counted, LeaseSettings("default", name=name, identity="fast"))
-            await elector._step()
+            await elector.step()
             assert elector.is_leader and counted.methods == ["GET", "POST"], elector.last_error
             for _ in range(2):
                 counted.methods.clear()
-                await elector._step()
+                await elector.step()
                 assert elector.is_leader and counted.methods == ["PUT"], elector.last_error
             renewed = lease()["spec"]["renewTime"]
             kube.kubectl("annotate", "lease", name, "-n", "default", "team=platform")
             counted.methods.clear()
-            await elector._step()
+            await elector.step()
             assert elector.is_leader and counted.methods == ["PUT", "GET", "PUT"], elector.last_error
             after = lease()
             assert after["metadata"]["annotations"]["team"] == "platform"
             assert after["spec"]["holderIdentity"] == "fast" and after["spec"]["renewTime"] > renewed
             assert after["spec"]["leaseTransitions"] == 0
             counted.methods.clear()
-            await elector._step()
+            await elector.step()
             assert counted.methods == ["PUT"]
 
     try:

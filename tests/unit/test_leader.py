@@ -70,11 +70,11 @@ def test_the_first_candidate_takes_a_free_lease_and_renews_it() -> None:
         store, clock = LeaseStore(), FakeClock()
         changes: list[bool] = []
         a = elector(store, clock, "a", changes)
-        await a._step()
+        await a.step()
         assert a.is_leader and store.holder() == "a" and changes == [True]
         transitions = store.leases["node-workload-summary"]["spec"]["leaseTransitions"]
         await clock.advance(2)
-        await a._step()
+        await a.step()
         assert a.is_leader and changes == [True]  # renewed: no new transition
         assert store.leases["node-workload-summary"]["spec"]["leaseTransitions"] == transitions
 
@@ -88,12 +88,12 @@ def test_the_leader_renews_with_one_request_and_reads_the_lease_when_someone_els
     async def main() -> None:
         store, clock = LeaseStore(), FakeClock()
         a = elector(store, clock, "a")
-        await a._step()
+        await a.step()
         assert store.requests == ["GET", "POST"]
         for _ in range(3):
             store.requests.clear()
             await clock.advance(2)
-            await a._step()
+            await a.step()
             assert store.requests == ["PUT"] and a.is_leader
         lease = store.leases["node-workload-summary"]
         renewed = lease["spec"]["renewTime"]
@@ -103,14 +103,14 @@ def test_the_leader_renews_with_one_request_and_reads_the_lease_when_someone_els
         await store.request("PUT", f"{PATH}/node-workload-summary", edited)
         store.requests.clear()
         await clock.advance(2)
-        await a._step()
+        await a.step()
         assert store.requests == ["PUT", "GET", "PUT"] and a.is_leader
         lease = store.leases["node-workload-summary"]
         assert lease["metadata"]["labels"] == {"edited": "yes"} and lease["spec"]["renewTime"] > renewed
         assert lease["spec"]["leaseTransitions"] == 0
         store.requests.clear()
         await clock.advance(2)
-        await a._step()
+        await a.step()
         assert store.requests == ["PUT"]
 
     asyncio.run(main())
@@ -121,12 +121,12 @@ def test_a_leader_that_cannot_renew_stops_leading_at_the_renew_deadline() -> Non
         store, clock = LeaseStore(), FakeClock()
         changes: list[bool] = []
         a = elector(store, clock, "a", changes)
-        await a._step()
+        await a.step()
         store.down = True
         seen = []
         for _ in range(6):
             await clock.advance(2)
-            await a._step()
+            await a.step()
             seen.append((clock.now - 1000, a.is_leader))
         assert "connection refused" in a.last_error
         assert changes == [True, False]
@@ -139,19 +139,19 @@ def test_a_held_lease_is_taken_only_after_its_record_stood_still_for_the_lease_d
     async def main() -> None:
         store, clock = LeaseStore(), FakeClock()
         a, b = elector(store, clock, "a"), elector(store, clock, "b")
-        await a._step()
-        await b._step()  # b sees a's record for the first time: its timer starts now
+        await a.step()
+        await b.step()  # b sees a's record for the first time: its timer starts now
         assert not b.is_leader
         for _ in range(3):  # a renews every 2 s: the record keeps changing
             await clock.advance(6)
-            await a._step()
-            await b._step()
+            await a.step()
+            await b.step()
             assert not b.is_leader and a.is_leader
         await clock.advance(15)  # a is gone: its record has stood still for 15 s on b's clock, not more
-        await b._step()
+        await b.step()
         assert not b.is_leader
         await clock.advance(0.5)  # more than leaseDurationSeconds since b first saw this record
-        await b._step()
+        await b.step()
         assert b.is_leader and store.holder() == "b"
         assert store.leases["node-workload-summary"]["spec"]["leaseTransitions"] == 1
 
@@ -163,11 +163,11 @@ def test_a_leader_that_sees_another_holder_in_the_record_steps_down_at_once() ->
         store, clock = LeaseStore(), FakeClock()
         changes: list[bool] = []
         a = elector(store, clock, "a", changes)
-        await a._step()
+        await a.step()
         store.leases["node-workload-summary"]["spec"]["holderIdentity"] = "b"  # b took it (a was paused)
         store.leases["node-workload-summary"]["metadata"]["resourceVersion"] = "99"
         await clock.advance(2)
-        await a._step()
+        await a.step()
         assert not a.is_leader and changes == [True, False]  # at once, not at the renew deadline
 
     asyncio.run(main())
@@ -177,7 +177,7 @@ def test_two_candidates_never_both_win() -> None:
     async def main() -> None:
         store, clock = LeaseStore(), FakeClock()
         a, b = elector(store, clock, "a"), elector(store, clock, "b")
-        await asyncio.gather(a._step(), b._step())
+        await asyncio.gather(a.step(), b.step())
         assert [a.is_leader, b.is_leader].count(True) == 1
 
     asyncio.run(main())
@@ -188,15 +188,15 @@ def test_a_replica_out_of_sync_gives_the_lease_up_for_another_to_take_at_once() 
         store, clock = LeaseStore(), FakeClock()
         changes: list[bool] = []
         a = elector(store, clock, "a", changes)
-        await a._step()
+        await a.step()
         a.may_lead = lambda: ["pods: no contact with the API server for 61s"]
         await clock.advance(2)
-        await a._step()
+        await a.step()
         assert not a.is_leader and changes == [True, False]
         assert store.holder() is None
         assert store.leases["node-workload-summary"]["spec"]["leaseDurationSeconds"] == 1
         b = elector(store, clock, "b")
-        await b._step()  # no holder: taken at once, without waiting out the lease
+        await b.step()  # no holder: taken at once, without waiting out the lease
         assert b.is_leader
 
     asyncio.run(main())
@@ -224,7 +224,7 @@ def test_elector_survives_dropped_connections() -> None:
         async with api:
             elector = LeaderElector(api, LeaseSettings("default", identity="x", retry_period=0.1))
             for _ in range(3):
-                await elector._step()
+                await elector.step()
             assert not elector.is_leader
             return elector.last_error
 
