@@ -157,7 +157,18 @@ def pod_requests(spec: PodSpec) -> Vector:
 
 def unhealthy_devices(status: PodStatus) -> Vector:
     """The devices allocated to the pod's containers that the kubelet reports Unhealthy
-    (allocatedResourcesStatus), per resource; () for a pod that has none (nearly all)."""
+    (allocatedResourcesStatus), per resource; () for a pod that has none (nearly all: every pod
+    event asks, so those return after a look at each container)."""
+    for container in status.containerStatuses:
+        if container.allocatedResourcesStatus:
+            return _unhealthy_devices(status)
+    for container in status.initContainerStatuses:
+        if container.allocatedResourcesStatus:
+            return _unhealthy_devices(status)
+    return ()
+
+
+def _unhealthy_devices(status: PodStatus) -> Vector:
     counts: dict[str, int] = {}
     for statuses in (status.initContainerStatuses, status.containerStatuses):
         for container in statuses:

@@ -102,7 +102,7 @@ class ResourceStatus(Struct):
     resources: list[ResourceHealth] = field(default_factory=list)
 
 
-class ContainerStatus(Struct):
+class ContainerStatus(Struct, gc=False):
     allocatedResourcesStatus: list[ResourceStatus] = field(default_factory=list)
 
 
