@@ -29,6 +29,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "binaries" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+    # A test's folder says what it needs: tests/unit holds none that starts a control plane.
+    misplaced = [item.nodeid for item in items
+                 if item.nodeid.startswith("tests/unit/") and item.get_closest_marker("cluster")]
+    if misplaced:
+        raise pytest.UsageError(f"these need a control plane: move them to tests/cluster/: {misplaced}")
     if config.getoption("prebuild"):
         # The modules that need what is built in the background run last, in the order it is
         # built (a stable sort: by file name within each group): the first tests overlap the
