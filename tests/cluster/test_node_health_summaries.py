@@ -44,9 +44,9 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 
 
 def status(kube: LocalCluster, path: str) -> dict:
-    """The status of ``<plural>/<name>`` of this project's kinds."""
-    plural, name = path.split("/")
-    return (get_object(kube, BY_PLURAL[plural].path(name=name)) or {}).get("status", {})
+    """The status of ``<plural>/<name>`` or ``namespaces/<namespace>/<plural>/<name>`` of this project's kinds."""
+    *where, plural, name = path.split("/")
+    return (get_object(kube, BY_PLURAL[plural].path(where[1] if where else "", name)) or {}).get("status", {})
 
 
 def patch_node(kube: LocalCluster, name: str, body: dict, subresource: str = "") -> None:
