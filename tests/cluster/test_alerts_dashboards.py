@@ -45,12 +45,24 @@ def gpu_pod(cluster: LocalCluster, name: str, node: str, owner: dict) -> None:
     set_pod_phase(cluster, "default", name, "Running")
 
 
+def unhealthy_gpu(cluster: LocalCluster, name: str) -> None:
+    """The kubelet reports the pod's GPU Unhealthy (allocatedResourcesStatus)."""
+    status = {"containerStatuses": [{
+        "name": "c", "image": "x", "imageID": "", "ready": True, "restartCount": 0,
+        "state": {"running": {"startedAt": "2026-12-01T00:00:00Z"}},
+        "allocatedResourcesStatus": [{"name": "nvidia.com/gpu",
+                                      "resources": [{"resourceID": f"{name}-gpu", "health": "Unhealthy"}]}]}]}
+    ok(cluster.request(PODS.path("default", name, "status"), "PATCH", {"status": status},
+                       content_type="application/merge-patch+json"))
+
+
 @pytest.fixture(scope="module")
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
-    disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-2 on b-1) and 1
-    Pending; one pod of no workload. Kueue: flavor a (group a's nodes), 24 cpu and 8 GPUs of quota;
-    ClusterResourceClaim a on it, over-allocated (a dry run: the quota is not written)."""
+    disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-1's GPU reported
+    Unhealthy, web-2 on b-1) and 1 Pending; one pod of no workload. Kueue: flavor a (group a's
+    nodes), 24 cpu and 8 GPUs of quota; ClusterResourceClaim a on it, over-allocated (a dry run: the
+    quota is not written)."""
     with LocalCluster(Options(), binaries) as c:
         c.install_crds(CRDS)
         install_kueue(c)
@@ -72,6 +84,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
                      content_type="application/merge-patch+json"))  # the device plugin gave one up
         _, rs = deployment_chain(c, "default", "web")
         gpu_pod(c, "web-1", "a-1", rs)
+        unhealthy_gpu(c, "web-1")
         create_pod(c, "default", "web-2", node="b-1", owner=rs)
         create_pod(c, "default", "web-3", phase="Pending", owner=rs)
         create_pod(c, "default", "lonely", node="b-2")
