@@ -300,6 +300,28 @@ KUEUE_CONTROLLER = _kueue_controller("kueue", conversion=False)
 KUEUE_019_CONTROLLER = _kueue_controller("kueue-0.19", conversion=True)
 
 
+# Not in COMPONENTS: Karpenter's KWOK cloud provider, the module's `package main` at sigs.k8s.io/karpenter/kwok
+# (NodeClaims become KWOK Nodes, of the instance types it embeds), built on first use by make test-karpenter
+# and `localkube up --karpenter` (localkube.karpenter), with the CRDs its chart installs: NodePool, NodeClaim,
+# NodeOverlay (karpenter.sh) and CapacityBuffer (autoscaling.x-k8s.io) from kwok/charts/crds, and KWOKNodeClass
+# (karpenter.kwok.sh), which the module has in kwok/apis/crds only. v1.15.0 needs Go >= 1.26.9
+# (its go.mod's go line; the toolchain here is older and GOTOOLCHAIN=local), so v1.14.1 is pinned.
+KARPENTER = Component(
+    "karpenter", "sigs.k8s.io/karpenter",
+    (Binary("karpenter-controller", "sigs.k8s.io/karpenter/kwok"),),
+    version_vars=("sigs.k8s.io/karpenter/pkg/operator.Version",),
+    bundles=(("karpenter-crds.yaml", (
+        *(f"kwok/charts/crds/karpenter.sh_{plural}.yaml" for plural in ("nodepools", "nodeclaims", "nodeoverlays")),
+        "kwok/charts/crds/autoscaling.x-k8s.io_capacitybuffers.yaml",
+        "kwok/apis/crds/karpenter.kwok.sh_kwoknodeclasses.yaml",
+    )),),
+)
+# What Karpenter's tests and `localkube up --karpenter` run: the control plane, kube-controller-manager and
+# kube-scheduler (it provisions for the pods the scheduler marks unschedulable), KWOK (the fake kubelets of its
+# nodes) and Karpenter itself (`localkube build --karpenter`, make test-karpenter).
+KARPENTER_COMPONENTS: tuple[Component, ...] = (*CORE, KUBERNETES_CONTROLLERS, KWOK, KARPENTER)
+
+
 def cache_root() -> Path:
     default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "node-workload-summary"
     return Path(os.environ.get("NWS_CACHE_DIR", default))
@@ -479,10 +501,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kubernetes", metavar="MINOR", default="",
                         help="kube-apiserver and kubectl of this Kubernetes minor instead of the pinned one "
                              f"(one of {', '.join(COMPAT_MINORS)}; implies --core): what make compat runs against")
+    parser.add_argument("--karpenter", action="store_true",
+                        help="what Karpenter's tests need: the control plane, kube-controller-manager, kube-scheduler, "
+                             "KWOK and Karpenter's KWOK provider with its CRDs (make test-karpenter)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.karpenter:
+        components = KARPENTER_COMPONENTS
+    else:
+        components = core(args.kubernetes) if args.core or args.kubernetes else COMPONENTS
     try:
-        paths = ensure_binaries(core(args.kubernetes) if args.core or args.kubernetes else COMPONENTS)
+        paths = ensure_binaries(components)
     except BuildError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
