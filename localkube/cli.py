@@ -14,14 +14,15 @@ from .build import COMPAT_MINORS, BuildError, core, ensure_binaries
 from .build import main as build_main
 from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
 from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller, KueueController
+from .karpenter import KarpenterController, apply, node_class, node_pool
 from .node import NODE_ADDRESS, NodeError, RealNode
 
 
 def _up(args: argparse.Namespace) -> int:
     options = Options(
-        controller_manager=args.controllers or args.full or args.node,
-        scheduler=args.scheduler or args.full or args.node,
-        kwok=args.kwok or args.full,
+        controller_manager=args.controllers or args.full or args.node or args.karpenter,
+        scheduler=args.scheduler or args.full or args.node or args.karpenter,
+        kwok=args.kwok or args.full or args.karpenter,
         workdir=Path(args.workdir) if args.workdir else None,
         node_address=NODE_ADDRESS if args.node else None,
     )
@@ -54,6 +55,12 @@ def _up(args: argparse.Namespace) -> int:
         if args.kueue:
             print("[localkube] starting the kueue controller (built on first use) ...", file=sys.stderr, flush=True)
             KueueController(cluster).start()
+        if args.karpenter:
+            print("[localkube] starting Karpenter's KWOK provider (built on first use), KWOKNodeClass and NodePool "
+                  "'default' ...", file=sys.stderr, flush=True)
+            KarpenterController(cluster).start()  # its CRDs too; stopped with the cluster
+            apply(cluster, node_class("default"),
+                  node_pool("default", consolidate_after="30s", budgets=("10%",)))  # Karpenter's default budget
         if args.node:
             print("[localkube] starting a real node: containerd, the kubelet, kube-proxy (built on first use) ...",
                   file=sys.stderr, flush=True)
@@ -69,6 +76,8 @@ def _up(args: argparse.Namespace) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     running = ", ".join([*cluster.processes, *(node.processes if node else ())])
+    karpenter = ("\n  kubectl get nodepools,nodeclaims,nodes   # pending pods get NodeClaims of NodePool 'default'"
+                 if args.karpenter else "")
     print(f"""
 Local control plane is up in {time.monotonic() - started:.1f}s ({running}).
 
@@ -80,7 +89,7 @@ Local control plane is up in {time.monotonic() - started:.1f}s ({running}).
   alias kubectl={cluster.kubectl_path}
   kubectl get nodesummarizers,workloadsummarizers
   kubectl get nodesummaries
-  kubectl get workloads.ux -A
+  kubectl get workloads.ux -A{karpenter}
 
 Press Ctrl-C to stop (every process is stopped and the working directory removed).""", flush=True)
     try:
@@ -111,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--kubernetes", metavar="MINOR", default="",
                        help=f"kube-apiserver and kubectl of this Kubernetes minor ({', '.join(COMPAT_MINORS)}); "
                             "implies --core")
+    build.add_argument("--karpenter", action="store_true",
+                       help="what Karpenter's tests need: the control plane, kube-controller-manager, kube-scheduler, "
+                            "KWOK and Karpenter's KWOK provider (make test-karpenter)")
     up = sub.add_parser(
         "up",
         help="start etcd + kube-apiserver (and optionally more) and wait for Ctrl-C",
@@ -128,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kueue", action="store_true",
                     help="also run Kueue's controller manager (every Kueue CRD, its webhooks for its own kinds and "
                          "batch Jobs)")
+    up.add_argument("--karpenter", action="store_true",
+                    help="also run Karpenter's KWOK provider (its CRDs, a KWOKNodeClass and a NodePool 'default': "
+                         "pending pods get KWOK nodes; implies --full; docs/karpenter.md)")
     up.add_argument("--crds", action="append", default=[], metavar="PATH",
                     help="install the CRDs in PATH and wait until they are Established (repeatable)")
     up.add_argument("--apply", action="append", default=[], metavar="PATH",
@@ -144,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
     args = parser.parse_args(argv)
     if args.command == "build":
-        return build_main([*(["--core"] if args.core else []),
+        return build_main([*(["--core"] if args.core else []), *(["--karpenter"] if args.karpenter else []),
                            *([f"--kubernetes={args.kubernetes}"] if args.kubernetes else [])])
     return _up(args)
 

@@ -59,7 +59,7 @@ import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import yaml
 
@@ -163,14 +163,26 @@ class Controller:
     def home(self) -> Path:
         return self.cluster.workdir / self.name
 
-    def start(self, install_crds: bool = True, timeout: float = 60) -> Controller:
+    def start(self, install_crds: bool = True, timeout: float = 60) -> Self:
         """Build (first use) and start the manager, then install its webhook configurations."""
         self.paths = ensure_binaries((self.project.crds, self.project.controller))
         self.webhook_port, self.probe_port = free_port(), free_port()
         if install_crds:
             self._install_crds()
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.process = Process(self.name, self._argv(), self.cluster.workdir / "logs", self._env())
+        # Registered with the cluster, so cluster.stop() stops it too and the leftover check sees it.
+        self.cluster.processes[self.name] = self.process
+        self._before_start()
+        self.process.start()
+        self._serving(timeout)
+        self._wait("/readyz", lambda: self.cluster._http_ok(f"http://127.0.0.1:{self.probe_port}/readyz"), timeout)
+        self._ready(timeout)
+        return self
+
+    def _argv(self) -> list[str]:
+        """The manager's command line: its Configuration file, written here, and the kubeconfig."""
         config = self.home / "config.yaml"
-        config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text(json.dumps({
             "apiVersion": self.project.config_api, "kind": "Configuration",
             "leaderElection": {"leaderElect": False},
@@ -180,18 +192,16 @@ class Controller:
             "clientConnection": {"qps": 500, "burst": 500},
             **self._settings(),
         }, indent=2))
-        self.process = Process(self.name, [
-            str(self.paths[self.project.binary]), f"--config={config}",
-            f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=info",
-        ], self.cluster.workdir / "logs")
-        # Registered with the cluster, so cluster.stop() stops it too and the leftover check sees it.
-        self.cluster.processes[self.name] = self.process
-        self._before_start()
-        self.process.start()
+        return [str(self.paths[self.project.binary]), f"--config={config}",
+                f"--kubeconfig={self.cluster.kubeconfig}", "--zap-log-level=info"]
+
+    def _env(self) -> dict[str, str] | None:
+        """The manager's environment; None: this process's."""
+        return None
+
+    def _serving(self, timeout: float) -> None:
+        """Once started, before /readyz: its webhook server listens."""
         self._wait("webhook server", lambda: _listening(self.webhook_port), timeout)
-        self._wait("/readyz", lambda: self.cluster._http_ok(f"http://127.0.0.1:{self.probe_port}/readyz"), timeout)
-        self._ready(timeout)
-        return self
 
     def _wait(self, what: str, check: Callable[[], bool], timeout: float) -> None:
         assert self.process is not None
@@ -235,7 +245,7 @@ class Controller:
             self.cluster.processes.pop(self.name, None)
             self.process = None
 
-    def __enter__(self) -> Controller:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
