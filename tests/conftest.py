@@ -13,6 +13,8 @@ import pytest
 from demo import kueue
 from localkube.build import BENCH_ONLY, HELM, TEST_TOOLS, BackgroundBuild, Component, core, ensure_binaries
 from localkube.cluster import LocalCluster, Options, leftover_processes
+from localkube.controllers import Controller
+from localkube.karpenter import KarpenterController, apply, node_class
 from localkube.pki import generate
 from tests.kube import leaves_nothing
 from tests.paths import CRDS, FAILED_LOGS
@@ -26,9 +28,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # (item.fixturenames: the fixtures it asks for and every fixture those depend on) holds
     # `binaries` is marked `cluster`, so `-m 'not cluster'` (make unit) starts none. Every cluster
     # fixture depends on `binaries`; a test that starts a control plane itself asks for it too.
+    # Likewise `karpenter` for every test beside the real Karpenter (the `karpenter` fixture): make test
+    # leaves them out (-m 'not karpenter'), make test-karpenter runs them.
     for item in items:
         if "binaries" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.cluster)
+        if "karpenter" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.karpenter)
     # A test's folder says what it needs: tests/unit holds none that starts a control plane.
     misplaced = [item.nodeid for item in items
                  if item.nodeid.startswith("tests/unit/") and item.get_closest_marker("cluster")]
@@ -103,7 +109,9 @@ def pytest_runtest_makereport(item: pytest.Item,
     processes, ...) in .test-logs/<test>/: a flake seen once can be read afterwards."""
     report = yield
     if report.failed and report.when != "teardown":
-        clusters = [v for v in getattr(item, "funcargs", {}).values() if isinstance(v, LocalCluster)]
+        args = getattr(item, "funcargs", {}).values()
+        clusters = [v for v in args if isinstance(v, LocalCluster)]
+        clusters += [v.cluster for v in args if isinstance(v, Controller) and v.cluster not in clusters]
         for n, cluster in enumerate(clusters):
             dest = FAILED_LOGS / re.sub(r"[^\w.-]+", "_", item.nodeid) / str(n)
             if (cluster.workdir / "logs").is_dir():
@@ -134,6 +142,18 @@ def cluster(control_plane: LocalCluster) -> Iterator[LocalCluster]:
     ends (see tests.kube.leaves_nothing): no module sees another's objects, whatever the order."""
     with leaves_nothing(control_plane):
         yield control_plane
+
+
+@pytest.fixture(scope="module")
+def karpenter(binaries: dict[str, Path]) -> Iterator[KarpenterController]:
+    """The real Karpenter (its KWOK provider and CRDs, built on first use: make test-karpenter) on a
+    control plane of the module's own, with kube-controller-manager, kube-scheduler, KWOK, this
+    project's CRDs, and KWOKNodeClass `default`; each test makes its NodePools (tests.karpenter.pool)."""
+    with LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True), binaries) as c:
+        c.install_crds(CRDS)
+        with KarpenterController(c) as controller:
+            apply(c, node_class("default"))
+            yield controller
 
 
 @pytest.fixture(scope="session")
