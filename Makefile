@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools image-tools image node-tools test-node test bench-smoke compat test-kueue-matrix unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image node-tools test-node test test-karpenter bench-smoke compat test-kueue-matrix unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -51,13 +51,21 @@ image: install image-tools  ## build the container image from the Dockerfile and
 
 test: lint install tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/localkube build --core
-	$(BIN)/pytest -m 'not node and not bench' --prebuild
+	$(BIN)/pytest -m 'not node and not bench and not karpenter' --prebuild
 
 # Each benchmark at its smallest on local control planes (tests/cluster/test_bench_smoke.py): CI runs it
 # after make test; the benches that need no cluster run in make test.
 bench-smoke: install tools  ## every benchmark's smoke run (bench/; docs/benchmarks.md)
 	$(BIN)/localkube build --core
 	$(BIN)/pytest -m bench --prebuild
+
+# The tests beside the real Karpenter (tests marked karpenter: its KWOK provider from the pinned module,
+# localkube/gomod/karpenter; docs/karpenter.md). Karpenter is built on first use, with its progress
+# printed (197 s here, with the control plane's builds in Go's cache), then the tests run on a control plane of
+# their own (about 1.5 minutes).
+test-karpenter: install  ## the tests beside the real Karpenter: scale-up, drift, consolidation (docs/karpenter.md)
+	$(BIN)/localkube build --karpenter >/dev/null
+	$(BIN)/pytest -m karpenter
 
 # The core scenarios (tests marked compat) against kube-apiserver and kubectl of every other supported
 # Kubernetes minor (localkube.build.COMPAT_MINORS, docs/compatibility.md); make test covers the pinned one.
