@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import heapq
 
+EPOCH = 1_800_000_000.0  # the fake wall time at monotonic 0
+
 
 class FakeClock:
     def __init__(self, start: float = 1000.0) -> None:
@@ -15,6 +17,10 @@ class FakeClock:
 
     def monotonic(self) -> float:
         return self.now
+
+    def time(self) -> float:
+        """Wall time, stepped with the monotonic one."""
+        return EPOCH + self.now
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
