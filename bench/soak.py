@@ -128,7 +128,8 @@ def offline(args: argparse.Namespace) -> None:
             graph = index.graph
             print(json.dumps({
                 "replaced": replaced, "rss_mb": round(status_kb(os.getpid(), "VmRSS") / 1024, 2),
-                "allocated_blocks": sys.getallocatedblocks(), "pods": len(index.pods), "store": len(pods.store),
+                "allocated_blocks": sys.getallocatedblocks(), "pods": len(index.pods),
+                "store": len(pods.store.versions),
                 "vertices": len(graph.vertices), "children": sum(map(len, graph.children.values())),
                 "node_pods": sum(len(n.pods) for n in index.nodes.values()),
                 "workload_node_pods": sum(len(w.node_pods) for w in index.workloads.values()),

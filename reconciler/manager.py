@@ -186,7 +186,7 @@ class Manager:
                       for _ in range(self.settings.concurrency)]
             in_contact = 0
             while True:
-                in_contact, was = sum(r.connected for r in self.sources.watches()), in_contact
+                in_contact, was = sum(r.contact.connected for r in self.sources.watches()), in_contact
                 if self.leading:
                     if in_contact > was:  # the API server answers again: retry what failed meanwhile
                         for controller in self.controllers:

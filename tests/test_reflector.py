@@ -127,7 +127,7 @@ def test_watchlist_streams_the_state_then_watches(kube: LocalCluster, metadata_o
             task = asyncio.create_task(r.run())
             try:
                 await until(r.synced.is_set)
-                assert set(recorder.objects) == set(r.store) == truth(kube, ns)
+                assert set(recorder.objects) == set(r.store.versions) == truth(kube, ns)
                 assert recorder.synced_at_upsert == [False] * 5  # readiness waited for the bookmark
                 assert type(next(iter(recorder.objects.values()))) is (PartialObject if metadata_only else Pod)
                 assert api.lists == [] and len(api.watches) == 1
@@ -159,7 +159,7 @@ def test_watchlist_broken_before_its_bookmark_starts_again(kube: LocalCluster) -
                 await until(r.synced.is_set)
                 assert recorder.synced_at_upsert.count(True) == 0
                 assert api.streamed == 2 and all("resourceVersion" not in w for w in api.watches[:2])
-                assert set(recorder.objects) == set(r.store) == truth(kube, ns) and not recorder.deleted
+                assert set(recorder.objects) == set(r.store.versions) == truth(kube, ns) and not recorder.deleted
                 assert r.stats.restarts.get("truncated") == 1
             finally:
                 await stopped(task)
@@ -189,7 +189,7 @@ def test_watchlist_after_410_emits_the_deletes_made_meanwhile(kube: LocalCluster
                 await until(lambda: r.lists == 2, timeout=30)
                 assert r.stats.restarts.get("gone") == 1 and api.streamed == 2
                 assert recorder.deleted == [f"{ns}/p-0"]
-                assert set(recorder.objects) == set(r.store) == truth(kube, ns)
+                assert set(recorder.objects) == set(r.store.versions) == truth(kube, ns)
             finally:
                 await stopped(task)
 
@@ -209,13 +209,13 @@ def test_watchlist_through_an_api_server_restart(kube: LocalCluster) -> None:
                 await until(r.synced.is_set)
                 apiserver = kube.processes["kube-apiserver"]
                 apiserver.stop(sig=signal.SIGKILL)  # a crash
-                await until(lambda: not r.connected, timeout=10)
+                await until(lambda: not r.contact.connected, timeout=10)
                 apiserver.start()  # on this thread: its children die with the thread that started them
                 await asyncio.to_thread(kube.wait_apiserver_ready)
                 await asyncio.to_thread(delete, kube, f"/api/v1/namespaces/{ns}/pods/p-1")
                 await asyncio.to_thread(create_pod, kube, ns, "after", "n-1")
                 await until(lambda: set(recorder.objects) == truth(kube, ns), timeout=30)
-                assert set(r.store) == truth(kube, ns) and r.connected and r.synced.is_set()
+                assert set(r.store.versions) == truth(kube, ns) and r.contact.connected and r.synced.is_set()
             finally:
                 await stopped(task)
 
@@ -235,10 +235,11 @@ def test_a_handler_failure_in_the_initial_state_is_retried(kube: LocalCluster) -
             task = asyncio.create_task(r.run())
             try:
                 await until(r.synced.is_set)
-                assert f"{ns}/p-2" not in r.store and r.failed == {f"{ns}/p-2"} and r.stats.handler_errors == 1
+                assert f"{ns}/p-2" not in r.store.versions and r.store.failed == {f"{ns}/p-2"}
+                assert r.stats.handler_errors == 1
                 # The watch ends (timeoutSeconds=3): a WatchList again, because of the failure.
-                await until(lambda: f"{ns}/p-2" in r.store, timeout=15)
-                assert set(recorder.objects) == set(r.store) == truth(kube, ns) and not r.failed
+                await until(lambda: f"{ns}/p-2" in r.store.versions, timeout=15)
+                assert set(recorder.objects) == set(r.store.versions) == truth(kube, ns) and not r.store.failed
                 assert api.streamed == 2
             finally:
                 await stopped(task)
@@ -285,7 +286,7 @@ def test_cache_mode_never_goes_back_in_time(kube: LocalCluster) -> None:
                 await asyncio.wait_for(r.relist(), 10)
                 assert api.lists[1] == {"limit": "2", "resourceVersion": seen, "resourceVersionMatch": "NotOlderThan"}
                 assert all("resourceVersion" not in p for p in api.lists[2:])  # pages: the token holds it
-                assert set(recorder.objects) == set(r.store) == truth(kube, ns)
+                assert set(recorder.objects) == set(r.store.versions) == truth(kube, ns)
             finally:
                 await stopped(task)
 
@@ -341,10 +342,10 @@ def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalClus
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
             reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
                                   Handler(index.upsert_pod, index.delete_pod), settings=settings("auto"))
-            await reflector._list_and_sync()  # the failure is logged and counted, the LIST completes
-            first = (set(reflector.store), set(index.pods), set(reflector.failed))
-            await reflector._list_and_sync()  # the relist retries p-2
-            return *first, set(reflector.store), reflector.stats.handler_errors
+            await reflector._sync_by_list()  # the failure is logged and counted, the LIST completes
+            first = (set(reflector.store.versions), set(index.pods), set(reflector.store.failed))
+            await reflector._sync_by_list()  # the relist retries p-2
+            return *first, set(reflector.store.versions), reflector.stats.handler_errors
 
     caplog.set_level(logging.ERROR, logger="kubeindex.watch.reflector")
     store, pods, failed, store_after, errors = asyncio.run(run())
@@ -382,7 +383,7 @@ def test_handler_failure_in_a_watch_is_repaired_by_a_relist(kube: LocalCluster) 
                 assert phase("a") == "Pending" and not task.done()
                 # The watch ends (timeoutSeconds=3): the relist it is due hands "a" over again.
                 await until(lambda: phase("a") == "Running", timeout=15)
-                assert set(reflector.store) == truth(kube, ns) and not reflector.failed
+                assert set(reflector.store.versions) == truth(kube, ns) and not reflector.store.failed
             finally:
                 task.cancel()
 
@@ -418,8 +419,8 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
         async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
             reflector = Reflector(api, "pods", "/api/v1/pods", Pod, Handler(index.upsert_pod, index.delete_pod),
                                   settings=WatchSettings(page_size=2))
-            await reflector._list_and_sync()
-            return api.expired, api.unpaginated, set(reflector.store)
+            await reflector._sync_by_list()
+            return api.expired, api.unpaginated, set(reflector.store.versions)
 
     caplog.set_level(logging.INFO, logger="kubeindex.watch.reflector")
     expired, unpaginated, store = asyncio.run(run())
@@ -482,8 +483,8 @@ def test_forced_watchlist_against_a_server_without_it(gate_off: LocalCluster) ->
             r = reflector(api, "default", "watchlist", recorder)
             task = asyncio.create_task(r.run())
             try:
-                await until(lambda: r.last_error_status == 422)
-                assert "WatchList feature gate" in r.last_error and not r.synced.is_set() and api.lists == []
+                await until(lambda: r.contact.last_error_status == 422)
+                assert "WatchList feature gate" in r.contact.last_error and not r.synced.is_set() and api.lists == []
                 problem = r.problem(60)
                 assert problem is not None and problem.startswith("initial sync in progress (last error: ")
                 assert api.watch_list_refused == ""
@@ -628,7 +629,7 @@ def test_410_relists_and_the_diff_deletes_what_vanished() -> None:
                               ("upsert", "a@12"), ("upsert", "c@13"), ("delete", "ns/b")]  # the relist and its diff
     assert [verb for verb, _ in api.requests] == ["LIST", "WATCH", "LIST", "WATCH"]
     assert watch_versions(api) == ["10", "20"]  # never "watch from now"
-    assert reflector.store == {"ns/a": "12", "ns/c": "13"}
+    assert reflector.store.versions == {"ns/a": "12", "ns/c": "13"}
     assert reflector.stats.restarts == {"gone": 1} and reflector.lists == 2
 
 
@@ -725,13 +726,13 @@ def test_a_silent_connection_is_dropped_after_the_read_timeout_and_watched_again
                           watches=[[event("MODIFIED", obj("a", "11")), SILENT], []])
         reflector, _, task = start(api, clock)
         await settle()
-        seen = [(reflector.connected, reflector.last_error)]
+        seen = [(reflector.contact.connected, reflector.contact.last_error)]
         await clock.advance(179)
-        seen.append((reflector.connected, reflector.last_error))
+        seen.append((reflector.contact.connected, reflector.contact.last_error))
         await clock.advance(1)  # 180 s of silence: presumed dead
-        seen.append((reflector.connected, reflector.last_error))
+        seen.append((reflector.contact.connected, reflector.contact.last_error))
         await clock.advance(60)  # any backoff is over
-        seen.append((reflector.connected, reflector.last_error))
+        seen.append((reflector.contact.connected, reflector.contact.last_error))
         await stop(task)
         return reflector, api, seen
 
@@ -879,7 +880,7 @@ def test_a_page_cut_off_midway_is_listed_again_and_the_diff_is_exact() -> None:
         reflector, calls, task = pod_reflector(api, clock)
         await settle()
         assert calls == ["a@1", "b@1", "a@2"]  # the 410's relist broke inside c
-        assert "ended inside a field" in reflector.last_error
+        assert "ended inside a field" in reflector.contact.last_error
         await clock.advance(60)  # the backoff is over
         await settle()
         await stop(task)
@@ -887,7 +888,7 @@ def test_a_page_cut_off_midway_is_listed_again_and_the_diff_is_exact() -> None:
 
     reflector, calls = asyncio.run(main())
     assert calls == ["a@1", "b@1", "a@2", "c@3", "d@4", "-ns/b"]  # a@2 not again: its version was recorded
-    assert reflector.store == {"ns/a": "2", "ns/c": "3", "ns/d": "4"} and reflector.resource_version == "20"
+    assert reflector.store.versions == {"ns/a": "2", "ns/c": "3", "ns/d": "4"} and reflector.resource_version == "20"
 
 
 def test_a_cancellation_is_not_lost_to_a_watch_failing_at_the_same_moment() -> None:

@@ -86,8 +86,8 @@ def _install(path: str) -> None:
         protobuf = first_module("kubeindex.client.protobuf", "kubeindex.protobuf")
         Node = first_module("kubeindex.model.objects", "kubeindex.objects").Node
 
-        kind, raw = protobuf.event(frame)
-        if kind in ("BOOKMARK", "ERROR"):
+        event_type, raw = protobuf.event(frame)
+        if event_type in ("BOOKMARK", "ERROR"):
             return "", ""
         node = protobuf.CODECS[Node].object(raw)
         return node.metadata.name, next((c.status for c in node.status.conditions if c.type == "Ready"), "")

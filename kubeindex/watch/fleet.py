@@ -132,7 +132,7 @@ class Member:
         now = self.clock.monotonic()
         if not self.synced:
             return now - self.added
-        lost = [now - r.lost_at for r in self.reflectors if not r.connected]
+        lost = [now - r.contact.lost_at for r in self.reflectors if not r.contact.connected]
         return max(lost, default=0.0)
 
     def flavor_capacity(self, flavor: str) -> Capacity | None:
@@ -239,7 +239,7 @@ class Fleet:
             while True:
                 try:
                     config = await self._read_kubeconfig(self.specs[name])
-                    if member is None or member.config != config or member.reflectors[1].not_served:
+                    if member is None or member.config != config or member.reflectors[1].contact.not_served:
                         if member is not None:
                             await self._close(member)
                             member = None
@@ -385,5 +385,5 @@ class Fleet:
 
 
 def _last_error(member: Member | None) -> str:
-    errors = [r.last_error for r in member.reflectors if r.last_error] if member is not None else []
+    errors = [r.contact.last_error for r in member.reflectors if r.contact.last_error] if member is not None else []
     return errors[0] if errors else "none"

@@ -77,7 +77,7 @@ SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync p
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
-    return [f"{r.name}: {r.problem(grace)}" for r in reflectors if r.permanent]
+    return [f"{r.name}: {r.problem(grace)}" for r in reflectors if r.contact.permanent]
 
 
 @dataclass
@@ -241,7 +241,7 @@ class Sources:
         its pods count as missing_owner and the reflector keeps retrying)."""
         if reflector.synced.is_set():
             return True
-        return reflector.name not in CORE and reflector.permanent
+        return reflector.name not in CORE and reflector.contact.permanent
 
     # -- health ---------------------------------------------------------------------------------
 
@@ -250,7 +250,7 @@ class Sources:
         O(reflectors): cheap enough for every probe and every lease renewal."""
         problems = []
         for name, reflector in self.reflectors.items():
-            if name not in CORE and (reflector.permanent
+            if name not in CORE and (reflector.contact.permanent
                                      or (self.ready.is_set() and not reflector.synced.is_set())):
                 continue
             problem = reflector.problem(self.sync_grace)
@@ -292,7 +292,7 @@ class Sources:
     def forbidden_kinds(self) -> set[GroupKind]:
         """Owner and optional kinds whose list/watch the API server denies (401/403)."""
         reflectors = {**self.owner_kinds.reflectors, **self._optional_reflectors}
-        return {gk for gk, r in reflectors.items() if r.forbidden}
+        return {gk for gk, r in reflectors.items() if r.contact.forbidden}
 
     def kind_problem(self, group: str, kind: str, version: str | None) -> tuple[str, str] | None:
         """Why a configured workload type cannot be summarized, as (reason, message); None when
@@ -310,10 +310,10 @@ class Sources:
             return "KindNotNamespaced", (f"{resource.name} is cluster-scoped; WorkloadSummaries are namespaced, "
                                          f"so it cannot be a root workload")
         reflector = self.owner_kinds.reflectors.get((group, kind))
-        if reflector is not None and reflector.forbidden:
-            return "KindForbidden", f"list/watch of {reflector.name} is denied: {reflector.last_error}"
-        if reflector is not None and reflector.not_served:
-            return "KindNotServed", f"{reflector.name} is not served any more: {reflector.last_error}"
+        if reflector is not None and reflector.contact.forbidden:
+            return "KindForbidden", f"list/watch of {reflector.name} is denied: {reflector.contact.last_error}"
+        if reflector is not None and reflector.contact.not_served:
+            return "KindNotServed", f"{reflector.name} is not served any more: {reflector.contact.last_error}"
         return None
 
     # -- kinds needed ---------------------------------------------------------------------------
@@ -330,10 +330,10 @@ class Sources:
         for need in list(self.optional):
             gk = (need[0], need[1])
             reflector = self._optional_reflectors.get(gk)
-            if reflector is None or not reflector.not_served:
+            if reflector is None or not reflector.contact.not_served:
                 continue
-            log.warning("%s is no longer served (%s): looking %s up again", reflector.path, reflector.last_error,
-                        describe(need), extra=fields(reflector.name))
+            log.warning("%s is no longer served (%s): looking %s up again", reflector.path,
+                        reflector.contact.last_error, describe(need), extra=fields(reflector.name))
             del self._optional_reflectors[gk]
             self.reflectors.pop(reflector.name, None)
             self.stats.pop(reflector.name, None)

@@ -138,7 +138,7 @@ def test_404_on_delete_is_not_a_write(kube: LocalCluster) -> None:
             running = asyncio.create_task(manager.run())
             try:
                 await until(manager.ready.is_set)
-                manager.watches[0].handler.upsert(stale)  # as the watch hands over an object
+                manager.watches[0].store.handler.upsert(stale)  # as the watch hands over an object
 
                 def deletes() -> dict[str, int]:
                     return {path: status for method, path, status in api.requests if method == "DELETE"}

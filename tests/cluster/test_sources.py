@@ -197,7 +197,7 @@ def test_readyz_names_a_forbidden_core_resource(kube: LocalCluster) -> None:
 
     async def run() -> tuple[int, str]:
         async with running(kube, config) as (sources, _):
-            await until(lambda: sources.reflectors["pods"].last_error_status == 403)
+            await until(lambda: sources.reflectors["pods"].contact.last_error_status == 403)
             async with TestClient(TestServer(make_app(None, sources))) as client:
                 resp = await client.get("/readyz")
                 return resp.status, await resp.text()
@@ -222,7 +222,7 @@ def test_readyz_names_an_uninstalled_resource(kube: LocalCluster) -> None:
             finally:
                 sources_module.NODE_SUMMARIZERS, sources_module.WORKLOAD_SUMMARIZERS = ours
             try:
-                await until(lambda: sources.reflectors["nodesummarizers"].last_error_status == 404)
+                await until(lambda: sources.reflectors["nodesummarizers"].contact.last_error_status == 404)
                 async with TestClient(TestServer(make_app(None, sources))) as client:
                     resp = await client.get("/readyz")
                     return resp.status, await resp.text()

@@ -74,14 +74,14 @@ def feed(member: FleetMember, gpus: str = "8") -> None:
     NodeSummary of pool=a100 (16 cpu and ``gpus`` GPUs on its Ready nodes); then they are listed
     and in contact."""
     summaries, flavors = member.reflectors
-    flavors.handler.upsert(ResourceFlavor(ObjectMeta(name="a100"), ResourceFlavorSpec({"pool": "a100"})))
-    flavors.handler.upsert(ResourceFlavor(ObjectMeta(name="any")))
-    summaries.handler.upsert(MemberNodeSummary(ObjectMeta(name="pool-a100"), NodeSummarySpec(
+    flavors.store.handler.upsert(ResourceFlavor(ObjectMeta(name="a100"), ResourceFlavorSpec({"pool": "a100"})))
+    flavors.store.handler.upsert(ResourceFlavor(ObjectMeta(name="any")))
+    summaries.store.handler.upsert(MemberNodeSummary(ObjectMeta(name="pool-a100"), NodeSummarySpec(
         LabelSelector({"pool": "a100"})), NodeSummaryCapacity({"cpu": "24", GPU[1]: "12"},
                                                               {"cpu": "8", GPU[1]: str(12 - int(gpus))})))
     for reflector in member.reflectors:
         reflector.synced.set()
-        reflector.connected = True
+        reflector.contact.connected = True
 
 
 def test_a_members_capacity_through_its_life() -> None:
@@ -113,7 +113,7 @@ def test_a_members_capacity_through_its_life() -> None:
 
         # Out of contact: the last capacity stands for the grace, then counts as gone.
         for reflector in member.reflectors:
-            reflector.connected, reflector.lost_at = False, clock.now
+            reflector.contact.connected, reflector.contact.lost_at = False, clock.now
         await clock.advance(9.5)
         assert fleet.problem("a") is None and fleet.capacity("a", "a100") == {"cpu": 16 * NANO, GPU[1]: 4 * NANO}
         await clock.advance(1)
@@ -219,7 +219,7 @@ def test_a_hub_makes_a_claim_per_member_flavor_and_its_ready_says_what_the_membe
 
         # Past the grace out of contact: Ready names the member and the grace.
         for reflector in fleet.members["a"].reflectors:
-            reflector.connected, reflector.lost_at = False, clock.now
+            reflector.contact.connected, reflector.contact.lost_at = False, clock.now
         await clock.advance(11)
         await reconcile(claims, "a-a100", requests)
         ready = next(c for c in requests.calls[-1][2]["status"]["conditions"] if c["type"] == "Ready")

@@ -48,7 +48,7 @@ def test_a_stalled_relist_holds_a_new_leaders_writes_only_until_the_bound(caplog
     async def main() -> tuple[bool, float, bool]:
         manager, _, elector = _manager(relist_timeout=0.3)
         stalled = manager.watches[0]
-        stalled.connected = True  # in contact, but its LIST never completes
+        stalled.contact.connected = True  # in contact, but its LIST never completes
         _lead(elector)
         started = time.monotonic()
         assert not manager.leading  # not before the relists (or the bound)
@@ -320,7 +320,7 @@ def test_an_object_at_the_version_our_last_sync_left_is_compared_with_what_that_
 
     async def main() -> None:
         controller, writes = _one_deployment(monkeypatch)
-        own = controller.watches[0].handler  # the watch of our NodeSummaries
+        own = controller.watches[0].store.handler  # the watch of our NodeSummaries
         key = ("nodesummaries", "pool-a")
         controller.queue_changes()
         controller.queue.clear()
