@@ -28,6 +28,7 @@ from kubeindex.client.api import ApiClient, ApiError, Gone, error_from_body, loa
 from kubeindex.client.watchstream import Framing
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import PartialObject, Pod, object_key
+from kubeindex.model.resources import PODS
 from kubeindex.watch.reflector import INITIAL_EVENTS_END, Handler, InitialList, Reflector, WatchSettings
 from kubeindex.watch.sources import Sources
 from localkube.cluster import LocalCluster, Options
@@ -99,7 +100,7 @@ class Recorder:
 def reflector(api: ApiClient, namespace: str, mode: InitialList, recorder: Recorder, metadata_only: bool = False,
               timeout: int = 3) -> Reflector:
     item = PartialObject if metadata_only else Pod
-    r = Reflector(api, "pods", f"/api/v1/namespaces/{namespace}/pods", item,
+    r = Reflector(api, "pods", PODS.path(namespace), item,
                   Handler(recorder.upsert, recorder.delete), metadata_only=metadata_only,
                   settings=settings(mode, timeout))
     recorder.reflector = r
@@ -135,7 +136,7 @@ def test_watchlist_streams_the_state_then_watches(kube: LocalCluster, metadata_o
                 assert api.watches[0]["resourceVersionMatch"] == "NotOlderThan"
                 assert r.resource_version and r.lists == 1 and r.stats.events.get("ADDED") is None
                 await asyncio.to_thread(create_pod, kube, ns, "later", "n-1")
-                await asyncio.to_thread(delete, kube, f"/api/v1/namespaces/{ns}/pods/p-0")
+                await asyncio.to_thread(delete, kube, PODS.path(ns, "p-0"))
                 await until(lambda: set(recorder.objects) == truth(kube, ns), timeout=5)
                 assert len(api.watches) == 1 and r.stats.events["ADDED"] == 1  # the same stream
             finally:
@@ -181,7 +182,7 @@ def test_watchlist_after_410_emits_the_deletes_made_meanwhile(kube: LocalCluster
             task = asyncio.create_task(r.run())
             await until(r.synced.is_set)
             await stopped(task)
-            delete(kube, f"/api/v1/namespaces/{ns}/pods/p-0")
+            delete(kube, PODS.path(ns, "p-0"))
             create_pod(kube, ns, "meanwhile", "n-1")
             kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
             task = asyncio.create_task(r.run())
@@ -212,7 +213,7 @@ def test_watchlist_through_an_api_server_restart(kube: LocalCluster) -> None:
                 await until(lambda: not r.contact.connected, timeout=10)
                 apiserver.start()  # on this thread: its children die with the thread that started them
                 await asyncio.to_thread(kube.wait_apiserver_ready)
-                await asyncio.to_thread(delete, kube, f"/api/v1/namespaces/{ns}/pods/p-1")
+                await asyncio.to_thread(delete, kube, PODS.path(ns, "p-1"))
                 await asyncio.to_thread(create_pod, kube, ns, "after", "n-1")
                 await until(lambda: set(recorder.objects) == truth(kube, ns), timeout=30)
                 assert set(r.store.versions) == truth(kube, ns) and r.contact.connected and r.synced.is_set()
@@ -340,7 +341,7 @@ def test_handler_failure_in_a_list_is_retried_by_the_next_relist(kube: LocalClus
 
     async def run() -> tuple[set[str], set[str], set[str], set[str], int]:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
+            reflector = Reflector(api, "pods", PODS.path(ns), Pod,
                                   Handler(index.upsert_pod, index.delete_pod), settings=settings("auto"))
             await reflector._sync_by_list()  # the failure is logged and counted, the LIST completes
             first = (set(reflector.store.versions), set(index.pods), set(reflector.store.failed))
@@ -370,7 +371,7 @@ def test_handler_failure_in_a_watch_is_repaired_by_a_relist(kube: LocalCluster) 
 
     async def run() -> None:
         async with ApiClient(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", f"/api/v1/namespaces/{ns}/pods", Pod,
+            reflector = Reflector(api, "pods", PODS.path(ns), Pod,
                                   Handler(index.upsert_pod, index.delete_pod), settings=settings("auto"))
             task = asyncio.create_task(reflector.run())
             try:
@@ -411,13 +412,13 @@ def test_continue_token_expiring_during_a_paged_list(kube: LocalCluster, caplog:
             self.unpaginated += "limit" not in (params or {})
             if params and "continue" in params and not self.expired:
                 self.expired = True
-                delete(kube, f"/api/v1/namespaces/{ns}/pods/p-0")  # listed on page 1, now gone
+                delete(kube, PODS.path(ns, "p-0"))  # listed on page 1, now gone
                 kube.expire_resource_versions()  # on this thread: its children die with the thread that started them
             await super().get_frames(path, params, accept, framing, on_frame, timeout)
 
     async def run() -> tuple[bool, int, set[str]]:
         async with ExpiringBetweenPages(load_connection(str(kube.kubeconfig))) as api:
-            reflector = Reflector(api, "pods", "/api/v1/pods", Pod, Handler(index.upsert_pod, index.delete_pod),
+            reflector = Reflector(api, "pods", PODS.path(), Pod, Handler(index.upsert_pod, index.delete_pod),
                                   settings=WatchSettings(page_size=2))
             await reflector._sync_by_list()
             return api.expired, api.unpaginated, set(reflector.store.versions)
@@ -837,7 +838,7 @@ def pod_reflector(api: ScriptedApi, clock: FakeClock) -> tuple[Reflector, list[s
     calls: list[str] = []
     handler: Handler[Pod] = Handler(lambda p: calls.append(f"{p.metadata.name}@{p.metadata.resourceVersion}"),
                                     lambda key: calls.append(f"-{key}"))
-    reflector = Reflector(api, "pods", "/api/v1/pods", Pod, handler, clock=clock,
+    reflector = Reflector(api, "pods", PODS.path(), Pod, handler, clock=clock,
                           settings=WatchSettings(initial_list="list", read_timeout=180))
     return reflector, calls, asyncio.ensure_future(reflector.run())
 
