@@ -44,6 +44,9 @@ class Component:
     bundles: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # Go string variables set to the pinned version, so `<binary> version` reports it.
     version_vars: tuple[str, ...] = ()
+    # A Go toolchain other than the one on PATH (GOTOOLCHAIN, fetched by go through the module proxy
+    # on first use): for a module whose go.mod asks for a newer Go; only its own build uses it.
+    toolchain: str = ""
 
     @property
     def dir(self) -> Path:
@@ -82,9 +85,10 @@ def _kubernetes(*commands: str) -> Component:
     return _kubernetes_at("kubernetes", *commands)
 
 
-def _kubernetes_at(wrapper: str, *commands: str) -> Component:
+def _kubernetes_at(wrapper: str, *commands: str, toolchain: str = "") -> Component:
     return Component(wrapper, "k8s.io/kubernetes",
-                     tuple(Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}") for cmd in commands), tags="selinux,notest")
+                     tuple(Binary(cmd, f"k8s.io/kubernetes/cmd/{cmd}") for cmd in commands), tags="selinux,notest",
+                     toolchain=toolchain)
 
 
 KUBERNETES = _kubernetes("kube-apiserver", "kubectl")
@@ -119,8 +123,11 @@ CORE: tuple[Component, ...] = (ETCD, KUBERNETES)  # a bare control plane (etcd, 
 # The other Kubernetes minors the compatibility suite runs against (make compat, docs/compatibility.md):
 # kube-apiserver and kubectl of each, one wrapper module per minor (localkube/gomod/kubernetes-<minor>).
 # KUBERNETES above is the version everything else is tested on.
-COMPAT_MINORS = ("1.32", "1.33", "1.34", "1.35", "1.37")
+COMPAT_MINORS = ("1.32", "1.33", "1.34", "1.35", "1.37", "1.38")
 PINNED_MINOR = KUBERNETES.version.lstrip("v").rsplit(".", 1)[0]  # "1.36"
+# The minors whose go.mod asks for a newer Go than the project's (v1.38.0-beta.0's says go 1.27.0):
+# built with this toolchain, the one approved for it; every other build keeps the Go on PATH.
+TOOLCHAINS = {"1.38": "go1.27.3"}
 
 
 def kubernetes_minor(minor: str) -> Component:
@@ -130,7 +137,7 @@ def kubernetes_minor(minor: str) -> Component:
     if minor not in COMPAT_MINORS:
         known = ", ".join(sorted({*COMPAT_MINORS, PINNED_MINOR}))
         raise BuildError(f"no wrapper module for Kubernetes {minor}: the versions built here are {known}")
-    return _kubernetes_at(f"kubernetes-{minor}", "kube-apiserver", "kubectl")
+    return _kubernetes_at(f"kubernetes-{minor}", "kube-apiserver", "kubectl", toolchain=TOOLCHAINS.get(minor, ""))
 
 
 def core(minor: str = "") -> tuple[Component, ...]:
@@ -337,8 +344,21 @@ def go_binary() -> str:
     return go
 
 
-def _go_version(go: str) -> str:
-    return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True).stdout.strip()
+def go_env(component: Component) -> dict[str, str]:
+    """The environment of the go commands for ``component``: GOTOOLCHAIN where it names its own."""
+    return {**os.environ, "GOTOOLCHAIN": component.toolchain} if component.toolchain else dict(os.environ)
+
+
+def _go_version(go: str, component: Component | None = None) -> str:
+    """The Go version that builds ``component`` (its own toolchain, downloaded on first use)."""
+    env = go_env(component) if component is not None else None
+    toolchain = component.toolchain if component is not None else ""
+    try:
+        return subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=True, env=env,
+                              cwd=component.dir if component is not None else None).stdout.strip()
+    except subprocess.CalledProcessError as err:
+        raise BuildError(f"go env GOVERSION{f' with GOTOOLCHAIN={toolchain}' if toolchain else ''} failed: "
+                         f"{err.stderr.strip()}") from None
 
 
 def output_dir(component: Component, go_version: str) -> Path:
@@ -362,7 +382,7 @@ def _build_one(go: str, component: Component, binary: Binary, dest: Path,
         cmd = ["nice", "-n", "19", *cmd]  # a build behind running tests yields the CPU to them
     # GOGC=400: the compiler collects less often. Measured on kubectl (a cold build cache, 2 cores):
     # 148 CPU-s instead of 191, its largest process 1.09 GB instead of 1.03.
-    env = {"GOGC": "400", **os.environ, "CGO_ENABLED": "0"}
+    env = {"GOGC": "400", **go_env(component), "CGO_ENABLED": "0"}
     started = time.monotonic()
     done = threading.Event()
     # Its own process group, so a cancelled build stops with the compilers it started.
@@ -396,10 +416,12 @@ def _write_bundles(go: str, component: Component, out: Path) -> None:
         return
     # A component without binaries has nothing that downloads its module: do it here (a no-op
     # when it is in the module cache already).
-    subprocess.run([go, "mod", "download", component.module], cwd=component.dir, capture_output=True, check=True)
+    env = go_env(component)
+    subprocess.run([go, "mod", "download", component.module], cwd=component.dir, capture_output=True, check=True,
+                   env=env)
     source = subprocess.run(
         [go, "list", "-m", "-f", "{{.Dir}}", component.module],
-        cwd=component.dir, capture_output=True, text=True, check=True,
+        cwd=component.dir, capture_output=True, text=True, check=True, env=env,
     ).stdout.strip()
     for name, files in component.bundles:
         docs = [(Path(source) / f).read_text().strip() for f in files]
@@ -424,7 +446,7 @@ def ensure_binaries(components: tuple[Component, ...] = COMPONENTS,
         if go is None:
             go = go_binary()
             go_version = _go_version(go)
-        out = output_dir(component, go_version)
+        out = output_dir(component, _go_version(go, component) if component.toolchain else go_version)
         if _missing(component, out):
             out.mkdir(parents=True, exist_ok=True)
             with (out / ".lock").open("w") as lock:

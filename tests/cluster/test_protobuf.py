@@ -25,7 +25,7 @@ from kubeindex.model.objects import (
 )
 from kubeindex.model.resources import NODES, PODS
 from kubeindex.watch.reflector import Encoding, Handler, InitialList, Reflector, WatchSettings
-from localkube.build import core
+from localkube.build import core, go_env
 from localkube.cluster import LocalCluster
 from tests.kube import RecordingApi, create_node, delete, ok, serves_watch_list, set_pod_phase, until
 
@@ -90,8 +90,9 @@ def test_every_field_number_is_the_one_in_kubernetes_generated_proto(pytestconfi
                                                                       binaries: dict[str, Path]) -> None:
     """The schema's numbers against k8s.io/api and k8s.io/apimachinery at the version the control
     plane was built from (each minor's under make compat): a wrong number would read another field."""
-    gomod = core(pytestconfig.getoption("kubernetes"))[1].dir
-    dirs = {m: Path(subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", m], cwd=gomod, check=True,
+    kubernetes = core(pytestconfig.getoption("kubernetes"))[1]
+    dirs = {m: Path(subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", m], cwd=kubernetes.dir, check=True,
+                                   env=go_env(kubernetes),  # 1.38's toolchain, which its go.mod asks for
                                    capture_output=True, text=True).stdout.strip()) for m in PROTO_FILES}
     upstream = upstream_fields(dirs)
     checked = 0

@@ -3,10 +3,13 @@ against one: tests/cluster/test_compat.py."""
 
 from __future__ import annotations
 
+import os
+import re
+
 import pytest
 import yaml
 
-from localkube.build import COMPAT_MINORS, CORE, PINNED_MINOR, BuildError, core
+from localkube.build import COMPAT_MINORS, CORE, PINNED_MINOR, TOOLCHAINS, BuildError, core, go_env
 from tests.paths import ROOT
 from tests.support.compat import documented
 
@@ -23,6 +26,21 @@ def test_a_minor_names_its_wrapper_module_and_an_unknown_one_is_refused() -> Non
         core("1.9")
 
 
+def test_a_minor_whose_go_mod_asks_for_a_newer_go_is_built_with_its_toolchain() -> None:
+    """1.38's go.mod says go 1.27.0: its build, and only its, runs with GOTOOLCHAIN=go1.27.3."""
+    for minor in COMPAT_MINORS:
+        component = core(minor)[1]
+        match = re.search(r"^go (\d+)\.(\d+)", (component.dir / "go.mod").read_text(), re.M)
+        assert match, minor
+        newer = (int(match[1]), int(match[2])) > (1, 26)
+        assert bool(component.toolchain) == newer == (minor in TOOLCHAINS), minor
+        if newer:
+            assert component.toolchain == "go1.27.3"  # the one approved toolchain
+            assert go_env(component)["GOTOOLCHAIN"] == component.toolchain
+        else:
+            assert go_env(component).get("GOTOOLCHAIN") == os.environ.get("GOTOOLCHAIN")
+
+
 def test_ci_runs_make_compat_on_every_minor() -> None:
     workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "ci.yaml").read_text())
     assert workflow["jobs"]["compat"]["strategy"]["matrix"]["kubernetes"] == list(COMPAT_MINORS)
@@ -35,7 +53,8 @@ def test_the_readme_says_what_the_table_says() -> None:
         [c.strip() for c in line.strip("|").split("|")] for line in (ROOT / "README.md").read_text().splitlines()
         if line.startswith(heads))}
     table = documented()
-    assert sorted(rows["Kubernetes"]) == sorted(table)
-    for minor, tested, listing in zip(rows["Kubernetes"], rows["tested with"], rows["initial list"], strict=True):
+    minors = [cell.split()[0] for cell in rows["Kubernetes"]]  # "1.38 (beta)": a pre-release
+    assert sorted(minors) == sorted(table)
+    for minor, tested, listing in zip(minors, rows["tested with"], rows["initial list"], strict=True):
         assert tested == table[minor]["tested with"]
         assert table[minor]["initial list (--initial-list=auto)"].startswith(listing), (minor, listing)
