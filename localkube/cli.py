@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .build import COMPAT_MINORS, BuildError, core, ensure_binaries
 from .build import main as build_main
-from .cluster import ClusterError, LocalCluster, Options, set_parent_death_signal
+from .cluster import WORKLOAD_API_MINORS, ClusterError, LocalCluster, Options, set_parent_death_signal
 from .controllers import JOBSET_PROJECT, LWS_PROJECT, Controller, KueueController
 from .karpenter import KarpenterController, apply, node_class, node_pool
 from .node import NODE_ADDRESS, NodeError, RealNode
@@ -25,6 +25,7 @@ def _up(args: argparse.Namespace) -> int:
         kwok=args.kwok or args.full or args.karpenter,
         workdir=Path(args.workdir) if args.workdir else None,
         node_address=NODE_ADDRESS if args.node else None,
+        workload_api=args.workload_api,
     )
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -34,6 +35,10 @@ def _up(args: argparse.Namespace) -> int:
     if args.kubernetes and (options.controller_manager or options.scheduler):
         print("error: --kubernetes runs another kube-apiserver only; kube-controller-manager and kube-scheduler "
               "are built at the pinned version and must not be newer than the API server", file=sys.stderr)
+        return 2
+    if args.workload_api and args.kubernetes not in WORKLOAD_API_MINORS:
+        print(f"error: --workload-api needs --kubernetes {' or '.join(WORKLOAD_API_MINORS)}: the in-tree Workload API "
+              "is served as scheduling.k8s.io/v1beta1 from 1.37", file=sys.stderr)
         return 2
     try:
         binaries = ensure_binaries(core(args.kubernetes)) if args.kubernetes else None
@@ -156,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--kubernetes", metavar="MINOR", default="",
                     help=f"run kube-apiserver and kubectl of this Kubernetes minor ({', '.join(COMPAT_MINORS)}) "
                          "instead of the pinned one (built on first use); not with the controllers or --node")
+    up.add_argument("--workload-api", action="store_true",
+                    help="serve the in-tree Workload API (scheduling.k8s.io/v1beta1 Workload, PodGroup): its "
+                         f"GenericWorkload feature gate and the version on; with --kubernetes "
+                         f"{' or '.join(WORKLOAD_API_MINORS)}")
     up.add_argument("--workdir", help="working directory (default: a fresh one on /dev/shm, removed at exit)")
     args = parser.parse_args(argv)
     if args.command == "build":

@@ -34,6 +34,13 @@ _PR_SET_PDEATHSIG = 1
 _WORKDIR_PREFIX = "localkube-"
 
 
+# The in-tree Workload API (scheduling.k8s.io/v1beta1 Workload and PodGroup): beta and off by default in
+# Kubernetes 1.37 and 1.38.0-beta.0 alike, behind its GenericWorkload feature gate and with the group
+# version disabled (docs/kubectl.md, from their sources). Options.workload_api turns both on.
+WORKLOAD_API_MINORS = ("1.37", "1.38")
+WORKLOAD_API_ARGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1beta1=true")
+
+
 class ClusterError(RuntimeError):
     """The control plane (or one of its processes) failed to start or stopped unexpectedly."""
 
@@ -50,6 +57,8 @@ class Options:
     keep_workdir: bool = False
     start_timeout: float = 90.0
     extra_apiserver_args: list[str] = field(default_factory=list)
+    # Serve the in-tree Workload API (WORKLOAD_API_ARGS; a kube-apiserver of WORKLOAD_API_MINORS).
+    workload_api: bool = False
     # Real nodes (kubelet + kube-proxy + containerd): the host address that pods reach the API
     # server at (the pod bridge's gateway, e.g. 10.88.0.1). Set, the API server binds 0.0.0.0,
     # advertises this address (the `kubernetes` Service's endpoint, kept by the lease reconciler),
@@ -311,6 +320,7 @@ class LocalCluster:
             "--max-requests-inflight=2000",
             "--max-mutating-requests-inflight=1000",
             "--profiling=false",
+            *(WORKLOAD_API_ARGS if self.options.workload_api else ()),
             *self.options.extra_apiserver_args,
         ], logs)
         self.processes["kube-apiserver"] = proc
