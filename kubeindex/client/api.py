@@ -198,6 +198,27 @@ def load_connection(kubeconfig: str | None = None, context: str | None = None) -
         config_file=path, context=context, client_configuration=config, persist_config=False), config)
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def context_namespace(kubeconfig: str | None = None, context: str | None = None) -> str:
+    """The namespace kubectl works in when none is named, from the same configuration as
+    ``load_connection``: the context's, the pod's own in a cluster, else ``default``."""
+    source, path = _config_source(kubeconfig)
+    if source == IN_CLUSTER:
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE) as file:
+                return file.read().strip() or "default"
+        except OSError:
+            return "default"
+    try:
+        contexts, current = k8s_config.list_kube_config_contexts(config_file=path)
+    except Exception as err:  # as load_connection: the configuration's failure, where it came from
+        raise ConfigError(f"{path}: {' '.join(str(err).split())}") from None
+    chosen = next((c for c in contexts if c.get("name") == context), None) if context else current
+    return str(((chosen or {}).get("context") or {}).get("namespace") or "default")
+
+
 def connection_from_kubeconfig(text: str, where: str) -> Connection:
     """From a kubeconfig's content (a member cluster's, read from a Secret): its current context,
     certificates and keys inline (``*-data``) and loaded from memory, never written to the (in a
