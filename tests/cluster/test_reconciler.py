@@ -231,7 +231,9 @@ def test_two_replicas_one_writer_and_failover(kube: LocalCluster, service: Servi
         killed = time.monotonic()
         took = wait_for(lambda: leader(standby) == 1, timeout=20)
         print(f"standby took over {took:.1f}s after the leader was killed")
-        assert time.monotonic() - killed <= 6 + 2 * 1 + 1  # lease duration + 2 retry periods + slack
+        # The lease duration and 2 retry periods, with slack for a loaded machine: a standby that waited
+        # for a second lease duration (12 s and more) still fails.
+        assert time.monotonic() - killed <= 6 + 2 * 1 + 3
         kube.kubectl("scale", "deployment/nginx", "-n", NS, "--replicas=5")
         wait_for(lambda: (workload(kube, "nginx") or {}).get("status", {}).get("podCount") == 5, timeout=20)
         assert writes(standby) > 0

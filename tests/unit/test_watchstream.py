@@ -413,4 +413,4 @@ def test_an_event_after_a_quiet_spell_is_read_at_once(tls: tuple[ssl.SSLContext,
     assert len(got) == 3
     waited = [handed - written for handed, written in zip(at, sent, strict=True)]
     assert waited[1] > 0.3, waited  # held until the 0.5 s after the first ended
-    assert waited[0] < 0.25 and waited[2] < 0.25, waited
+    assert waited[0] < 0.45 and waited[2] < 0.45, waited  # not held for the 0.5 s: only holding breaks it
