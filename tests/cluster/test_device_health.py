@@ -1,8 +1,9 @@
 """Device health on a real control plane (1.36+: the ResourceHealthStatus gate, beta and on by
 default there): the kubelet's report of a pod's devices, written to the pod's status as the
-kubelet writes it, shows per node group and per workload in the metrics and the summaries within a
-few seconds, in JSON and protobuf alike, and goes when the device is Healthy again or the pod
-finishes."""
+kubelet writes it, shows per node group and per workload in the metrics and the summaries, in
+JSON and protobuf alike, and goes when the device is Healthy again or the pod finishes. The
+bounds (20 s) are for a stall: on a cold machine building in the background a NodeSummary was
+written 5 s after its metric."""
 
 from __future__ import annotations
 
@@ -81,17 +82,17 @@ def test_unhealthy_devices_show_per_pool_and_workload_and_go(kube: LocalCluster,
         report(kube, pods[0], "Unhealthy", "Healthy")
         report(kube, pods[1], "Unhealthy", "Unhealthy")
         wait_for(lambda: metrics() == {"group_pods": 2, "group_gpus": 3, "workload_pods": 2, "workload_gpus": 3},
-                 timeout=5)
-        wait_for(lambda: status(kube, "nodesummaries", "pool-gpu").get("unhealthyDevices") == {GPU: 3}, timeout=5)
+                 timeout=20)
+        wait_for(lambda: status(kube, "nodesummaries", "pool-gpu").get("unhealthyDevices") == {GPU: 3}, timeout=20)
         assert status(kube, "nodesummaries", "pool-gpu")["podsWithUnhealthyDevices"] == 2
         wait_for(lambda: status(kube, "workloadsummaries", "trainer", NS).get("unhealthyDevices") == {GPU: 3},
-                 timeout=5)
+                 timeout=20)
         assert status(kube, "workloadsummaries", "trainer", NS)["podsWithUnhealthyDevices"] == 2
 
         report(kube, pods[0], "Healthy", "Unknown")  # Unknown: no report, not a fault
         set_pod_phase(kube, NS, pods[1], "Failed")  # a finished pod holds no device
-        wait_for(lambda: metrics() == none, timeout=5)
-        wait_for(lambda: "unhealthyDevices" not in status(kube, "workloadsummaries", "trainer", NS), timeout=5)
+        wait_for(lambda: metrics() == none, timeout=20)
+        wait_for(lambda: "unhealthyDevices" not in status(kube, "workloadsummaries", "trainer", NS), timeout=20)
         assert "podsWithUnhealthyDevices" not in status(kube, "nodesummaries", "pool-gpu")
     finally:
         svc.stop()
