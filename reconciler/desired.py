@@ -43,6 +43,7 @@ SHORT_TYPES = {
     ("kubeflow.org", "MPIJob"): "mpijob", ("kubeflow.org", "TFJob"): "tfjob", ("kubeflow.org", "TrainJob"): "trainjob",
     ("trainer.kubeflow.org", "TrainJob"): "trainjob", ("argoproj.io", "Workflow"): "wf",
     ("argoproj.io", "Rollout"): "rollout", ("batch.volcano.sh", "Job"): "vcjob",
+    ("scheduling.k8s.io", "Workload"): "wl",
 }
 
 

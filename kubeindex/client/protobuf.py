@@ -36,6 +36,7 @@ from ..model.objects import (
     ObjectMeta,
     OwnerReference,
     Pod,
+    PodSchedulingGroup,
     PodSpec,
     PodStatus,
     ResourceHealth,
@@ -83,7 +84,9 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "ResourceRequirements": [("requests", 2, QUANTITIES)],
     "Container": [("resources", 8, KEPT), ("restartPolicy", 24, STRING)],  # ResourceRequirements
     "PodSpec": [("containers", 2, "[]Container"), ("nodeName", 10, STRING), ("initContainers", 20, "[]Container"),
-                ("overhead", 32, QUANTITIES), ("resources", 40, KEPT)],  # ResourceRequirements
+                ("overhead", 32, QUANTITIES), ("resources", 40, KEPT),  # ResourceRequirements
+                ("schedulingGroup", 43, "PodSchedulingGroup")],
+    "PodSchedulingGroup": [("podGroupName", 1, STRING)],
     "ResourceHealth": [("health", 2, STRING)],
     "ResourceStatus": [("name", 1, STRING), ("resources", 2, "[]ResourceHealth")],
     "ContainerStatus": [("allocatedResourcesStatus", 14, "[]ResourceStatus")],
@@ -233,10 +236,14 @@ def _pod(p: Any) -> Pod:
     return Pod(
         _meta(meta, _labels(tuple(meta.labels))),
         PodSpec(spec.nodeName, [_container(c) for c in spec.containers], [_container(c) for c in init] if init else [],
-                _quantities(spec.overhead), _resources(spec.resources)),
+                _quantities(spec.overhead), _resources(spec.resources), _scheduling_group(spec.schedulingGroup)),
         PodStatus(status.phase or "Pending", _container_statuses(status.initContainerStatuses),
                   _container_statuses(status.containerStatuses)),
     )
+
+
+def _scheduling_group(group: Any) -> PodSchedulingGroup | None:
+    return PodSchedulingGroup(group.podGroupName) if group.podGroupName else None
 
 
 _NO_DEVICES = ContainerStatus()  # shared: no consumer changes a projection

@@ -36,6 +36,7 @@ from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_
 from .objects import (
     Node,
     Pod,
+    PodGroup,
     PodLabelWorkload,
     PodSpec,
     PodStatus,
@@ -47,8 +48,9 @@ from .objects import (
     share,
     split_key,
 )
-from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex
+from .owners import FAILURES, POD, GroupKind, OwnerGraph, Resolution, Vertex, named
 from .quantity import parse_or_zero
+from .resources import POD_GROUPS, SCHEDULING_WORKLOADS
 from .revision import Revision
 
 NodeGroupKey = tuple[str, str]  # (summarizer name, label value)
@@ -60,6 +62,7 @@ READY = "Ready"
 NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
 UNHEALTHY_STATES = NODE_STATES[1:]
 MAX_OWNER_DEPTH = 10  # ownerReference hops followed from a pod (--max-owner-depth)
+POD_GROUP, SCHEDULING_WORKLOAD = POD_GROUPS.group_kind, SCHEDULING_WORKLOADS.group_kind
 
 # Defaults of --disruption-taints, --problem-conditions and --accelerator-resources.
 DISRUPTION_TAINTS = ("karpenter.sh/disrupted", "ToBeDeletedByClusterAutoscaler",
@@ -103,6 +106,15 @@ class WorkloadAgg:
     def is_object(self) -> bool:
         """An owner (an API object that can own its summary), not a pod label's value."""
         return not self.label_key
+
+
+@dataclass(slots=True)
+class PodGroupEntry:
+    """An in-tree PodGroup as the index keeps it."""
+
+    uid: str
+    workload: str  # its Workload's name ("": none named)
+    min_count: int | None  # a gang's minimum; None: the basic policy
 
 
 class PodEntry:
@@ -383,6 +395,11 @@ class ClusterIndex:
         self.health = NodeHealth.of(disruption_taints, problem_conditions, accelerator_resources)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
+        self.pod_groups: dict[str, PodGroupEntry] = {}  # "<namespace>/<name>" -> the in-tree PodGroup
+        # Pods that name a PodGroup: key -> (the group's by-name vertex, the controller owner's UID).
+        # Such a pod's parent is its group while the PodGroups are watched, else its controller.
+        self._grouped: dict[str, tuple[str, str | None]] = {}
+        self.follow_pod_groups = False
         self.on_owner_kind = on_owner_kind
         self._cursors: list[Cursor] = []
         # Stamped at every change to the sets of node groups or workloads, or the configuration.
@@ -604,6 +621,12 @@ class ClusterIndex:
         key = object_key(meta)
         ref = meta.controller_ref()
         parent = share(ref.uid) if ref else None  # strings many pods repeat: held once
+        group = pod.spec.pod_group()
+        if group is not None:
+            self._grouped[key] = grouped = (share(named(POD_GROUP, meta.namespace, group)[0]), parent)
+            parent = grouped[0] if self.follow_pod_groups else parent
+        elif self._grouped:
+            self._grouped.pop(key, None)
         phase = _PHASE.get(pod.status.phase, "Unknown")
         requests = () if phase in TERMINATED else pod_requests(pod.spec)
         devices = () if phase in TERMINATED else unhealthy_devices(pod.status)
@@ -663,6 +686,7 @@ class ClusterIndex:
             return
         self._detach_pod(entry)
         self.graph.delete(entry.uid)
+        self._grouped.pop(key, None)
 
     def _label_matches(self, labels: dict[str, str]) -> LabelMatches:
         """O(configured keys), whatever the number of the pod's labels."""
@@ -752,11 +776,58 @@ class ClusterIndex:
         if controller is not None:
             self._saw_owner_kind(controller[0], controller[1])
         self.graph.upsert(uid, gk, namespace, key, controller[2] if controller else None)
+        if gk == SCHEDULING_WORKLOAD:  # PodGroups name their Workload
+            self._name(gk, namespace, name, uid)
 
     def delete_owner(self, gk: GroupKind, key: str) -> None:
         uid = self.owner_uids.pop((gk, key), None)
         if uid is not None:
             self.graph.delete(uid)
+            if gk == SCHEDULING_WORKLOAD:
+                self._unname(gk, *split_key(key))
+
+    # ---------------------------------------------------------------------------- PodGroups
+
+    def upsert_pod_group(self, group: PodGroup) -> None:
+        """An in-tree PodGroup: its pods' parent (while ``follow_pod_groups``), whose own parent is
+        its Workload (by name) or, naming none, its controller owner."""
+        meta = group.metadata
+        key = object_key(meta)
+        old = self.pod_groups.get(key)
+        if old is not None and old.uid != meta.uid:
+            self.graph.delete(old.uid)
+        workload = group.workload()
+        ref = meta.controller_ref()
+        parent = (named(SCHEDULING_WORKLOAD, meta.namespace, workload)[0] if workload
+                  else ref.uid if ref is not None else None)
+        self.pod_groups[key] = PodGroupEntry(meta.uid, workload, group.min_count())
+        self.graph.upsert(meta.uid, POD_GROUP, meta.namespace, key, parent)
+        self._name(POD_GROUP, meta.namespace, meta.name, meta.uid)
+
+    def delete_pod_group(self, key: str) -> None:
+        entry = self.pod_groups.pop(key, None)
+        if entry is not None:
+            self.graph.delete(entry.uid)
+            self._unname(POD_GROUP, *split_key(key))
+
+    def set_follow_pod_groups(self, follow: bool) -> None:
+        """Whether pods that name a PodGroup hang below it (the PodGroups are watched and listed)
+        or below their controller owner (they are not: forbidden, or served at no version read).
+        O(pods that name a group), on the rare change."""
+        if follow == self.follow_pod_groups:
+            return
+        self.follow_pod_groups = follow
+        for key, (group, owner) in self._grouped.items():
+            entry = self.pods[key]
+            vertex = self.graph.vertices[entry.uid]
+            self.graph.upsert(entry.uid, POD, vertex.namespace, key, group if follow else owner)
+
+    def _name(self, gk: GroupKind, namespace: str, name: str, uid: str) -> None:
+        vertex, kind = named(gk, namespace, name)
+        self.graph.upsert(vertex, kind, namespace, key_of(namespace, name), uid)
+
+    def _unname(self, gk: GroupKind, namespace: str, name: str) -> None:
+        self.graph.delete(named(gk, namespace, name)[0])
 
     def _saw_owner_kind(self, api_version: str, kind: str) -> None:
         if (api_version, kind) not in self.owner_kinds:

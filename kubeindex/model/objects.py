@@ -82,12 +82,22 @@ class Container(Struct):
     restartPolicy: str | None = None  # "Always" on an init container marks a sidecar
 
 
+class PodSchedulingGroup(Struct):
+    podGroupName: str | None = None
+
+
 class PodSpec(Struct):
     nodeName: str = ""
     containers: list[Container] = field(default_factory=list)
     initContainers: list[Container] = field(default_factory=list)
     overhead: dict[str, str] = field(default_factory=dict)
     resources: Resources = field(default_factory=Resources)  # pod-level (PodLevelResources, 1.32+)
+    schedulingGroup: PodSchedulingGroup | None = None  # 1.36+: the PodGroup it belongs to
+
+    def pod_group(self) -> str | None:
+        """The name of the PodGroup (in the pod's namespace) it names, if any."""
+        group = self.schedulingGroup
+        return (group.podGroupName or None) if group is not None else None
 
 
 class ResourceHealth(Struct):
@@ -239,6 +249,50 @@ class MultiKueueCluster(Struct):
 KUEUE_GROUP = "kueue.x-k8s.io"
 KUEUE_VERSIONS = ("v1beta2", "v1beta1")  # the versions this service reads and writes, newest first
 KUEUE_VERSION = "v1beta1"  # the version bench.fleet writes its objects at (demo.kueue's default cell)
+
+
+# -- The in-tree Workload API (scheduling.k8s.io; Kubernetes 1.37+, behind GenericWorkload) --------
+#
+# A Workload holds PodGroup templates; a PodGroup (its runtime instance) names its Workload in
+# spec.workloadRef and, for a gang, the minimum in spec.schedulingPolicy.gang.minCount; a pod names
+# its PodGroup in spec.schedulingGroup.podGroupName. Read at v1beta1 only: 1.36's alpha
+# (v1alpha2) names the Workload elsewhere (spec.podGroupTemplateRef.workload).
+
+SCHEDULING_GROUP = "scheduling.k8s.io"
+SCHEDULING_VERSIONS = ("v1beta1",)
+
+
+class WorkloadReference(Struct):
+    workloadName: str = ""
+    templateName: str = ""
+
+
+class GangSchedulingPolicy(Struct):
+    minCount: int = 0
+
+
+class PodGroupSchedulingPolicy(Struct):
+    gang: GangSchedulingPolicy | None = None  # None: the basic policy (no minimum)
+
+
+class PodGroupSpec(Struct):
+    workloadRef: WorkloadReference | None = None
+    schedulingPolicy: PodGroupSchedulingPolicy = field(default_factory=PodGroupSchedulingPolicy)
+
+
+class PodGroup(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: PodGroupSpec = field(default_factory=PodGroupSpec)
+
+    def workload(self) -> str:
+        """The name of its Workload (same namespace); "" when it names none."""
+        ref = self.spec.workloadRef
+        return ref.workloadName if ref is not None else ""
+
+    def min_count(self) -> int | None:
+        """A gang's minimum number of pods; None for the basic policy."""
+        gang = self.spec.schedulingPolicy.gang
+        return gang.minCount if gang is not None else None
 
 
 # -- A member cluster's NodeSummaries, as a fleet hub reads them ----------------------------------

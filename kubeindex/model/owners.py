@@ -6,6 +6,11 @@ its controller ownerReference as the edge to its parent. Following the edge by U
 at every hop: an ownerReference whose UID no longer exists (the owner was recreated under the same
 name) resolves to nothing.
 
+Some links are by name, not UID: a pod names its PodGroup, a PodGroup its Workload (the in-tree
+Workload API). The object of that name is a vertex of its own (``named``), whose parent is the
+UID of the object that bears the name now; it exists while that object does, so a link to a name
+not (yet) known breaks the chain as a missing owner does.
+
 A chain broken by a missing owner (not created yet, deleted, or of a kind this service may not
 list) still has a root workload when a configured kind sits below the break: the topmost one
 there. The break stays visible in the Resolution's status (MISSING) so it can be counted.
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 
 GroupKind = tuple[str, str]  # (API group, kind); the core group is ""
 POD: GroupKind = ("", "Pod")
+NAMED = "@name"  # the kind suffix of a by-name vertex: never a configured kind, never a root
 MAX_DEPTH = 10  # ownerReference hops followed from a pod, as Kueue does
 
 # Resolution statuses
@@ -49,6 +55,12 @@ class Resolution:
 
 
 _UNSET = Resolution(None, NONE, -1)
+
+
+def named(gk: GroupKind, namespace: str, name: str) -> tuple[str, GroupKind]:
+    """The vertex id and kind of the by-name link to the object ``namespace/name`` of kind ``gk``.
+    The id cannot be a UID (those have no "/")."""
+    return f"{gk[0]}/{gk[1]}/{namespace}/{name}", (gk[0], gk[1] + NAMED)
 
 
 class Vertex:

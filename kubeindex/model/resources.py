@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .objects import GROUP, KUEUE_GROUP, VERSION
+from .objects import GROUP, KUEUE_GROUP, SCHEDULING_GROUP, VERSION
 
 
 @dataclass(frozen=True)
@@ -74,5 +74,9 @@ ACCESS_REVIEWS = Resource("authorization.k8s.io", "v1", "SubjectAccessReview", "
 RESOURCE_FLAVORS = Resource(KUEUE_GROUP, "v1beta2", "ResourceFlavor", "resourceflavors", False)
 CLUSTER_QUEUES = Resource(KUEUE_GROUP, "v1beta2", "ClusterQueue", "clusterqueues", False)
 MULTIKUEUE_CLUSTERS = Resource(KUEUE_GROUP, "v1beta2", "MultiKueueCluster", "multikueueclusters", False)
+
+# The in-tree Workload API (Kubernetes 1.37+, when served): PodGroups in full, Workloads as owners.
+POD_GROUPS = Resource(SCHEDULING_GROUP, "v1beta1", "PodGroup", "podgroups", True)
+SCHEDULING_WORKLOADS = Resource(SCHEDULING_GROUP, "v1beta1", "Workload", "workloads", True)
 
 BY_PLURAL = {r.plural: r for r in (NODES, PODS, *OURS)}  # a queue key's plural -> its resource

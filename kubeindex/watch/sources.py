@@ -44,14 +44,19 @@ from ..model.index import ClusterIndex
 from ..model.objects import (
     KUEUE_GROUP,
     KUEUE_VERSIONS,
+    SCHEDULING_GROUP,
+    SCHEDULING_VERSIONS,
     ClusterQueue,
     ClusterResourceClaim,
     Node,
     NodeSummarizer,
+    OwnerReference,
     PartialObject,
     Pod,
+    PodGroup,
     ResourceFlavor,
     WorkloadSummarizer,
+    object_key,
 )
 from ..model.owners import POD, GroupKind
 from ..model.resources import (
@@ -59,8 +64,10 @@ from ..model.resources import (
     CLUSTER_QUEUES,
     NODE_SUMMARIZERS,
     NODES,
+    POD_GROUPS,
     PODS,
     RESOURCE_FLAVORS,
+    SCHEDULING_WORKLOADS,
     WORKLOAD_SUMMARIZERS,
     Resource,
 )
@@ -73,6 +80,11 @@ from .reflector import Handler, Reflector, SourceStats, WatchSettings
 log = logging.getLogger(__name__)
 
 CORE = tuple(r.plural for r in (NODES, PODS, NODE_SUMMARIZERS, WORKLOAD_SUMMARIZERS))  # the reflectors' names
+# The versions read of the groups whose objects are projected by shape (discovery.py: ``known``).
+KNOWN_VERSIONS = {KUEUE_GROUP: KUEUE_VERSIONS, SCHEDULING_GROUP: SCHEDULING_VERSIONS}
+# Why a kind of these groups may not be served (else: its CRD is not installed).
+NOT_SERVED_HINT = {SCHEDULING_GROUP: "the in-tree Workload API: Kubernetes 1.37+ with the GenericWorkload feature "
+                                     "gate and scheduling.k8s.io/v1beta1 on"}
 SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem (--sync-loss-grace)
 
 
@@ -116,10 +128,11 @@ class Sources:
                 (ClusterQueue, Handler(index.kueue.upsert_cluster_queue, index.kueue.delete_cluster_queue)),
             (*CLAIMS.group_kind, CLAIMS.version):
                 (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
+            (*POD_GROUPS.group_kind, None): (PodGroup, Handler(self._pod_group_upsert, self._pod_group_delete)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self._optional_tasks: dict[GroupKind, asyncio.Task] = {}
-        self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional, {KUEUE_GROUP: KUEUE_VERSIONS})
+        self.discovery = KindDiscovery(api, self._spawn, self._found, self.optional, KNOWN_VERSIONS)
         self.owner_kinds = OwnerKinds(index, self.discovery, self._start_metadata_watch, reserved=CORE)
         api.on_silence.append(self.reconnect)
 
@@ -281,7 +294,7 @@ class Sources:
         """Why a kind served only at unknown versions is not read (``discovery.unknown``)."""
         served = ", ".join(f"{need[0]}/{v}" for v in self.discovery.unknown.get(need, ()))
         return (f"{describe(need)}: served only at {served}, which this version of node-workload-summary does not "
-                f"read (it reads {', '.join(KUEUE_VERSIONS)})")
+                f"read (it reads {', '.join(KNOWN_VERSIONS.get(need[0], ()))})")
 
     def kueue_problem(self) -> str | None:
         """Why Kueue's ResourceFlavors or ClusterQueues are not read though served, for the claims."""
@@ -299,7 +312,8 @@ class Sources:
         it can (or while discovery has not answered yet)."""
         need = (group, kind, version or None)
         if self.discovery.not_served(need):
-            return "KindNotServed", f"{describe(need)} is not served by the API server (CRD not installed?)"
+            hint = NOT_SERVED_HINT.get(group, "CRD not installed?")
+            return "KindNotServed", f"{describe(need)} is not served by the API server ({hint})"
         resource = self.discovery.resource(need)
         if resource is None:  # not known yet: the watch of the kind may tell
             watched = self.owner_resources.get((group, kind))
@@ -335,6 +349,8 @@ class Sources:
             log.warning("%s is no longer served (%s): looking %s up again", reflector.path,
                         reflector.contact.last_error, describe(need), extra=fields(reflector.name))
             del self._optional_reflectors[gk]
+            if gk == POD_GROUPS.group_kind:
+                self.index.set_follow_pod_groups(False)
             self.reflectors.pop(reflector.name, None)
             self.stats.pop(reflector.name, None)
             self._optional_tasks.pop(gk).cancel()
@@ -362,6 +378,15 @@ class Sources:
         self.stats[reflector.name] = reflector.stats
         self.reflectors[reflector.name] = reflector
         self._optional_tasks[gk] = self._spawn(reflector.run())
+        if gk == POD_GROUPS.group_kind:
+            self._spawn(self._follow_pod_groups(reflector))
+
+    async def _follow_pod_groups(self, reflector: Reflector) -> None:
+        """Pods hang below the PodGroups they name once those have listed (until then, and if they
+        never can, below their controller owner: no pod loses its root meanwhile)."""
+        await reflector.synced.wait()
+        if self._optional_reflectors.get(POD_GROUPS.group_kind) is reflector:
+            self.index.set_follow_pod_groups(True)
 
     # -- pods ------------------------------------------------------------------------------------
 
@@ -372,6 +397,19 @@ class Sources:
     def _pod_delete(self, key: str) -> None:
         self.index.delete_pod(key)
         self.owner_kinds.track("pods", key, None)
+
+    # -- PodGroups (the in-tree Workload API) ----------------------------------------------------
+
+    def _pod_group_upsert(self, group: PodGroup) -> None:
+        """The PodGroup, and the Workload it names: that kind is needed (watched) while named."""
+        self.index.upsert_pod_group(group)
+        name, api_version, kind = group.workload(), SCHEDULING_WORKLOADS.api_version, SCHEDULING_WORKLOADS.kind
+        ref = OwnerReference(api_version, kind, name, "") if name else None
+        self.owner_kinds.track(POD_GROUPS.plural, object_key(group.metadata), ref)
+
+    def _pod_group_delete(self, key: str) -> None:
+        self.index.delete_pod_group(key)
+        self.owner_kinds.track(POD_GROUPS.plural, key, None)
 
     # -- summarizers -------------------------------------------------------------------------
 
