@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: help install binaries tools image-tools image node-tools test-node test test-karpenter bench-smoke compat test-kueue-matrix unit lint generate demo cluster clean
+.PHONY: help install binaries tools image-tools image node-tools test-node test test-karpenter test-workload-api bench-smoke compat test-kueue-matrix unit lint generate demo cluster clean
 
 help:  ## list targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -51,7 +51,7 @@ image: install image-tools  ## build the container image from the Dockerfile and
 
 test: lint install tools  ## lint, then run every test (unit and against the local control plane)
 	$(BIN)/localkube build --core
-	$(BIN)/pytest -m 'not node and not bench and not karpenter' --prebuild
+	$(BIN)/pytest -m 'not node and not bench and not karpenter and not workload_api' --prebuild
 
 # Each benchmark at its smallest on local control planes (tests/cluster/test_bench_smoke.py): CI runs it
 # after make test; the benches that need no cluster run in make test.
@@ -66,6 +66,17 @@ bench-smoke: install tools  ## every benchmark's smoke run (bench/; docs/benchma
 test-karpenter: install  ## the tests beside the real Karpenter: scale-up, drift, consolidation (docs/karpenter.md)
 	$(BIN)/localkube build --karpenter >/dev/null
 	$(BIN)/pytest -m karpenter
+
+# The in-tree Workload API's scenarios (tests marked workload_api) on the minors that serve it, Kubernetes 1.37 and
+# 1.38.0-beta.0 with the GenericWorkload gate on (localkube.cluster.WORKLOAD_API_MINORS; docs/workloads-api.md):
+# their kube-apiserver and kubectl are built on first use (4 to 8 minutes each here; 1.38 with the Go toolchain its
+# go.mod asks for).
+test-workload-api: install tools  ## the in-tree Workload API as a root, on Kubernetes 1.37 and 1.38.0-beta.0 (docs/workloads-api.md)
+	@for minor in $$($(BIN)/python -c 'from localkube.cluster import WORKLOAD_API_MINORS; print(*WORKLOAD_API_MINORS)'); do \
+	  echo "== Kubernetes $$minor: kube-apiserver and kubectl (built on first use)"; \
+	  $(BIN)/localkube build --kubernetes $$minor >/dev/null || exit 1; \
+	done
+	$(BIN)/pytest -m workload_api
 
 # The core scenarios (tests marked compat) against kube-apiserver and kubectl of every other supported
 # Kubernetes minor (localkube.build.COMPAT_MINORS, docs/compatibility.md); make test covers the pinned one.

@@ -25,6 +25,7 @@ from localkube.controllers import KUEUE_019_PROJECT, KUEUE_PROJECT, KueueControl
 from tests.kube import found, get_object
 
 GROUP = "kueue.x-k8s.io"
+WORKLOADS = Resource(GROUP, "v1beta2", "Workload", "workloads", True)  # Kueue's (the service reads none)
 
 
 @dataclass(frozen=True)
@@ -157,5 +158,5 @@ def workload(cluster: LocalCluster, namespace: str, name: str, queue: str, reque
 
 def workload_condition(cluster: LocalCluster, namespace: str, name: str, type_: str) -> dict[str, Any]:
     """The Workload's condition ``type_`` ({} while it has none)."""
-    obj = found(get_object(cluster, f"/apis/{cell().api}/namespaces/{namespace}/workloads/{name}"))
+    obj = found(get_object(cluster, cell().at(WORKLOADS).path(namespace, name)))
     return next((c for c in obj.get("status", {}).get("conditions", []) if c["type"] == type_), {})

@@ -15,7 +15,16 @@ from typing import Any
 
 import pytest
 
-from demo.kueue import cell, cluster_queue, controller, local_queue, resource_flavor, workload, workload_condition
+from demo.kueue import (
+    WORKLOADS,
+    cell,
+    cluster_queue,
+    controller,
+    local_queue,
+    resource_flavor,
+    workload,
+    workload_condition,
+)
 from kubeindex.model.objects import API_VERSION
 from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES
 from localkube.cluster import LocalCluster, Options
@@ -115,8 +124,7 @@ def test_a_pending_workload_is_admitted_once_the_claim_raises_its_quota(kueue: L
         assert quota(kube, "research")[("a100", GPU)] == "4"
         reserved = workload_condition(kube, NAMESPACE, "train", "QuotaReserved")
         assert reserved["status"] == "True", reserved
-        admission = found(get_object(kube, f"/apis/{cell().api}/namespaces/{NAMESPACE}/workloads/train"))["status"][
-            "admission"]
+        admission = found(get_object(kube, cell().at(WORKLOADS).path(NAMESPACE, "train")))["status"]["admission"]
         assert admission["clusterQueue"] == "research"
         assert admission["podSetAssignments"][0]["flavors"][GPU] == "a100"
         assert admission["podSetAssignments"][0]["resourceUsage"][GPU] == "4"
