@@ -5,8 +5,8 @@ Nodes, Pods and the two summarizer kinds are watched from the start. Owner kinds
 Kinds are mapped to resources by API discovery (discovery.py), which looks a kind up again every
 DISCOVERY_RETRY_SECONDS while it is needed and not served.
 
-Optional kinds (Kueue's ResourceFlavors and ClusterQueues, and this project's
-ClusterResourceClaims, whose CRD is installed separately) are watched in full whenever the API
+Optional kinds (Kueue's ResourceFlavors and ClusterQueues, this project's ClusterResourceClaims,
+whose CRD is installed separately, and the in-tree PodGroups, served from 1.37 behind a gate) are watched in full whenever the API
 server serves them: looked up at start and, while not served, again (a CRD installed later is
 picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
 forbidden is reported as for owner kinds, never against readiness. Kueue's kinds are read at the
