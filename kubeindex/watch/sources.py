@@ -6,9 +6,9 @@ Kinds are mapped to resources by API discovery (discovery.py), which looks a kin
 DISCOVERY_RETRY_SECONDS while it is needed and not served.
 
 Optional kinds (Kueue's ResourceFlavors and ClusterQueues, this project's ClusterResourceClaims,
-whose CRD is installed separately, and the in-tree PodGroups, served from 1.37 behind a gate) are watched in full whenever the API
-server serves them: looked up at start and, while not served, again (a CRD installed later is
-picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
+whose CRD is installed separately, and the in-tree PodGroups, served from 1.37 behind a gate) are
+watched in full whenever the API server serves them: looked up at start and, while not served,
+again (a CRD installed later, an API turned on, is picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
 forbidden is reported as for owner kinds, never against readiness. Kueue's kinds are read at the
 version the API server prefers among KUEUE_VERSIONS; one served only at other versions is in
 ``unknown_versions`` (a warning once, a metric, a line of /readyz, the claims' Ready). An optional
