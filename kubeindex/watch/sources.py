@@ -8,9 +8,10 @@ DISCOVERY_RETRY_SECONDS while it is needed and not served.
 Optional kinds (Kueue's ResourceFlavors and ClusterQueues, this project's ClusterResourceClaims,
 whose CRD is installed separately, and the in-tree PodGroups, served from 1.37 behind a gate) are
 watched in full whenever the API server serves them: looked up at start and, while not served,
-again (a CRD installed later, an API turned on, is picked up). Not served is no error and no readiness problem (and not in ``missing_kinds``);
-forbidden is reported as for owner kinds, never against readiness. Kueue's kinds are read at the
-version the API server prefers among KUEUE_VERSIONS; one served only at other versions is in
+again (a CRD installed later, an API turned on, is picked up). Not served is no error and no
+readiness problem (and not in ``missing_kinds``); forbidden is reported as for owner kinds, never
+against readiness. Kueue's kinds (and PodGroups) are read at the version the API server prefers
+among those read (KNOWN_VERSIONS); one served only at other versions is in
 ``unknown_versions`` (a warning once, a metric, a line of /readyz, the claims' Ready). An optional
 kind's watch answered 404 (its version no longer served: Kueue upgraded to one that dropped
 v1beta1) is stopped, and the kind looked up again at the next retry: watched at the version served
