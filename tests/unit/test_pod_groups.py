@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,6 +65,18 @@ def compiled_job(*kinds: tuple[str, str]) -> ClusterIndex:
 
 def roots(index: ClusterIndex) -> dict[str, str | None]:
     return {key: entry.workload for key, entry in index.pods.items()}
+
+
+def test_the_projections_read_the_fields_as_the_api_server_writes_them() -> None:
+    pod = msgspec.json.decode(b'{"metadata": {"name": "p"}, "spec": {"schedulingGroup": {"podGroupName": "g"}}}',
+                              type=Pod)
+    assert pod.spec.pod_group() == "g"
+    assert msgspec.json.decode(b'{"spec": {"schedulingGroup": {}}}', type=Pod).spec.pod_group() is None
+    group = msgspec.json.decode(b'{"metadata": {"name": "g"}, "spec": {"workloadRef": {"workloadName": "w", '
+                                b'"templateName": "t"}, "schedulingPolicy": {"gang": {"minCount": 4}}}}', type=PodGroup)
+    assert (group.workload(), group.min_count()) == ("w", 4)
+    basic = msgspec.json.decode(b'{"spec": {"schedulingPolicy": {"basic": {}}}}', type=PodGroup)
+    assert (basic.workload(), basic.min_count()) == ("", None)
 
 
 def test_a_pod_in_a_pod_group_counts_for_its_workload() -> None:
