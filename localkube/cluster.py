@@ -41,6 +41,9 @@ WORKLOAD_API_MINORS = ("1.37", "1.38")
 WORKLOAD_API_ARGS = ("--feature-gates=GenericWorkload=true", "--runtime-config=scheduling.k8s.io/v1beta1=true")
 
 
+APISERVER_STOP_GRACE = 2.0  # seconds kube-apiserver has to exit on SIGTERM when the cluster stops
+
+
 class ClusterError(RuntimeError):
     """The control plane (or one of its processes) failed to start or stopped unexpectedly."""
 
@@ -244,7 +247,10 @@ class LocalCluster:
     def stop(self) -> None:
         """Stop every process (reverse start order) and remove the working directory."""
         for proc in reversed(list(self.processes.values())):
-            proc.stop()
+            # On SIGTERM kube-apiserver waits for its open watches for up to its request timeout (60 s):
+            # a client still watching (a service stopped later, a test's reflector) would hold every
+            # teardown; etcd keeps the state, so it is killed after a short grace.
+            proc.stop(timeout=APISERVER_STOP_GRACE if proc.name == "kube-apiserver" else 10.0)
         if self.workdir != Path() and not self.options.keep_workdir and not self.options.workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
