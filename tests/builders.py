@@ -13,6 +13,11 @@ from kubeindex.model.objects import (
     Container,
     ContainerStatus,
     Node,
+    NodeClaim,
+    NodeClaimCondition,
+    NodeClaimMeta,
+    NodeClaimSpec,
+    NodeClaimStatus,
     NodeCondition,
     NodeSpec,
     NodeStatus,
@@ -69,6 +74,17 @@ def make_node(name: str, labels: dict[str, str], ready: str | None = "True", uns
         ObjectMeta(name=name, uid=f"uid-{name}", labels=dict(labels)),
         NodeSpec(unschedulable=unschedulable, taints=list(taints or [])),
         NodeStatus(allocatable=alloc, capacity=capacity if capacity is not None else alloc, conditions=conds),
+    )
+
+
+def make_nodeclaim(name: str, node: str = "", conditions: dict[str, str] | None = None, deleting: bool = False,
+                   created: str = "2026-01-01T00:00:00Z", expire_after: str = "720h") -> NodeClaim:
+    """A Karpenter NodeClaim of ``node`` ("" before its Node registered); ``conditions``: type -> status
+    (Drifted, Consolidatable, DisruptionReason ...)."""
+    return NodeClaim(
+        NodeClaimMeta(name=name, creationTimestamp=created, deletionTimestamp="2026-01-02T00:00:00Z" if deleting else ""),
+        NodeClaimSpec(expireAfter=expire_after),
+        NodeClaimStatus(nodeName=node, conditions=[NodeClaimCondition(t, v) for t, v in (conditions or {}).items()]),
     )
 
 

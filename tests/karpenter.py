@@ -13,14 +13,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from demo.workloads import create, ok
-from kubeindex.model.resources import NODES, PODS, Resource
+from kubeindex.model.resources import NODECLAIMS, NODEPOOLS, NODES, PODS
 from localkube.cluster import LocalCluster
 from localkube.karpenter import NODEPOOL_LABEL, apply, node_pool
 from localkube.service import wait_for
-
-# Karpenter's kinds, as the tests read them (the service reads neither yet).
-NODECLAIMS = Resource("karpenter.sh", "v1", "NodeClaim", "nodeclaims", False)
-NODEPOOLS = Resource("karpenter.sh", "v1", "NodePool", "nodepools", False)
 
 
 class Watched:

@@ -19,7 +19,8 @@ from kubeindex.model.index import (
     effective_requests,
     label_workload_uid,
 )
-from kubeindex.model.objects import Node, Pod
+from kubeindex.model.karpenter import go_duration, timestamp
+from kubeindex.model.objects import Node, NodeClaim, Pod
 from kubeindex.model.owners import CYCLE, MISSING, NONE, OK, TOO_DEEP
 from kubeindex.model.quantity import NANO, parse_nano, parse_or_zero
 
@@ -48,6 +49,9 @@ class World:
     disruption_taints: tuple[str, ...] = DISRUPTION_TAINTS  # "key" or "key:Effect"
     problem_conditions: tuple[str, ...] = PROBLEM_CONDITIONS
     accelerator_resources: tuple[str, ...] = ACCELERATOR_RESOURCES  # names or "prefix*"
+    nodeclaims: dict[str, NodeClaim] | None = None  # Karpenter's, by name; at most one per node
+    now: float = 0.0  # seconds since the epoch: what expiry is measured against
+    expiry_horizon: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -298,6 +302,62 @@ def health_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
         {uid: (dict(w.pods_by_node_state), w.unhealthy_nodes, dict(w.unhealthy_nodes_by_node_group))
          for uid, w in index.workloads.items()},
     )
+
+
+def claim_facts(world: World, node: str) -> tuple[str, str]:
+    """(rollout, candidate) of the node's NodeClaim, from its conditions as Karpenter sets them."""
+    claim = next((c for c in (world.nodeclaims or {}).values() if c.status.nodeName == node), None)
+    if claim is None:
+        return "", ""
+    true = {c.type for c in claim.status.conditions if c.status == "True"}
+    if claim.metadata.deletionTimestamp or "DisruptionReason" in true:
+        rollout = "Disrupting"
+    else:
+        rollout = "Drifted" if "Drifted" in true else "UpToDate"
+    created, lifetime = timestamp(claim.metadata.creationTimestamp), go_duration(claim.spec.expireAfter)
+    if "Drifted" in true:
+        return rollout, "Drifted"
+    if created is not None and lifetime is not None and created + lifetime <= world.now + world.expiry_horizon:
+        return rollout, "Expiring"
+    return rollout, "Consolidatable" if "Consolidatable" in true else ""
+
+
+def recompute_karpenter(world: World) -> tuple[dict, dict]:
+    """Per node group, nodes by rollout state (those with a NodeClaim); per workload, its
+    unfinished pods on nodes at risk by reason, and per node group."""
+    groups, workloads, _, _ = recompute(world)
+    rollout: dict = {key: Counter() for key in groups}
+    risk: dict[str, str] = {}
+    for name, node in world.nodes.items():
+        state, candidate = claim_facts(world, name)
+        for s, k in world.node_summarizers.items():
+            if k in node.metadata.labels and state:
+                rollout[s, node.metadata.labels[k]][state] += 1
+        disrupting = node_state(world, node) == "Disrupting" or state == "Disrupting"
+        if disrupting or candidate:
+            risk[name] = "Disrupting" if disrupting else candidate
+    at_risk: dict = {uid: (Counter(), Counter()) for uid in workloads}
+    for pod in world.pods.values():
+        name = pod.spec.nodeName
+        if name not in risk or pod.status.phase in TERMINATED:
+            continue
+        top, status = walk(world, pod.metadata.uid)
+        label = _label(world, pod) if top is None and status == NONE else None
+        if label:
+            top = label_workload_uid(label[0], pod.metadata.namespace, label[1])
+        if top is None:
+            continue
+        by_reason, by_group = at_risk[top]
+        by_reason[risk[name]] += 1
+        labels = world.nodes[name].metadata.labels
+        by_group.update((s, labels[k]) for s, k in world.node_summarizers.items() if k in labels)
+    return ({k: _clean(v) for k, v in rollout.items()},
+            {uid: (_clean(r), _clean(g)) for uid, (r, g) in at_risk.items()})
+
+
+def karpenter_snapshot(index: ClusterIndex) -> tuple[dict, dict]:
+    return ({k: dict(g.rollout) for k, g in index.node_groups.items()},
+            {uid: (dict(w.pods_at_risk), dict(w.pods_at_risk_by_node_group)) for uid, w in index.workloads.items()})
 
 
 # -- the first v1alpha1 shape of a NodeSummary status --------------------------------------------

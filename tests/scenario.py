@@ -9,7 +9,18 @@ import msgspec
 
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.objects import Node, OwnerReference, PodStatus, Taint
-from tests.builders import DISRUPTED, GPU, add_owner, configured, device_status, labels_of, make_node, make_pod, ref
+from tests.builders import (
+    DISRUPTED,
+    GPU,
+    add_owner,
+    configured,
+    device_status,
+    labels_of,
+    make_node,
+    make_nodeclaim,
+    make_pod,
+    ref,
+)
 from tests.reference import Owner, World
 
 KINDS = [("apps", "Deployment"), ("apps", "ReplicaSet"), ("apps", "StatefulSet"), ("batch", "Job"),
@@ -24,11 +35,13 @@ class Scenario:
         self.rnd = rnd
         self.world = World({}, {}, {}, {}, set(), pod_labels=("team/job",), max_depth=4,
                            disruption_taints=("karpenter.sh/disrupted", "example.com/drain:NoExecute"),
-                           accelerator_resources=(GPU, "aws.amazon.com/neuron*"))
+                           accelerator_resources=(GPU, "aws.amazon.com/neuron*"), nodeclaims={},
+                           now=1767225600.0)  # 2026-01-01T00:00:00Z
         w = self.world
         self.index = ClusterIndex(workload_pod_labels=w.pod_labels, max_depth=4,
                                   disruption_taints=w.disruption_taints, problem_conditions=w.problem_conditions,
-                                  accelerator_resources=w.accelerator_resources)
+                                  accelerator_resources=w.accelerator_resources,
+                                  expiry_horizon=w.expiry_horizon, now=lambda: self.world.now)
         self.serial = 0
 
     def uid(self, prefix: str) -> str:
@@ -77,7 +90,8 @@ class Scenario:
     def step(self) -> None:
         rnd, w, idx = self.rnd, self.world, self.index
         action = rnd.choice(["node", "node", "node_del", "pod", "pod", "pod", "pod", "phase", "devices", "pod_del",
-                             "owner", "owner", "owner_del", "nsum", "wsum", "recreate"])
+                             "owner", "owner", "owner_del", "nsum", "wsum", "recreate", "claim", "claim", "claim_del",
+                             "time"])
         if action == "node":
             name = f"n{rnd.randint(0, 5)}"
             labels = {k: rnd.choice(["a", "b", "c"]) for k in ("pool", "zone") if rnd.random() < 0.8}
@@ -134,6 +148,23 @@ class Scenario:
             owner = Owner(self.uid("own"), old.group, old.kind, old.namespace, old.name, old.parent)
             w.owners[owner.uid] = owner
             add_owner(idx, owner)
+        elif action == "claim":  # Karpenter's NodeClaim of node n<i>: c<i>, before or after its Node registered
+            i = rnd.randint(0, 5)
+            conditions = {t: rnd.choice(["True", "False", "Unknown"]) for t in ("Drifted", "Consolidatable",
+                                                                                "DisruptionReason", "Ready")
+                          if rnd.random() < 0.4}
+            claim = make_nodeclaim(f"c{i}", rnd.choice(["", f"n{i}", f"n{i}"]), conditions, deleting=rnd.random() < 0.1,
+                                   expire_after=rnd.choice(["720h", "1h30m", "2h", "Never", "10m"]))
+            assert w.nodeclaims is not None
+            w.nodeclaims[claim.metadata.name] = claim
+            idx.upsert_nodeclaim(claim)
+        elif action == "claim_del" and w.nodeclaims:
+            name = rnd.choice(list(w.nodeclaims))
+            del w.nodeclaims[name]
+            idx.delete_nodeclaim(name)
+        elif action == "time":  # the clock moves on: NodeClaims come within the expiry horizon
+            w.now += rnd.choice([60.0, 600.0, 1800.0])
+            idx.tick()
         elif action == "nsum":
             name = rnd.choice(["s-pool", "s-zone", "s-pool2"])
             if rnd.random() < 0.3:

@@ -28,13 +28,16 @@ Strings many pods repeat are held once (``objects.share``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .karpenter import DISRUPTING, EXPIRY_HORIZON, NodeClaims
 from .kueue import KueueIndex
 from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
 from .objects import (
     Node,
+    NodeClaim,
     Pod,
     PodGroup,
     PodLabelWorkload,
@@ -100,6 +103,10 @@ class WorkloadAgg:
     unhealthy_nodes_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)  # the same per node group
     pods_with_unhealthy_devices: int = 0  # non-terminated pods holding a device reported Unhealthy
     devices_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> such devices
+    # Bound pods on nodes Karpenter is disrupting or may disrupt next (karpenter.RISKS -> pods), and
+    # those per node group: the blast radius of a pool's disruptions on this workload.
+    pods_at_risk: dict[str, int] = field(default_factory=dict)
+    pods_at_risk_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)
     revision: int = 0  # its stamp: moves with its content
 
     @property
@@ -304,18 +311,22 @@ class NodeHealth:
         return READY
 
 
-# What a node gives the workloads with pods on it: its node groups, and its state when not Ready
-# (None also for a node not seen, or deleted, while pods still name it).
-Placement = tuple[tuple[NodeGroupKey, ...], str | None]
-NOWHERE: Placement = ((), None)
+# What a node gives the workloads with pods on it: its node groups, its state when not Ready, and
+# its disruption risk (karpenter.RISKS) when it has one (both None also for a node not seen, or
+# deleted, while pods still name it).
+Placement = tuple[tuple[NodeGroupKey, ...], str | None, str | None]
+NOWHERE: Placement = ((), None, None)
 
 
 def _node_in_workload(agg: WorkloadAgg, placement: Placement, pods: int, distinct: bool, sign: int) -> None:
     """Add (sign +1) or remove a node's share of a workload: ``pods`` of its pods there and, when
     ``distinct`` (the workload starts or stops using the node), the node in the distinct counts."""
-    node_groups, unhealthy = placement
+    node_groups, unhealthy, risk = placement
     if distinct:
         add(agg.nodes_by_node_group, ((g, 1) for g in node_groups), sign)
+    if risk is not None:
+        add(agg.pods_at_risk, ((risk, pods),), sign)
+        add(agg.pods_at_risk_by_node_group, ((g, pods) for g in node_groups), sign)
     if unhealthy is None:
         return
     if distinct:
@@ -324,15 +335,25 @@ def _node_in_workload(agg: WorkloadAgg, placement: Placement, pods: int, distinc
     add(agg.pods_by_node_state, ((unhealthy, pods),), sign)
 
 
+def _risk(entry: NodeEntry) -> str | None:
+    """Being disrupted (a disruption taint, or its NodeClaim's DisruptionReason or deletion), else
+    its NodeClaim's candidacy; None for neither."""
+    if entry.state == DISRUPTING or entry.rollout == DISRUPTING:
+        return DISRUPTING
+    return entry.candidate or None
+
+
 def _placement(entry: NodeEntry) -> Placement:
-    return entry.node_groups, (entry.state if entry.present and entry.state != READY else None)
+    if not entry.present:
+        return entry.node_groups, None, None
+    return entry.node_groups, (entry.state if entry.state != READY else None), _risk(entry)
 
 
 def _facts(entry: NodeEntry) -> tuple:
     """What a node adds to its node groups besides its pods (node_into's share): equal before and
     after an update, the update is no news for a NodeSummary."""
     return (entry.present, entry.node_groups, entry.ready, entry.state, entry.unschedulable, entry.allocatable,
-            entry.capacity, entry.accelerators_unhealthy)
+            entry.capacity, entry.accelerators_unhealthy, entry.rollout)
 
 
 class Changes:
@@ -375,7 +396,8 @@ class ClusterIndex:
     def __init__(self, workload_pod_labels: Iterable[str] = (), on_owner_kind: OwnerKindListener | None = None,
                  max_depth: int = MAX_OWNER_DEPTH, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
                  problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
-                 accelerator_resources: Iterable[str] = ACCELERATOR_RESOURCES) -> None:
+                 accelerator_resources: Iterable[str] = ACCELERATOR_RESOURCES,
+                 expiry_horizon: float = EXPIRY_HORIZON, now: Callable[[], float] = time.time) -> None:
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
@@ -394,6 +416,7 @@ class ClusterIndex:
         self._configure_labels()
         self.health = NodeHealth.of(disruption_taints, problem_conditions, accelerator_resources)
         self.graph = OwnerGraph(self._on_resolution, max_depth=max_depth)
+        self.nodeclaims = NodeClaims(self._nodeclaim_changed, now, expiry_horizon)  # Karpenter's, when served
         self.owner_kinds: set[tuple[str, str]] = set()  # (apiVersion, kind) met in ownerReferences
         self.pod_groups: dict[str, PodGroupEntry] = {}  # "<namespace>/<name>" -> the in-tree PodGroup
         # Pods that name a PodGroup: key -> (the group's by-name vertex, the controller owner's UID).
@@ -526,11 +549,9 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
-        old_groups, was = entry.node_groups, _facts(entry)
-        for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
-            self._node_into_node_group(entry, g, -1, prune=False)
-        self.kueue.node_out(entry)
-        before = _placement(entry)
+        self._refresh_node(entry, lambda: self._read_node(entry, node))
+
+    def _read_node(self, entry: NodeEntry, node: Node) -> None:
         entry.present = True
         entry.labels = node.metadata.labels
         entry.ready = node.ready()
@@ -542,6 +563,18 @@ class ClusterIndex:
         entry.accelerators_unhealthy = _intern(unhealthy)
         entry.state = self.health.state(node, entry.ready, bool(unhealthy))
         entry.node_groups = self._node_groups_for(entry.labels)
+        entry.rollout, entry.candidate = self.nodeclaims.facts(entry.name)
+
+    def _refresh_node(self, entry: NodeEntry, read: Callable[[], None]) -> None:
+        """Take the node out of its node groups and flavors, ``read`` its facts anew, put it back, and
+        move the workloads of its pods if what it gives them changed: O(resources), and O(pods on it)
+        only then."""
+        old_groups, was = entry.node_groups, _facts(entry)
+        for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
+            self._node_into_node_group(entry, g, -1, prune=False)
+        self.kueue.node_out(entry)
+        before = _placement(entry)
+        read()
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, +1)
         if _facts(entry) != was:  # not a heartbeat, an image list: what its groups count moved
@@ -551,6 +584,32 @@ class ClusterIndex:
             self._prune_node_group(g)
         self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
+
+    # ---------------------------------------------------------------------------- Karpenter's NodeClaims
+
+    def upsert_nodeclaim(self, claim: NodeClaim) -> None:
+        self.nodeclaims.upsert(claim)
+
+    def delete_nodeclaim(self, name: str) -> None:
+        self.nodeclaims.delete(name)
+
+    def tick(self) -> None:
+        """Time-based facts: NodeClaims whose expiry came within the horizon (called every few seconds)."""
+        self.nodeclaims.tick()
+
+    def _nodeclaim_changed(self, name: str) -> None:
+        """A NodeClaim of node ``name`` changed what the node shows: nothing before the node is seen
+        (upsert_node reads its NodeClaim's facts)."""
+        entry = self.nodes.get(name)
+        if entry is None or not entry.present:
+            return
+        facts = self.nodeclaims.facts(name)
+        if facts != (entry.rollout, entry.candidate):
+            self._refresh_node(entry, lambda: self._set_claim_facts(entry, *facts))
+
+    @staticmethod
+    def _set_claim_facts(entry: NodeEntry, rollout: str, candidate: str) -> None:
+        entry.rollout, entry.candidate = rollout, candidate
 
     def delete_node(self, name: str) -> None:
         entry = self.nodes.get(name)
@@ -754,7 +813,7 @@ class ClusterIndex:
             bump(agg.node_pods, entry.node, sign)
             distinct = (before == 0) != (before + sign == 0)  # the workload starts or stops using this node
             node = self.nodes.get(entry.node)
-            if node is not None and (distinct or node.state != READY):
+            if node is not None and (distinct or node.state != READY or node.rollout or node.candidate):
                 _node_in_workload(agg, _placement(node), 1, distinct, sign)
         agg.revision = next(self.revision)
         self._touched_workload(agg.uid)

@@ -68,6 +68,7 @@ class NodeSetAgg:
     accelerators_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> capacity - allocatable
     pods_with_unhealthy_devices: int = 0  # non-terminated pods bound here that hold a device reported Unhealthy
     devices_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> such devices those pods hold
+    rollout: dict[str, int] = field(default_factory=dict)  # karpenter.ROLLOUT_STATES -> nodes with a NodeClaim
     revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
     def add_sums(self, other: NodeSetAgg) -> None:
@@ -90,9 +91,9 @@ class NodeEntry:
     """One node as the index keeps it: its own facts, where it belongs, and the running sums of
     the pods bound to it (so it can move between node sets in O(resources))."""
 
-    __slots__ = ("accelerators_unhealthy", "allocatable", "capacity", "flavors", "labels", "name", "node_groups",
-                 "pod_devices", "pod_phases", "pod_requests", "pods", "pods_with_unhealthy_devices", "present",
-                 "ready", "state", "unschedulable")
+    __slots__ = ("accelerators_unhealthy", "allocatable", "candidate", "capacity", "flavors", "labels", "name",
+                 "node_groups", "pod_devices", "pod_phases", "pod_requests", "pods", "pods_with_unhealthy_devices",
+                 "present", "ready", "rollout", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -111,6 +112,8 @@ class NodeEntry:
         self.pod_devices: dict[str, int] = {}  # resource -> Unhealthy devices its pods hold
         self.pods_with_unhealthy_devices = 0
         self.pods: set[str] = set()  # pod keys
+        self.rollout = ""  # its NodeClaim's karpenter.ROLLOUT_STATES; "": none (karpenter.NodeClaims)
+        self.candidate = ""  # its NodeClaim's karpenter.CANDIDATES, or ""
 
 
 def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) -> None:
@@ -118,6 +121,8 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) 
     agg.nodes += sign
     bump(agg.conditions, entry.ready, sign)
     bump(agg.states, entry.state, sign)
+    if entry.rollout:
+        bump(agg.rollout, entry.rollout, sign)
     add(agg.accelerators_unhealthy, entry.accelerators_unhealthy, sign)
     agg.unschedulable += sign * entry.unschedulable
     add(agg.allocatable, entry.allocatable, sign)

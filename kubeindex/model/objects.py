@@ -294,6 +294,47 @@ class PodGroup(Struct):
         gang = self.spec.schedulingPolicy.gang
         return gang.minCount if gang is not None else None
 
+# -- Karpenter's NodeClaims (karpenter.sh/v1): a pool's rollout and its disruption candidates ------
+#
+# One NodeClaim per node Karpenter launched (docs/karpenter.md#nodeclaim). Only what the index reads:
+# the node it became, whether it is being deleted, when it expires, and its conditions by type,
+# reason and status (Drifted, Consolidatable, DisruptionReason; a reader of another condition or of
+# an annotation adds its field here).
+
+class NodeClaimMeta(Struct):
+    name: str = ""
+    namespace: str = ""  # none (cluster-scoped): the reflector's store key reads it
+    resourceVersion: str = ""
+    creationTimestamp: str = ""  # with spec.expireAfter: when Karpenter deletes it (no condition says so)
+    deletionTimestamp: str = ""  # being deleted: drained and terminated
+
+
+class NodeClaimCondition(Struct, gc=False):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+
+
+class NodeClaimSpec(Struct):
+    expireAfter: str = ""  # a Go duration ("720h", "1h30m") or "Never"
+
+
+class NodeClaimStatus(Struct):
+    nodeName: str = ""  # set when its Node registered: the join to the Node
+    conditions: list[NodeClaimCondition] = field(default_factory=list)
+
+
+class NodeClaim(Struct):
+    metadata: NodeClaimMeta = field(default_factory=NodeClaimMeta)
+    spec: NodeClaimSpec = field(default_factory=NodeClaimSpec)
+    status: NodeClaimStatus = field(default_factory=NodeClaimStatus)
+
+    def is_true(self, kind: str) -> bool:
+        return any(c.type == kind and c.status == "True" for c in self.status.conditions)
+
+
+KARPENTER_GROUP = "karpenter.sh"
+
 
 # -- A member cluster's NodeSummaries, as a fleet hub reads them ----------------------------------
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .objects import GROUP, KUEUE_GROUP, SCHEDULING_GROUP, VERSION
+from .objects import GROUP, KARPENTER_GROUP, KUEUE_GROUP, SCHEDULING_GROUP, VERSION
 
 
 @dataclass(frozen=True)
@@ -78,5 +78,10 @@ MULTIKUEUE_CLUSTERS = Resource(KUEUE_GROUP, "v1beta2", "MultiKueueCluster", "mul
 # The in-tree Workload API (Kubernetes 1.37+, when served): PodGroups in full, Workloads as owners.
 POD_GROUPS = Resource(SCHEDULING_GROUP, "v1beta1", "PodGroup", "podgroups", True)
 SCHEDULING_WORKLOADS = Resource(SCHEDULING_GROUP, "v1beta1", "Workload", "workloads", True)
+
+# Karpenter's NodeClaims, read whenever served (a pool's rollout, the candidates for disruption);
+# NodePools only by the tests (Karpenter's own counts, which the summaries are held against).
+NODECLAIMS = Resource(KARPENTER_GROUP, "v1", "NodeClaim", "nodeclaims", False)
+NODEPOOLS = Resource(KARPENTER_GROUP, "v1", "NodePool", "nodepools", False)
 
 BY_PLURAL = {r.plural: r for r in (NODES, PODS, *OURS)}  # a queue key's plural -> its resource

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from kubeindex.model.resources import EVENTS, NODES, PODS
+from kubeindex.model.resources import EVENTS, NODECLAIMS, NODES, PODS
 from localkube.karpenter import (
     DISRUPTED_TAINT,
     KWOK_NODE,
@@ -22,7 +22,6 @@ from localkube.karpenter import (
 )
 from localkube.service import wait_for
 from tests.karpenter import (
-    NODECLAIMS,
     Watched,
     condition,
     deployment,

@@ -27,7 +27,15 @@ from kubeindex.model.objects import (
 from kubeindex.model.owners import NONE
 from kubeindex.model.quantity import NANO
 from tests.builders import DISRUPTED, GPU, NodeFields, add_owner, configured, labels_of, make_node, make_pod, ref
-from tests.reference import Owner, health_snapshot, recompute, recompute_health, snapshot
+from tests.reference import (
+    Owner,
+    health_snapshot,
+    karpenter_snapshot,
+    recompute,
+    recompute_health,
+    recompute_karpenter,
+    snapshot,
+)
 from tests.scenario import Scenario
 
 # -- workloads named by a pod label -----------------------------------------------------------------
@@ -351,8 +359,10 @@ def test_incremental_equals_recomputation(seed: int) -> None:
         if step % 5 == 0:
             assert snapshot(scenario.index) == recompute(scenario.world), f"seed {seed}, step {step}"
             assert health_snapshot(scenario.index) == recompute_health(scenario.world), f"seed {seed}, step {step}"
+            assert karpenter_snapshot(scenario.index) == recompute_karpenter(scenario.world), f"seed {seed}, step {step}"
     assert snapshot(scenario.index) == recompute(scenario.world)
     assert health_snapshot(scenario.index) == recompute_health(scenario.world)
+    assert karpenter_snapshot(scenario.index) == recompute_karpenter(scenario.world)
 
 
 def test_configuring_kind_pod_is_ignored_not_a_crash() -> None:

@@ -1,0 +1,75 @@
+"""Karpenter's NodeClaims in the index (kubeindex/model/karpenter.py): what each condition makes of
+a node's rollout state and disruption candidacy, and the expiry horizon moving with the clock. The
+randomized comparison with a recomputation is tests/unit/test_index.py's."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeindex.model.index import ClusterIndex
+from kubeindex.model.karpenter import go_duration
+from kubeindex.model.objects import WorkloadType
+from tests.builders import DISRUPTED, make_node, make_nodeclaim, make_pod, ref
+from tests.reference import Owner
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z, the builders' creationTimestamp
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("720h", 2592000.0), ("1h30m0s", 5400.0), ("90s", 90.0),
+                                                ("1.5h", 5400.0), ("500ms", 0.5), ("Never", None), ("", None),
+                                                ("10", None), ("1x", None)])
+def test_go_durations(text: str, seconds: float | None) -> None:
+    assert go_duration(text) == seconds
+
+
+def _index(clock: list[float]) -> ClusterIndex:
+    index = ClusterIndex(expiry_horizon=3600, now=lambda: clock[0])
+    index.set_node_summarizer("pool", "karpenter.sh/nodepool")
+    index.set_workload_summarizer("w", [WorkloadType(kind="Deployment", group="apps")])
+    deployment = Owner("d1", "apps", "Deployment", "ns", "web", None)
+    index.upsert_owner(("apps", "Deployment"), "ns", "web", "d1", None)
+    for i in range(3):
+        index.upsert_node(make_node(f"n{i}", {"karpenter.sh/nodepool": "web"}))
+        index.upsert_pod(make_pod(f"p{i}", f"u{i}", f"n{i}", owner=ref(deployment)))
+    return index
+
+
+def test_conditions_make_the_rollout_counts_and_the_pods_at_risk() -> None:
+    clock = [T0]
+    index = _index(clock)
+    group, web = index.node_groups["pool", "web"], index.workloads["d1"]
+    assert group.rollout == {} and web.pods_at_risk == {}  # no NodeClaim: not Karpenter's
+    index.upsert_nodeclaim(make_nodeclaim("c0", "", {"Drifted": "True"}))  # before its Node registered
+    assert group.rollout == {}
+    for i in range(3):
+        index.upsert_nodeclaim(make_nodeclaim(f"c{i}", f"n{i}"))
+    assert group.rollout == {"UpToDate": 3} and web.pods_at_risk == {}
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True"}))
+    index.upsert_nodeclaim(make_nodeclaim("c1", "n1", {"Drifted": "True", "DisruptionReason": "True"}))
+    index.upsert_nodeclaim(make_nodeclaim("c2", "n2", {"Consolidatable": "True"}))
+    assert group.rollout == {"Drifted": 1, "Disrupting": 1, "UpToDate": 1}
+    assert web.pods_at_risk == {"Drifted": 1, "Disrupting": 1, "Consolidatable": 1}
+    assert web.pods_at_risk_by_node_group == {("pool", "web"): 3}
+    # The taint alone (a node Karpenter disrupts, before its NodeClaim says so) puts its pods at risk.
+    index.upsert_node(make_node("n2", {"karpenter.sh/nodepool": "web"}, taints=[DISRUPTED]))
+    assert web.pods_at_risk == {"Drifted": 1, "Disrupting": 2}
+    index.delete_nodeclaim("c1")  # its node no longer Karpenter's
+    index.delete_pod("ns/p0")  # the drifted node's pod gone
+    assert group.rollout == {"Drifted": 1, "UpToDate": 1} and web.pods_at_risk == {"Disrupting": 1}
+
+
+def test_a_node_becomes_expiring_when_its_expiry_comes_within_the_horizon() -> None:
+    clock = [T0]
+    index = _index(clock)
+    web = index.workloads["d1"]
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", expire_after="2h"))
+    index.upsert_nodeclaim(make_nodeclaim("c1", "n1", expire_after="Never"))
+    index.tick()
+    assert web.pods_at_risk == {}
+    clock[0] = T0 + 3599
+    index.tick()
+    assert web.pods_at_risk == {}
+    clock[0] = T0 + 3600  # an hour before it expires: Karpenter deletes it then, without budget
+    index.tick()
+    assert web.pods_at_risk == {"Expiring": 1}
+    assert index.node_groups["pool", "web"].rollout == {"UpToDate": 2}  # a candidate, not a rollout state
