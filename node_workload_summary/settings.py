@@ -17,6 +17,7 @@ from typing_extensions import TypeAliasType
 from exporter.auth import CACHE_SIZE, CACHE_TTL, DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND
 from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
 from kubeindex.model.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
+from kubeindex.model.karpenter import EXPIRY_HORIZON
 from kubeindex.watch.fleet import MEMBER_GRACE
 from kubeindex.watch.reflector import Encoding, InitialList, WatchSettings
 from kubeindex.watch.sources import SYNC_GRACE
@@ -115,6 +116,9 @@ class Settings(BaseSettings):
         list(ACCELERATOR_RESOURCES), description="Accelerator resources, names or prefixes ending in *: a Ready node "
         "with allocatable below capacity for one of them is Degraded, the difference counted in "
         "nws_nodegroup_accelerators_unhealthy; a JSON list or a comma list.")
+    nodeclaim_expiry_horizon: Seconds = Field(
+        EXPIRY_HORIZON, ge=0, description="Seconds before a Karpenter NodeClaim expires (creationTimestamp + "
+        "spec.expireAfter) from which its node counts as a disruption candidate (Expiring): its pods are at risk.")
     max_owner_depth: Count = Field(MAX_OWNER_DEPTH, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(WATCH.page_size, ge=0, description=(
         "Objects per page of the initial and recovery LISTs; 0: 20000 from a server that serves every page from "

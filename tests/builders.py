@@ -82,7 +82,8 @@ def make_nodeclaim(name: str, node: str = "", conditions: dict[str, str] | None 
     """A Karpenter NodeClaim of ``node`` ("" before its Node registered); ``conditions``: type -> status
     (Drifted, Consolidatable, DisruptionReason ...)."""
     return NodeClaim(
-        NodeClaimMeta(name=name, creationTimestamp=created, deletionTimestamp="2026-01-02T00:00:00Z" if deleting else ""),
+        NodeClaimMeta(name=name, creationTimestamp=created,
+                      deletionTimestamp="2026-01-02T00:00:00Z" if deleting else ""),
         NodeClaimSpec(expireAfter=expire_after),
         NodeClaimStatus(nodeName=node, conditions=[NodeClaimCondition(t, v) for t, v in (conditions or {}).items()]),
     )

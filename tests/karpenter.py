@@ -13,10 +13,14 @@ from contextlib import contextmanager
 from typing import Any
 
 from demo.workloads import create, ok
-from kubeindex.model.resources import NODECLAIMS, NODEPOOLS, NODES, PODS
+from kubeindex.model.objects import KARPENTER_GROUP
+from kubeindex.model.resources import NODECLAIMS, NODES, PODS, Resource
 from localkube.cluster import LocalCluster
 from localkube.karpenter import NODEPOOL_LABEL, apply, node_pool
 from localkube.service import wait_for
+
+# Karpenter's NodePools, which the tests read and the service does not (its NodeClaims: kubeindex.model.resources).
+NODEPOOLS = Resource(KARPENTER_GROUP, "v1", "NodePool", "nodepools", False)
 
 
 class Watched:

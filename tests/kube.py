@@ -21,6 +21,7 @@ from kubeindex.model.resources import (
     LEASES,
     NODE_SUMMARIES,
     NODE_SUMMARIZERS,
+    NODECLAIMS,
     NODES,
     PODS,
     WORKLOAD_SUMMARIES,
@@ -70,6 +71,22 @@ def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "",
     if phase != "Pending":
         set_pod_phase(cluster, namespace, name, phase)
     return pod
+
+
+def nodeclaim_crd(cluster: LocalCluster) -> None:
+    """Karpenter's NodeClaim kind, served without Karpenter (its fields left unchecked): where a test
+    needs the service to read NodeClaims but not Karpenter to make them (the real one: make test-karpenter)."""
+    crd = {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+           "metadata": {"name": NODECLAIMS.name},
+           "spec": {"group": NODECLAIMS.group, "scope": "Cluster",
+                    "names": {"kind": NODECLAIMS.kind, "plural": NODECLAIMS.plural, "listKind": "NodeClaimList",
+                              "singular": "nodeclaim"},
+                    "versions": [{"name": NODECLAIMS.version, "served": True, "storage": True,
+                                  "subresources": {"status": {}},
+                                  "schema": {"openAPIV3Schema": {"type": "object",
+                                                                 "x-kubernetes-preserve-unknown-fields": True}}}]}}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(crd))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{NODECLAIMS.name}", "--timeout=60s")
 
 
 def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) -> dict:

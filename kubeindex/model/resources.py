@@ -79,9 +79,7 @@ MULTIKUEUE_CLUSTERS = Resource(KUEUE_GROUP, "v1beta2", "MultiKueueCluster", "mul
 POD_GROUPS = Resource(SCHEDULING_GROUP, "v1beta1", "PodGroup", "podgroups", True)
 SCHEDULING_WORKLOADS = Resource(SCHEDULING_GROUP, "v1beta1", "Workload", "workloads", True)
 
-# Karpenter's NodeClaims, read whenever served (a pool's rollout, the candidates for disruption);
-# NodePools only by the tests (Karpenter's own counts, which the summaries are held against).
+# Karpenter's NodeClaims, read whenever served: a pool's rollout, the candidates for disruption.
 NODECLAIMS = Resource(KARPENTER_GROUP, "v1", "NodeClaim", "nodeclaims", False)
-NODEPOOLS = Resource(KARPENTER_GROUP, "v1", "NodePool", "nodepools", False)
 
 BY_PLURAL = {r.plural: r for r in (NODES, PODS, *OURS)}  # a queue key's plural -> its resource

@@ -6,9 +6,9 @@ Kinds are mapped to resources by API discovery (discovery.py), which looks a kin
 DISCOVERY_RETRY_SECONDS while it is needed and not served.
 
 Optional kinds (Kueue's ResourceFlavors and ClusterQueues, this project's ClusterResourceClaims,
-whose CRD is installed separately, and the in-tree PodGroups, served from 1.37 behind a gate) are
-watched in full whenever the API server serves them: looked up at start and, while not served,
-again (a CRD installed later, an API turned on, is picked up). Not served is no error and no
+whose CRD is installed separately, Karpenter's NodeClaims, and the in-tree PodGroups, served from
+1.37 behind a gate) are watched in full whenever the API server serves them: looked up at start
+and, while not served, again (a CRD installed later, an API turned on, is picked up). Not served is no error and no
 readiness problem (and not in ``missing_kinds``); forbidden is reported as for owner kinds, never
 against readiness. Kueue's kinds (and PodGroups) are read at the version the API server prefers
 among those read (KNOWN_VERSIONS); one served only at other versions is in
@@ -50,6 +50,7 @@ from ..model.objects import (
     ClusterQueue,
     ClusterResourceClaim,
     Node,
+    NodeClaim,
     NodeSummarizer,
     OwnerReference,
     PartialObject,
@@ -64,6 +65,7 @@ from ..model.resources import (
     CLAIMS,
     CLUSTER_QUEUES,
     NODE_SUMMARIZERS,
+    NODECLAIMS,
     NODES,
     POD_GROUPS,
     PODS,
@@ -87,6 +89,7 @@ KNOWN_VERSIONS = {KUEUE_GROUP: KUEUE_VERSIONS, SCHEDULING_GROUP: SCHEDULING_VERS
 NOT_SERVED_HINT = {SCHEDULING_GROUP: "the in-tree Workload API: Kubernetes 1.37+ with the GenericWorkload feature "
                                      "gate and scheduling.k8s.io/v1beta1 on"}
 SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem (--sync-loss-grace)
+TICK_SECONDS = 10.0  # how often time-based facts are looked at (a NodeClaim's expiry coming within the horizon)
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
@@ -130,6 +133,8 @@ class Sources:
             (*CLAIMS.group_kind, CLAIMS.version):
                 (ClusterResourceClaim, Handler(index.kueue.upsert_claim, index.kueue.delete_claim)),
             (*POD_GROUPS.group_kind, None): (PodGroup, Handler(self._pod_group_upsert, self._pod_group_delete)),
+            (*NODECLAIMS.group_kind, NODECLAIMS.version):
+                (NodeClaim, Handler(index.upsert_nodeclaim, index.delete_nodeclaim)),
         }
         self._optional_reflectors: dict[GroupKind, Reflector] = {}
         self._optional_tasks: dict[GroupKind, asyncio.Task] = {}
@@ -165,6 +170,7 @@ class Sources:
             self.discovery.look_up(need)
         self._spawn(self._wait_ready())
         self._spawn(self.discovery.retry_unserved(self._needs))
+        self._spawn(self._tick())
 
     def add_watch(self, reflector: Reflector) -> None:
         """Run a watch that another part of the process reads (the reconciler's of its own
@@ -249,6 +255,11 @@ class Sources:
         log.info("initial sync complete in %.2fs: %d nodes, %d pods, %d owner kinds",
                  self.sync_seconds, len(self.index.nodes), len(self.index.pods), len(self.owner_resources))
         self.ready.set()
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(TICK_SECONDS)
+            self.index.tick()
 
     def _settled(self, reflector: Reflector) -> bool:
         """Listed, or an owner kind we are not allowed to list (it must not hold readiness hostage;

@@ -24,6 +24,7 @@ from kubeindex.model.resources import (
     EVENTS,
     LEASES,
     MULTIKUEUE_CLUSTERS,
+    NODECLAIMS,
     RESOURCE_FLAVORS,
     SECRETS,
     TOKEN_REVIEWS,
@@ -32,7 +33,7 @@ from kubeindex.model.resources import (
 from localkube.build import KUBERNETES_CONTROLLERS, KWOK, PROMETHEUS_OPERATOR, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, wait_for
-from tests.kube import AuditedCluster, token_kubeconfig
+from tests.kube import AuditedCluster, nodeclaim_crd, token_kubeconfig
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.needs(PROMETHEUS_OPERATOR, KUBERNETES_CONTROLLERS, KWOK)
@@ -255,6 +256,8 @@ def as_service_account(kube: LocalCluster, base: subprocess.CompletedProcess[str
     kube.kubectl("apply", "-f", "-", input=json.dumps({
         "apiVersion": "ux.sean.example.com/v1alpha1", "kind": "ClusterResourceClaim", "metadata": {"name": "gpu"},
         "spec": {"flavor": "gpu", "resourceAssignments": [{"clusterQueueName": "team", "shares": {"cpu": "50%"}}]}}))
+    # Karpenter's NodeClaim kind (no Karpenter), so that the service uses its grant on NodeClaims.
+    nodeclaim_crd(kube)
     svc = Service(kube, (f"--kubeconfig={sa_kubeconfig}", f"--lease-namespace={NS}"), secure=True)
     svc.start()
     # A scraper bound to the reader role: the service reviews its token (as its ServiceAccount).
@@ -349,7 +352,8 @@ def test_role_grants_exactly_what_the_service_uses(kube: AuditedCluster, as_serv
                 (ACCESS_REVIEWS.group, ACCESS_REVIEWS.plural, "create"),
                 (RESOURCE_FLAVORS.group, RESOURCE_FLAVORS.plural, "watch"),
                 (CLUSTER_QUEUES.group, CLUSTER_QUEUES.plural, "watch"),
-                (CLAIMS.group, CLAIMS.plural, "watch"), (CLAIMS.group, f"{CLAIMS.plural}/status", "patch")}
+                (CLAIMS.group, CLAIMS.plural, "watch"), (CLAIMS.group, f"{CLAIMS.plural}/status", "patch"),
+                (NODECLAIMS.group, NODECLAIMS.plural, "watch")}
     # Every resource the service declares it reads or writes is granted something.
     declared = {(r.group, r.plural) for r in vars(resources).values() if isinstance(r, resources.Resource)}
     assert declared - {(g, r) for g, r, _ in _granted()} == {

@@ -359,7 +359,8 @@ def test_incremental_equals_recomputation(seed: int) -> None:
         if step % 5 == 0:
             assert snapshot(scenario.index) == recompute(scenario.world), f"seed {seed}, step {step}"
             assert health_snapshot(scenario.index) == recompute_health(scenario.world), f"seed {seed}, step {step}"
-            assert karpenter_snapshot(scenario.index) == recompute_karpenter(scenario.world), f"seed {seed}, step {step}"
+            assert karpenter_snapshot(scenario.index) == recompute_karpenter(scenario.world), \
+                f"seed {seed}, step {step}"
     assert snapshot(scenario.index) == recompute(scenario.world)
     assert health_snapshot(scenario.index) == recompute_health(scenario.world)
     assert karpenter_snapshot(scenario.index) == recompute_karpenter(scenario.world)
