@@ -38,6 +38,7 @@ from kubeindex.model.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
+from kubeindex.model.karpenter import RISKS, ROLLOUT_STATES
 from kubeindex.model.kueue import FlavorAgg
 from kubeindex.model.objects import ClusterResourceClaim, claim_status
 from kubeindex.model.owners import CYCLE, MISSING, NONE, TOO_DEEP, GroupKind
@@ -145,6 +146,10 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_requested", "gauge",
                            "Sum of the effective resource requests of the non-terminated pods on the group's nodes."),
                     lambda g: _resources(g.requested)),
+    FamilyGenerator(Family("nodegroup_nodes_by_rollout", "gauge",
+                           "Nodes of the group with a Karpenter NodeClaim by rollout state: UpToDate, Drifted, "
+                           "Disrupting (DisruptionReason, or being deleted); every state while the group has one."),
+                    lambda g: ((_labels(rollout=r), g.rollout.get(r, 0)) for r in ROLLOUT_STATES) if g.rollout else ()),
 )
 
 
@@ -192,6 +197,7 @@ class WorkloadSeries:
     unhealthy_nodes: int | None
     pods_with_unhealthy_devices: int
     devices_unhealthy: dict[str, int]
+    pods_at_risk: dict[str, int]
 
 
 WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
@@ -220,6 +226,10 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                            "Devices reported Unhealthy that the root workload's unfinished pods hold, per resource, "
                            "while non-zero."),
                     lambda w: _resources_counted(w.devices_unhealthy)),
+    FamilyGenerator(Family("workload_pods_at_risk", "gauge",
+                           "Unfinished pods of the root workload on nodes Karpenter is disrupting or may disrupt next, "
+                           "by reason (the first of Disrupting, Drifted, Expiring, Consolidatable), while non-zero."),
+                    lambda w: ((_labels(reason=r), w.pods_at_risk[r]) for r in RISKS if w.pods_at_risk.get(r))),
 )
 
 
@@ -489,7 +499,7 @@ class Renderer:
                 folded[key] = folded.get(key, 0) + n
             nodes_by_node_group = folded
         return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes,
-                              agg.pods_with_unhealthy_devices, agg.devices_unhealthy)
+                              agg.pods_with_unhealthy_devices, agg.devices_unhealthy, agg.pods_at_risk)
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
@@ -508,14 +518,16 @@ class Renderer:
             pods: dict[str, int] = {}
             by_state: dict[str, int] = {}
             devices: dict[str, int] = {}
+            at_risk: dict[str, int] = {}
             for uid in overflow:
                 w = workloads[uid]
-                for mine, theirs in ((pods, w.pods), (by_state, w.pods_by_node_state), (devices, w.devices_unhealthy)):
+                for mine, theirs in ((pods, w.pods), (by_state, w.pods_by_node_state), (devices, w.devices_unhealthy),
+                                     (at_risk, w.pods_at_risk)):
                     for k, n in theirs.items():
                         mine[k] = mine.get(k, 0) + n
             device_pods = sum(workloads[uid].pods_with_unhealthy_devices for uid in overflow)
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
-                              WorkloadSeries(pods, {}, by_state, None, device_pods, devices)))
+                              WorkloadSeries(pods, {}, by_state, None, device_pods, devices, at_risk)))
         return out
 
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------

@@ -20,6 +20,7 @@ from kubeindex.model.index import (
     NodeGroupKey,
     WorkloadAgg,
 )
+from kubeindex.model.karpenter import DISRUPTING, DRIFTED, RISKS, UP_TO_DATE
 from kubeindex.model.objects import GROUP, key_of, label_workload_type
 from kubeindex.model.owners import GroupKind
 from kubeindex.model.quantity import format_quantity
@@ -143,7 +144,16 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "unhealthyAccelerators": lambda a: _quantities(a.accelerators_unhealthy),
     "podsWithUnhealthyDevices": lambda a: a.pods_with_unhealthy_devices or None,  # 0: left out
     "unhealthyDevices": lambda a: dict(sorted(a.devices_unhealthy.items())),
+    "rollout": lambda a: _rollout(a.rollout),
 }
+
+
+def _rollout(counts: dict[str, int]) -> dict[str, int]:
+    """Every count, 0s included, for a group with NodeClaims (a health gate reads drifted == 0); else none."""
+    if not counts:
+        return {}
+    return {"upToDate": counts.get(UP_TO_DATE, 0), "drifted": counts.get(DRIFTED, 0),
+            "disrupting": counts.get(DISRUPTING, 0)}
 
 
 def node_summary(agg: NodeGroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:
@@ -183,6 +193,7 @@ class WorkloadView:
     agg: WorkloadAgg
     info: TypeInfo
     refs: list[dict[str, Any]]  # nodeSummaryRefs, most nodes first
+    summary_names: Mapping[NodeGroupKey, str]
 
 
 # WorkloadSummary status: the same, from a WorkloadView (crds/workloadsummaries.yaml).
@@ -198,7 +209,19 @@ WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
     "placement": lambda w: ",".join(f"{r['name']}={r['nodeCount']}" for r in w.refs),
     "podsWithUnhealthyDevices": lambda w: w.agg.pods_with_unhealthy_devices or None,
     "unhealthyDevices": lambda w: dict(sorted(w.agg.devices_unhealthy.items())),
+    "atRisk": lambda w: _at_risk(w.agg, w.summary_names),
 }
+
+
+def _at_risk(agg: WorkloadAgg, summary_names: Mapping[NodeGroupKey, str]) -> dict[str, Any]:
+    """Pods at risk, by reason (karpenter.RISKS) and per NodeSummary (most first); none: left out."""
+    if not agg.pods_at_risk:
+        return {}
+    pools = sorted(({"name": summary_names[g], "pods": n} for g, n in agg.pods_at_risk_by_node_group.items()
+                    if g in summary_names), key=lambda r: (-r["pods"], r["name"]))
+    return _drop_empty({"pods": sum(agg.pods_at_risk.values()),
+                        "reasons": {r: agg.pods_at_risk[r] for r in RISKS if agg.pods_at_risk.get(r)},
+                        "nodeSummaries": pools})
 
 
 def _refs(agg: WorkloadAgg, summary_names: dict[NodeGroupKey, str]) -> list[dict[str, Any]]:
@@ -214,7 +237,7 @@ def label_type(info: LabelWorkloadInfo) -> TypeInfo:
 
 
 def workload_summary(agg: WorkloadAgg, name: str, info: TypeInfo, summary_names: dict[NodeGroupKey, str]) -> Desired:
-    view = WorkloadView(agg, info, _refs(agg, summary_names))
+    view = WorkloadView(agg, info, _refs(agg, summary_names), summary_names)
     status = _drop_empty({field: value(view) for field, value in WORKLOAD_SUMMARY_STATUS.items()})
     metadata: dict[str, Any] = {"name": name, "namespace": agg.namespace, "labels": {MANAGED_BY: MANAGER}}
     if agg.is_object:  # owned by the workload, so the garbage collector removes it with it

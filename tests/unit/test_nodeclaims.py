@@ -5,10 +5,14 @@ randomized comparison with a recomputation is tests/unit/test_index.py's."""
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry
 
+from exporter.metrics import Renderer
 from kubeindex.model.index import ClusterIndex
 from kubeindex.model.karpenter import go_duration
 from kubeindex.model.objects import WorkloadType
+from localkube.service import parse, select, value
+from reconciler.desired import TypeInfo, desired_state
 from tests.builders import DISRUPTED, make_node, make_nodeclaim, make_pod, ref
 from tests.reference import Owner
 
@@ -73,3 +77,35 @@ def test_a_node_becomes_expiring_when_its_expiry_comes_within_the_horizon() -> N
     index.tick()
     assert web.pods_at_risk == {"Expiring": 1}
     assert index.node_groups["pool", "web"].rollout == {"UpToDate": 2}  # a candidate, not a rollout state
+
+
+def test_the_summaries_show_the_rollout_and_the_pods_at_risk() -> None:
+    clock = [T0]
+    index = _index(clock)
+    infos = {("apps", "Deployment"): TypeInfo("apps/v1", "deploy", "deployment.apps/v1")}
+    out = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, infos)}
+    assert "rollout" not in out["pool-web"].status and "atRisk" not in out["ns/web"].status  # no NodeClaim
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True"}))
+    index.upsert_nodeclaim(make_nodeclaim("c1", "n1", {"Drifted": "True"}, deleting=True))
+    out = {d.key: d for d in desired_state(index, {"pool": "uid-pool"}, infos)}
+    # n2 has no NodeClaim: in no rollout count. Every count is there, 0s included.
+    assert out["pool-web"].status["rollout"] == {"upToDate": 0, "drifted": 1, "disrupting": 1}
+    assert out["ns/web"].status["atRisk"] == {"pods": 2, "reasons": {"Disrupting": 1, "Drifted": 1},
+                                              "nodeSummaries": [{"name": "pool-web", "pods": 2}]}
+
+
+def test_the_metrics_show_the_rollout_and_the_pods_at_risk() -> None:
+    clock = [T0]
+    index = _index(clock)
+    renderer = Renderer(index, registry=CollectorRegistry())
+    samples = parse(renderer.render().decode())
+    assert select(samples, "nws_nodegroup_nodes_by_rollout") == {}
+    assert select(samples, "nws_workload_pods_at_risk") == {}
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True", "DisruptionReason": "True"}))
+    index.upsert_nodeclaim(make_nodeclaim("c1", "n1"))
+    samples = parse(renderer.render().decode())
+    group = {"summarizer": "pool", "group": "web"}
+    assert {r: value(samples, "nws_nodegroup_nodes_by_rollout", **group, rollout=r)
+            for r in ("UpToDate", "Drifted", "Disrupting")} == {"UpToDate": 1, "Drifted": 0, "Disrupting": 1}
+    assert select(samples, "nws_workload_pods_at_risk") == {
+        frozenset({"namespace": "ns", "workload": "web", "kind": "Deployment", "reason": "Disrupting"}.items()): 1}
