@@ -204,7 +204,7 @@ def test_every_cluster_family_is_folded_across_replicas() -> None:
     for expr in all_exprs():
         for m in re.finditer(r"\b(nws_[a-z_]+)\b", expr):
             if m.group(1) in LABELS:
-                fold = rf"{re.escape(by(m.group(1)))} ?\((max_over_time\()?$"
+                fold = rf"{re.escape(by(m.group(1)))} ?\(((max_over_time|changes)\()?$"
                 assert re.search(fold, expr[:m.start()]), f"{m.group(1)} not folded across replicas in: {expr}"
 
 
