@@ -286,6 +286,9 @@ def node_group_detail(o: Options = Options()) -> Dashboard:
               targets=[_t(f"sort_desc({o.sum('nws_workload_nodes', sel, WORKLOAD)})", instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Nodes"}}}]),
+        TimeSeries(title="Karpenter rollout: nodes by NodeClaim state (NodeGroupRolloutStuck when it stops)",
+                   dataSource=DS, gridPos=_pos(0, 38, 24, 8), unit="short", stacking=STACKED, fillOpacity=30,
+                   targets=[_t(o.sum("nws_nodegroup_nodes_by_rollout", sel, "rollout"), "{{rollout}}")]),
     ]
     return _dashboard(o, "nws-node-group", "Node group detail", panels, [
         _var("summarizer", _values(o, "nws_nodegroup_nodes", "summarizer"), "Summarizer", multi=False),
@@ -327,6 +330,13 @@ def workloads(o: Options = Options()) -> Dashboard:
         _hurt_table(o, "Workloads hurt now: pods on nodes not Ready", _pos(0, 25, 24, 9), sel,
                     "NotReady, Unknown and Disrupting nodes lose their pods (WorkloadOnUnhealthyNodes); Cordoned "
                     "and Degraded nodes still run them."),
+        Table(title="Pods at risk of Karpenter's disruptions, by reason", dataSource=DS, gridPos=_pos(0, 34, 24, 9),
+              description="Pods on nodes Karpenter is disrupting, or whose NodeClaim is Drifted, expiring or "
+                          "Consolidatable: what its next disruptions hit (WorkloadSummary status.atRisk).",
+              targets=[_t(f"sort_desc({o.sum('nws_workload_pods_at_risk', sel, WORKLOAD + ', reason')})",
+                          instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                              "renameByName": {"Value": "Pods"}}}]),
     ]
     top_n = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
     return _dashboard(o, "nws-workloads", "Workloads", panels, [
