@@ -36,6 +36,7 @@ LABELS: dict[str, tuple[str, ...]] = {
     "nws_nodegroup_pods": ("summarizer", "group", "phase"),
     "nws_nodegroup_requested": ("summarizer", "group", "resource"),
     "nws_nodegroup_nodes_by_rollout": ("summarizer", "group", "rollout"),
+    "nws_nodegroup_rollout_changed_timestamp_seconds": ("summarizer", "group"),
     "nws_nodegroups": ("summarizer",),
     "nws_workload_pods": ("namespace", "workload", "kind", "phase"),
     "nws_workload_nodes": ("namespace", "workload", "kind", "summarizer", "group"),

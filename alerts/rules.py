@@ -47,8 +47,8 @@ class Thresholds:
     unhealthy_critical_fraction: float = tunable(0.5, "WorkloadOnUnhealthyNodes", "criticalFraction")
     accelerators_unhealthy_for: str = tunable("10m", "NodeGroupAcceleratorsUnhealthy", "for")
     disrupting_for: str = tunable("5m", "NodeGroupDisrupting", "for")
-    # NodeGroupRolloutStuck: Karpenter's drifted or disrupting nodes remain, and neither count moved for this long
-    rollout_stuck_after: str = tunable("1h", "NodeGroupRolloutStuck", "after")
+    # NodeGroupRolloutStuck: Karpenter's drifted or disrupting nodes remain, and none came or went for these seconds
+    rollout_stuck_after: int = tunable(3600, "NodeGroupRolloutStuck", "afterSeconds")
     rollout_stuck_for: str = tunable("5m", "NodeGroupRolloutStuck", "for")
     # KueueQuotaExceedsCapacity: nominal quota above the Ready nodes' allocatable (a flavor no claim governs)
     quota_exceeds_for: str = tunable("10m", "KueueQuotaExceedsCapacity", "for")
@@ -165,11 +165,9 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     pods = total(workload, "nws_workload_pods", f'phase!~"{FINISHED}", workload!="other"')
     disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
     # A rollout's nodes not yet replaced: Karpenter's drifted ones and those it is disrupting; stuck
-    # while neither count has moved (a node replaced, or one more drifted) within the window.
-    rolling = 'rollout=~"Drifted|Disrupting"'
-    unreplaced = total(group, "nws_nodegroup_nodes_by_rollout", rolling)
-    moved = (f"sum by ({group}) ({by('nws_nodegroup_nodes_by_rollout', c)} "
-             f"(changes(nws_nodegroup_nodes_by_rollout{{{rolling}}}[{t.rollout_stuck_after}])))")
+    # while none came or went (a node replaced, or one more drifted) for the threshold.
+    unreplaced = total(group, "nws_nodegroup_nodes_by_rollout", 'rollout=~"Drifted|Disrupting"')
+    moved = one("nws_nodegroup_rollout_changed_timestamp_seconds", cluster=c)
     up = f'up{{job="{t.job}"}}'
     # Quota is measured against the allocatable of the flavor's Ready nodes, as the claims measure
     # capacity; a flavor's resource a ClusterResourceClaim sets is judged by the claim's alert alone.
@@ -262,12 +260,12 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
         ),
         Alert(
             "NodeGroupRolloutStuck",
-            f"{unreplaced} > 0 unless on ({group}) {moved} > 0",
+            f"{unreplaced} > 0 and on ({group}) time() - {moved} > {t.rollout_stuck_after}",
             t.rollout_stuck_for, "warning",
             "Karpenter's rollout of node group {{ $labels.group }} is stuck",
             "{{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) are drifted "
             "or being disrupted by Karpenter, and none has been replaced (nor one more drifted) for "
-            + t.rollout_stuck_after + ": a disruption budget, a karpenter.sh/do-not-disrupt pod or a PDB holds it, "
+            + f"{t.rollout_stuck_after}" + " seconds: a disruption budget, a karpenter.sh/do-not-disrupt pod or a PDB holds it, "
             "or a drain does not end.",
         ),
         Alert(

@@ -150,6 +150,10 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
                            "Nodes of the group with a Karpenter NodeClaim by rollout state: UpToDate, Drifted, "
                            "Disrupting (DisruptionReason, or being deleted); every state while the group has one."),
                     lambda g: ((_labels(rollout=r), g.rollout.get(r, 0)) for r in ROLLOUT_STATES) if g.rollout else ()),
+    FamilyGenerator(Family("nodegroup_rollout_changed_timestamp_seconds", "gauge",
+                           "When a node of the group last entered or left the Drifted or Disrupting rollout count (or "
+                           "this replica first saw one there), in seconds since the epoch; none before that."),
+                    lambda g: [("", g.rollout_changed)] if g.rollout and g.rollout_changed else []),
 )
 
 

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .karpenter import DISRUPTING, EXPIRY_HORIZON, NodeClaims
+from .karpenter import DISRUPTING, DRIFTED, EXPIRY_HORIZON, NodeClaims
 from .kueue import KueueIndex
 from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
 from .objects import (
@@ -64,6 +64,7 @@ READY_STATES = ("Ready", "NotReady", "Unknown")
 READY = "Ready"
 NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
 UNHEALTHY_STATES = NODE_STATES[1:]
+ROLLING = frozenset({DRIFTED, DISRUPTING})  # rollout states of the nodes a rollout has yet to replace
 MAX_OWNER_DEPTH = 10  # ownerReference hops followed from a pod (--max-owner-depth)
 POD_GROUP, SCHEDULING_WORKLOAD = POD_GROUPS.group_kind, SCHEDULING_WORKLOADS.group_kind
 
@@ -569,7 +570,7 @@ class ClusterIndex:
         """Take the node out of its node groups and flavors, ``read`` its facts anew, put it back, and
         move the workloads of its pods if what it gives them changed: O(resources), and O(pods on it)
         only then."""
-        old_groups, was = entry.node_groups, _facts(entry)
+        old_groups, was, rollout = entry.node_groups, _facts(entry), entry.rollout
         for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
             self._node_into_node_group(entry, g, -1, prune=False)
         self.kueue.node_out(entry)
@@ -577,6 +578,8 @@ class ClusterIndex:
         read()
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, +1)
+        if (rollout, old_groups) != (entry.rollout, entry.node_groups) and {rollout, entry.rollout} & ROLLING:
+            self._rollout_moved({*old_groups, *entry.node_groups})
         if _facts(entry) != was:  # not a heartbeat, an image list: what its groups count moved
             for g in {*old_groups, *entry.node_groups}:
                 self._touched_node_group(g, news=True)
@@ -618,6 +621,8 @@ class ClusterIndex:
         for g in entry.node_groups:
             self._node_into_node_group(entry, g, -1)
             self._touched_node_group(g, news=True)
+        if entry.rollout in ROLLING:
+            self._rollout_moved(entry.node_groups)
         self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present, entry.node_groups, entry.labels = False, (), {}
@@ -648,9 +653,18 @@ class ClusterIndex:
             agg = self.node_groups[key] = NodeGroupAgg(*key)
             self._restructured()
         node_into(agg, entry, sign, self.revision)
+        if sign > 0 and not agg.rollout_changed and entry.rollout in ROLLING:
+            agg.rollout_changed = self.nodeclaims.now()  # first seen here (a start, a new summarizer)
         self._touched_node_group(key)
         if prune:
             self._prune_node_group(key)
+
+    def _rollout_moved(self, keys: Iterable[NodeGroupKey]) -> None:
+        now = self.nodeclaims.now()
+        for key in keys:
+            agg = self.node_groups.get(key)
+            if agg is not None:
+                agg.rollout_changed = now
 
     def _prune_node_group(self, key: NodeGroupKey) -> None:
         agg = self.node_groups.get(key)

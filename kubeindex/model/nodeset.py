@@ -69,6 +69,9 @@ class NodeSetAgg:
     pods_with_unhealthy_devices: int = 0  # non-terminated pods bound here that hold a device reported Unhealthy
     devices_unhealthy: dict[str, int] = field(default_factory=dict)  # resource -> such devices those pods hold
     rollout: dict[str, int] = field(default_factory=dict)  # karpenter.ROLLOUT_STATES -> nodes with a NodeClaim
+    # When (seconds since the epoch) a node last entered or left the Drifted or Disrupting count, or
+    # when this replica first saw one there; 0: never. What NodeGroupRolloutStuck measures.
+    rollout_changed: float = field(default=0.0, metadata=NOT_SUMMED)
     revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
     def add_sums(self, other: NodeSetAgg) -> None:

@@ -109,3 +109,29 @@ def test_the_metrics_show_the_rollout_and_the_pods_at_risk() -> None:
             for r in ("UpToDate", "Drifted", "Disrupting")} == {"UpToDate": 1, "Drifted": 0, "Disrupting": 1}
     assert select(samples, "nws_workload_pods_at_risk") == {
         frozenset({"namespace": "ns", "workload": "web", "kind": "Deployment", "reason": "Disrupting"}.items()): 1}
+
+
+def test_the_rollout_change_time_moves_with_the_drifted_and_disrupting_nodes_only() -> None:
+    """What NodeGroupRolloutStuck measures: when a node last entered or left the Drifted or
+    Disrupting count. A heartbeat, a pod, or an up-to-date node's change does not move it."""
+    clock = [T0]
+    index = _index(clock)
+    group = index.node_groups["pool", "web"]
+    for i in range(3):
+        index.upsert_nodeclaim(make_nodeclaim(f"c{i}", f"n{i}"))
+    assert group.rollout_changed == 0
+    clock[0] = T0 + 10
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True"}))
+    assert group.rollout_changed == T0 + 10
+    clock[0] = T0 + 20
+    index.upsert_node(make_node("n0", {"karpenter.sh/nodepool": "web"}))  # a heartbeat of the drifted node
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True", "Ready": "True"}))
+    index.upsert_nodeclaim(make_nodeclaim("c1", "n1", {"Consolidatable": "True"}))
+    index.upsert_pod(make_pod("p9", "u9", "n0"))
+    assert group.rollout_changed == T0 + 10
+    clock[0] = T0 + 30
+    index.upsert_nodeclaim(make_nodeclaim("c0", "n0", {"Drifted": "True", "DisruptionReason": "True"}))
+    assert group.rollout_changed == T0 + 30
+    clock[0] = T0 + 40
+    index.delete_node("n0")  # replaced
+    assert group.rollout_changed == T0 + 40
