@@ -265,8 +265,8 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "Karpenter's rollout of node group {{ $labels.group }} is stuck",
             "{{ $value }} nodes of node group {{ $labels.group }} (summarizer {{ $labels.summarizer }}) are drifted "
             "or being disrupted by Karpenter, and none has been replaced (nor one more drifted) for "
-            + f"{t.rollout_stuck_after}" + " seconds: a disruption budget, a karpenter.sh/do-not-disrupt pod or a PDB holds it, "
-            "or a drain does not end.",
+            + f"{t.rollout_stuck_after}" + " seconds: a disruption budget, a karpenter.sh/do-not-disrupt pod or a "
+            "PDB holds it, or a drain does not end.",
         ),
         Alert(
             "KueueQuotaExceedsCapacity",

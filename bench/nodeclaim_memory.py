@@ -165,7 +165,7 @@ def traced(nodeclaims: int) -> dict:
 
 def measure(sizes: list[int], pods_per_node: int, events: int) -> dict:
     cluster = Cluster(pods_per_node)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for size in sizes:
         cluster.nodes_to(size)
         base = rss_kb()

@@ -217,8 +217,8 @@ def _at_risk(agg: WorkloadAgg, summary_names: Mapping[NodeGroupKey, str]) -> dic
     """Pods at risk, by reason (karpenter.RISKS) and per NodeSummary (most first); none: left out."""
     if not agg.pods_at_risk:
         return {}
-    pools = sorted(({"name": summary_names[g], "pods": n} for g, n in agg.pods_at_risk_by_node_group.items()
-                    if g in summary_names), key=lambda r: (-r["pods"], r["name"]))
+    named = sorted((-n, summary_names[g]) for g, n in agg.pods_at_risk_by_node_group.items() if g in summary_names)
+    pools = [{"name": name, "pods": -n} for n, name in named]
     return _drop_empty({"pods": sum(agg.pods_at_risk.values()),
                         "reasons": {r: agg.pods_at_risk[r] for r in RISKS if agg.pods_at_risk.get(r)},
                         "nodeSummaries": pools})
