@@ -62,8 +62,8 @@ bench-smoke: install tools  ## every benchmark's smoke run (bench/; docs/benchma
 # The tests beside the real Karpenter (tests marked karpenter: its KWOK provider from the pinned module,
 # localkube/gomod/karpenter; docs/karpenter.md). Karpenter is built on first use, with its progress
 # printed (197 s here, with the control plane's builds in Go's cache), then the tests run on a control plane of
-# their own (about 1.5 minutes).
-test-karpenter: install  ## the tests beside the real Karpenter: scale-up, drift, consolidation (docs/karpenter.md)
+# their own, one per test module (about 3.5 minutes).
+test-karpenter: install  ## the tests beside the real Karpenter: scale-up, drift, consolidation, our summaries and alert (docs/karpenter.md)
 	$(BIN)/localkube build --karpenter >/dev/null
 	$(BIN)/pytest -m karpenter
 
