@@ -827,7 +827,8 @@ class ClusterIndex:
             bump(agg.node_pods, entry.node, sign)
             distinct = (before == 0) != (before + sign == 0)  # the workload starts or stops using this node
             node = self.nodes.get(entry.node)
-            if node is not None and (distinct or node.state != READY or node.rollout or node.candidate):
+            # (a node at risk but Ready: its NodeClaim a candidate, or Karpenter disrupting it)
+            if node is not None and (distinct or node.state != READY or node.candidate or node.rollout == DISRUPTING):
                 _node_in_workload(agg, _placement(node), 1, distinct, sign)
         agg.revision = next(self.revision)
         self._touched_workload(agg.uid)
