@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
 
+from kubeindex.model.disruption import Blocker
 from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
@@ -110,6 +111,13 @@ def _resources_counted(values: dict[str, int]) -> Iterator[Sample]:
 
 # -- node groups ---------------------------------------------------------------------------------
 
+def _blocked_by_kind(blockers: dict[str, Blocker]) -> Iterator[Sample]:
+    counts: dict[str, int] = {}
+    for blocker in blockers.values():
+        counts[blocker.kind] = counts.get(blocker.kind, 0) + 1
+    return ((_labels(kind=k), n) for k, n in sorted(counts.items()))
+
+
 NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
     FamilyGenerator(Family("nodegroup_nodes", "gauge",
                            "Nodes in the node group (nodes of a NodeSummarizer with one label value)."),
@@ -133,6 +141,11 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
                            "Devices reported Unhealthy that the unfinished pods on the group's nodes hold, per "
                            "resource, while non-zero."),
                     lambda g: _resources_counted(g.devices_unhealthy)),
+    FamilyGenerator(Family("nodegroup_nodes_blocked", "gauge",
+                           "Nodes of the group Karpenter says it may not disrupt (its DisruptionBlocked Events, "
+                           "with --karpenter-events=on), by what blocks them: kind Pod (karpenter.sh/do-not-disrupt), "
+                           "PodDisruptionBudget, or Node (its own annotation); while non-zero."),
+                    lambda g: _blocked_by_kind(g.blockers)),
     FamilyGenerator(Family("nodegroup_nodes_unschedulable", "gauge",
                            "Cordoned nodes (spec.unschedulable) in the node group."),
                     lambda g: [("", g.unschedulable)]),

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+from kubeindex.model.disruption import Blocker
 from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
@@ -33,6 +34,7 @@ MANAGED_BY = f"{GROUP}/managed-by"
 MANAGER = "node-workload-summary"
 SUMMARIZER_LABEL = f"{GROUP}/summarizer"
 MAX_LABEL_VALUE = 63
+MAX_BLOCKERS = 10  # blocked nodes a NodeSummary names (crds/nodesummaries.yaml's maxItems)
 
 SHORT_TYPES = {
     ("apps", "Deployment"): "deploy", ("apps", "StatefulSet"): "sts", ("apps", "DaemonSet"): "ds",
@@ -145,6 +147,8 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "podsWithUnhealthyDevices": lambda a: a.pods_with_unhealthy_devices or None,  # 0: left out
     "unhealthyDevices": lambda a: dict(sorted(a.devices_unhealthy.items())),
     "rollout": lambda a: _rollout(a.rollout),
+    "blockedNodeCount": lambda a: a.blocked or None,  # 0: left out
+    "blockers": lambda a: _blockers(a.blockers),
 }
 
 
@@ -154,6 +158,16 @@ def _rollout(counts: dict[str, int]) -> dict[str, int]:
         return {}
     return {"upToDate": counts.get(UP_TO_DATE, 0), "drifted": counts.get(DRIFTED, 0),
             "disrupting": counts.get(DISRUPTING, 0)}
+
+
+def _blockers(blockers: Mapping[str, Blocker]) -> list[dict[str, str]]:
+    """The first MAX_BLOCKERS blocked nodes by name, each with what blocks it. O(blocked nodes)."""
+    out = []
+    for node in sorted(blockers)[:MAX_BLOCKERS]:
+        b = blockers[node]
+        entry = {"node": node, "kind": b.kind, "namespace": b.namespace, "name": ",".join(b.names) or node}
+        out.append(_drop_empty(entry))
+    return out
 
 
 def node_summary(agg: NodeGroupAgg, name: str, label_key: str, summarizer_uid: str) -> Desired:

@@ -32,10 +32,25 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from .disruption import (
+    BLOCKED_REASON,
+    BLOCKER_TTL,
+    NODE,
+    NODEPOOL_LABEL,
+    PDB,
+    Block,
+    Blocker,
+    Notice,
+    Notices,
+    observed,
+    parse_blocker,
+)
+from .disruption import POD as POD_BLOCKER
 from .karpenter import DISRUPTING, DRIFTED, EXPIRY_HORIZON, NodeClaims
 from .kueue import KueueIndex
 from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
 from .objects import (
+    DisruptionEvent,
     Node,
     NodeClaim,
     Pod,
@@ -62,6 +77,7 @@ _PHASE = {phase: phase for phase in PHASES}  # one string object per phase, not 
 TERMINATED = frozenset({"Succeeded", "Failed"})  # hold no node: no requests, no place in a workload's nodes
 READY_STATES = ("Ready", "NotReady", "Unknown")
 READY = "Ready"
+NODE_DISRUPTING = "Disrupting"  # the node state of a disruption taint (a NodeClaim's rollout state is karpenter's)
 NODE_STATES = (READY, "NotReady", "Unknown", "Disrupting", "Cordoned", "Degraded")  # in precedence order
 UNHEALTHY_STATES = NODE_STATES[1:]
 ROLLING = frozenset({DRIFTED, DISRUPTING})  # rollout states of the nodes a rollout has yet to replace
@@ -354,7 +370,7 @@ def _facts(entry: NodeEntry) -> tuple:
     """What a node adds to its node groups besides its pods (node_into's share): equal before and
     after an update, the update is no news for a NodeSummary."""
     return (entry.present, entry.node_groups, entry.ready, entry.state, entry.unschedulable, entry.allocatable,
-            entry.capacity, entry.accelerators_unhealthy, entry.rollout)
+            entry.capacity, entry.accelerators_unhealthy, entry.rollout, entry.blocker)
 
 
 class Changes:
@@ -426,6 +442,12 @@ class ClusterIndex:
         self.follow_pod_groups = False
         self.on_owner_kind = on_owner_kind
         self._cursors: list[Cursor] = []
+        # Karpenter's blockers (disruption.py): node -> its Block; the Event saying it -> node; a
+        # blocking pod's key -> its node. And the notices the reconciler's Events take.
+        self.node_blocks: dict[str, Block] = {}
+        self._block_events: dict[str, str] = {}
+        self.blocking_pods: dict[str, str] = {}
+        self.notices = Notices()
         # Stamped at every change to the sets of node groups or workloads, or the configuration.
         self.sets_revision = next(self.revision)
 
@@ -550,7 +572,10 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
+        was_disrupting = entry.present and entry.state == NODE_DISRUPTING
         self._refresh_node(entry, lambda: self._read_node(entry, node))
+        if entry.state == NODE_DISRUPTING and not was_disrupting:
+            self._notice_disrupting(entry)
 
     def _read_node(self, entry: NodeEntry, node: Node) -> None:
         entry.present = True
@@ -563,6 +588,10 @@ class ClusterIndex:
         unhealthy = self.health.accelerators_unhealthy(allocatable, capacity)
         entry.accelerators_unhealthy = _intern(unhealthy)
         entry.state = self.health.state(node, entry.ready, bool(unhealthy))
+        if entry.state == NODE_DISRUPTING:
+            self._forget_block(entry.name)  # chosen for disruption: no longer blocked
+        block = self.node_blocks.get(entry.name)
+        entry.blocker = block.blocker if block is not None else None
         entry.node_groups = self._node_groups_for(entry.labels)
         entry.rollout, entry.candidate = self.nodeclaims.facts(entry.name)
 
@@ -626,6 +655,8 @@ class ClusterIndex:
         self.kueue.node_out(entry)
         before = _placement(entry)
         entry.present, entry.node_groups, entry.labels = False, (), {}
+        self._forget_block(name)
+        entry.blocker = None
         self._move_node_workloads(entry, before, NOWHERE)
         if not entry.pods:
             del self.nodes[name]
@@ -710,6 +741,9 @@ class ClusterIndex:
             if old.phase != phase:  # a phase change alone (it neither starts nor stops holding its node)
                 self._move_phase(old, phase)
             return key  # most pod updates: conditions, container states, IPs
+        if self.blocking_pods and (blocked := self.blocking_pods.get(key)) is not None \
+                and (pod.spec.nodeName != blocked or phase in TERMINATED):
+            self._set_block(blocked, None)  # it no longer holds that node
         entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels, devices)
         if old is not None:
             del self.pods[key]  # out of the table first: graph callbacks must not see it
@@ -757,6 +791,8 @@ class ClusterIndex:
         entry = self.pods.pop(key, None)
         if entry is None:
             return
+        if (blocked := self.blocking_pods.get(key)) is not None:
+            self._set_block(blocked, None)
         self._detach_pod(entry)
         self.graph.delete(entry.uid)
         self._grouped.pop(key, None)
@@ -934,3 +970,89 @@ class ClusterIndex:
             if agg is not None and not agg.pods:
                 del self.workloads[vertex.uid]
                 self._restructured()  # the set of workloads changed
+
+    # ---------------------------------------------------------------------------- Karpenter's blockers
+
+    def upsert_blocked_event(self, event: DisruptionEvent, now: float) -> None:
+        """Karpenter's DisruptionBlocked Event on a Node (disruption.py); ``now``: wall time. A note
+        naming a pod, a PDB or the node's annotation is the node's blocker, unless an Event newer
+        than it said another; any other note, or a word older than BLOCKER_TTL, is none."""
+        key = object_key(event.metadata)
+        when = observed(event)
+        blocker = parse_blocker(event.note) if event.reason == BLOCKED_REASON and event.regarding.kind == NODE \
+            else None
+        if blocker is None or when is None or now - when > BLOCKER_TTL:
+            self.delete_blocked_event(key)
+            return
+        name = event.regarding.name
+        current = self.node_blocks.get(name)
+        if current is not None and (current.observed > when or (current.event == key and current.observed == when)):
+            return  # an older word than the one that holds, or the same one again
+        entry = self.nodes.get(name)
+        if entry is not None and entry.present and entry.state == NODE_DISRUPTING:
+            return  # Karpenter has chosen it since
+        self._set_block(name, Block(key, when, blocker))
+
+    def delete_blocked_event(self, key: str) -> None:
+        name = self._block_events.get(key)
+        if name is not None:
+            self._set_block(name, None)
+
+    def expire_blocks(self, now: float) -> None:
+        """Drop the blockers Karpenter has not said again for BLOCKER_TTL. O(blocked nodes)."""
+        for name in [n for n, b in self.node_blocks.items() if now - b.observed > BLOCKER_TTL]:
+            self._set_block(name, None)
+
+    def _forget_block(self, name: str) -> None:
+        """The node's blocker data gone (its entry's ``blocker`` is the caller's to move)."""
+        block = self.node_blocks.pop(name, None)
+        if block is not None:
+            self._block_events.pop(block.event, None)
+            if block.blocker.pod_key:
+                self.blocking_pods.pop(block.blocker.pod_key, None)
+
+    def _set_block(self, name: str, block: Block | None) -> None:
+        old = self.node_blocks.get(name)
+        self._forget_block(name)
+        if block is not None:
+            self.node_blocks[name] = block
+            self._block_events[block.event] = name
+            if block.blocker.pod_key:
+                self.blocking_pods[block.blocker.pod_key] = name
+        entry = self.nodes.get(name)
+        blocker = block.blocker if block is not None else None
+        if entry is not None and entry.present and entry.blocker != blocker:
+            self._refresh_node(entry, lambda: self._set_blocker(entry, blocker))
+        if block is not None and (old is None or old.blocker != block.blocker or old.observed < block.observed):
+            self._notice_blocker(name, block.blocker)
+
+    @staticmethod
+    def _set_blocker(entry: NodeEntry, blocker: Blocker | None) -> None:
+        entry.blocker = blocker
+
+    def _notice_disrupting(self, entry: NodeEntry) -> None:
+        """The node is being disrupted: a notice for each workload with pods holding it."""
+        if not self.notices.enabled:
+            return
+        pool = entry.labels.get(NODEPOOL_LABEL, "")
+        for uid in sorted({p.workload for k in entry.pods if (p := self.pods[k]).phase not in TERMINATED
+                           and p.workload is not None}):
+            self.notices.add(Notice(uid, entry.name, pool))
+
+    def _notice_blocker(self, name: str, blocker: Blocker) -> None:
+        """The node is held by ``blocker``: a notice for its workload (a pod's), or those of the
+        PDB's namespace with pods on the node (the PDB's selector is not read)."""
+        entry = self.nodes.get(name)
+        if not self.notices.enabled or entry is None:
+            return
+        uids: set[str] = set()
+        if blocker.kind == POD_BLOCKER:
+            pod = self.pods.get(blocker.pod_key)
+            if pod is not None and pod.workload is not None:
+                uids.add(pod.workload)
+        elif blocker.kind == PDB:
+            uids = {p.workload for k in entry.pods if split_key(k)[0] == blocker.namespace
+                    and (p := self.pods[k]).workload is not None and p.phase not in TERMINATED}
+        pool = entry.labels.get(NODEPOOL_LABEL, "")
+        for uid in sorted(uids):
+            self.notices.add(Notice(uid, name, pool, blocker))

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from .disruption import Blocker
 from .revision import Revision
 
 K = TypeVar("K")
@@ -72,6 +73,8 @@ class NodeSetAgg:
     # When (seconds since the epoch) a node last entered or left the Drifted or Disrupting count, or
     # when this replica first saw one there; 0: never. What NodeGroupRolloutStuck measures.
     rollout_changed: float = field(default=0.0, metadata=NOT_SUMMED)
+    blocked: int = 0  # nodes Karpenter says it may not disrupt, naming why (disruption.py)
+    blockers: dict[str, Blocker] = field(default_factory=dict, metadata=NOT_SUMMED)  # node -> its blocker
     revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
     def add_sums(self, other: NodeSetAgg) -> None:
@@ -94,9 +97,9 @@ class NodeEntry:
     """One node as the index keeps it: its own facts, where it belongs, and the running sums of
     the pods bound to it (so it can move between node sets in O(resources))."""
 
-    __slots__ = ("accelerators_unhealthy", "allocatable", "candidate", "capacity", "flavors", "labels", "name",
-                 "node_groups", "pod_devices", "pod_phases", "pod_requests", "pods", "pods_with_unhealthy_devices",
-                 "present", "ready", "rollout", "state", "unschedulable")
+    __slots__ = ("accelerators_unhealthy", "allocatable", "blocker", "candidate", "capacity", "flavors", "labels",
+                 "name", "node_groups", "pod_devices", "pod_phases", "pod_requests", "pods",
+                 "pods_with_unhealthy_devices", "present", "ready", "rollout", "state", "unschedulable")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -117,6 +120,7 @@ class NodeEntry:
         self.pods: set[str] = set()  # pod keys
         self.rollout = ""  # its NodeClaim's karpenter.ROLLOUT_STATES; "": none (karpenter.NodeClaims)
         self.candidate = ""  # its NodeClaim's karpenter.CANDIDATES, or ""
+        self.blocker: Blocker | None = None  # what keeps Karpenter from disrupting it (disruption.py)
 
 
 def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) -> None:
@@ -140,6 +144,12 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) 
         agg.node_names.add(entry.name)
     else:
         agg.node_names.discard(entry.name)
+    if entry.blocker is not None:
+        agg.blocked += sign
+        if sign > 0:
+            agg.blockers[entry.name] = entry.blocker
+        else:
+            agg.blockers.pop(entry.name, None)
     agg.revision = next(revision)
 
 

@@ -128,6 +128,31 @@ class Pod(Struct):
     status: PodStatus = field(default_factory=PodStatus)
 
 
+# -- Karpenter's DisruptionBlocked Events (events.k8s.io/v1): kubeindex/model/disruption.py --------
+
+class EventRegarding(Struct):
+    kind: str = ""
+    name: str = ""
+
+
+class EventSeries(Struct):
+    count: int = 0
+    lastObservedTime: str | None = None
+
+
+class DisruptionEvent(Struct):
+    """What is read of an Event Karpenter publishes on a Node: whom, what, when."""
+
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    regarding: EventRegarding = field(default_factory=EventRegarding)
+    reason: str = ""
+    note: str = ""
+    eventTime: str | None = None
+    series: EventSeries | None = None
+    deprecatedFirstTimestamp: str | None = None
+    deprecatedLastTimestamp: str | None = None
+
+
 # -- Owners (metadata only) and summarizers ------------------------------------------------------
 
 class PartialObject(Struct):

@@ -104,9 +104,12 @@ class WatchSettings:
 class Reflector(Generic[T]):
     def __init__(self, api: ListWatch, name: str, path: str, item_type: type[T], handler: Handler[T],
                  *, metadata_only: bool = False, settings: WatchSettings | None = None,
-                 stats: SourceStats | None = None, label_selector: str = "", clock: Clock = REAL) -> None:
+                 stats: SourceStats | None = None, label_selector: str = "", field_selector: str = "",
+                 clock: Clock = REAL) -> None:
         self.api, self.clock, self.name, self.path = api, clock, name, path
         self.selector = {"labelSelector": label_selector} if label_selector else {}
+        if field_selector:
+            self.selector["fieldSelector"] = field_selector
         self.settings = settings or WatchSettings()
         self.stats = stats or SourceStats()
         self.decode = EventDecoder(item_type, metadata_only=metadata_only, encoding=self.settings.encoding)

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..client.api import ApiClient
+from ..model.disruption import BLOCKED_REASON, NODE
 from ..model.index import ClusterIndex
 from ..model.objects import (
     KUEUE_GROUP,
@@ -49,6 +50,7 @@ from ..model.objects import (
     SCHEDULING_VERSIONS,
     ClusterQueue,
     ClusterResourceClaim,
+    DisruptionEvent,
     Node,
     NodeClaim,
     NodeSummarizer,
@@ -64,6 +66,7 @@ from ..model.owners import POD, GroupKind
 from ..model.resources import (
     CLAIMS,
     CLUSTER_QUEUES,
+    EVENTS,
     NODE_SUMMARIZERS,
     NODECLAIMS,
     NODES,
@@ -90,6 +93,11 @@ NOT_SERVED_HINT = {SCHEDULING_GROUP: "the in-tree Workload API: Kubernetes 1.37+
                                      "gate and scheduling.k8s.io/v1beta1 on"}
 SYNC_GRACE = 60.0  # seconds a watch may be out of contact before it is a sync problem (--sync-loss-grace)
 TICK_SECONDS = 10.0  # how often time-based facts are looked at (a NodeClaim's expiry coming within the horizon)
+# Karpenter's DisruptionBlocked Events on Nodes: where client-go records a cluster-scoped object's
+# Events, and only those (the API server filters: the two fields are among an Event's selectable ones).
+KARPENTER_EVENTS_NAMESPACE = "default"
+BLOCKED_SELECTOR = f"reason={BLOCKED_REASON},regarding.kind={NODE}"
+BLOCKER_SWEEP = 30.0  # seconds between two looks for blockers Karpenter stopped saying
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
@@ -125,6 +133,7 @@ class Sources:
         self.sync_seconds: float | None = None
         self._tasks: set[asyncio.Task] = set()
         # Optional kinds: need -> (projection, handler); watched whenever served.
+        self.karpenter = False  # read Karpenter's blockers (watch_blockers)
         self.optional: dict[Need, tuple[type, Handler]] = {
             (*RESOURCE_FLAVORS.group_kind, None):
                 (ResourceFlavor, Handler(index.kueue.upsert_flavor, index.kueue.delete_flavor)),
@@ -166,11 +175,29 @@ class Sources:
         self._add(Reflector(self.api, WORKLOAD_SUMMARIZERS.plural, WORKLOAD_SUMMARIZERS.path(),
                             WorkloadSummarizer, Handler(self._workload_summarizer, self._workload_summarizer_deleted),
                             settings=self.settings))
+        if self.karpenter:
+            self._add(Reflector(self.api, EVENTS.name, EVENTS.path(KARPENTER_EVENTS_NAMESPACE), DisruptionEvent,
+                                Handler(self._blocked, self.index.delete_blocked_event), settings=self.settings,
+                                field_selector=BLOCKED_SELECTOR))
+            self._spawn(self._expire_blocks())
         for need in self.optional:
             self.discovery.look_up(need)
         self._spawn(self._wait_ready())
         self._spawn(self.discovery.retry_unserved(self._needs))
         self._spawn(self._tick())
+
+    def watch_blockers(self) -> None:
+        """Read Karpenter's DisruptionBlocked Events on Nodes (before ``start``): the blockers of its
+        disruptions, in the index (kubeindex/model/disruption.py)."""
+        self.karpenter = True
+
+    def _blocked(self, event: DisruptionEvent) -> None:
+        self.index.upsert_blocked_event(event, time.time())
+
+    async def _expire_blocks(self) -> None:
+        while True:
+            await asyncio.sleep(BLOCKER_SWEEP)
+            self.index.expire_blocks(time.time())
 
     def add_watch(self, reflector: Reflector) -> None:
         """Run a watch that another part of the process reads (the reconciler's of its own
