@@ -32,6 +32,7 @@ from kubeindex.watch.reflector import Handler, WatchSettings
 from kubeindex.watch.sources import Sources
 from reconciler.claims import ClaimController, Claims, ClaimSettings, ClusterQueueController
 from reconciler.desired import MANAGER
+from reconciler.disruptions import DisruptionEventController
 from reconciler.events import EventRecorder
 from reconciler.leader import LeaderElector, LeaseSettings, identity
 from reconciler.manager import Manager, ReconcilerSettings
@@ -140,6 +141,8 @@ def build(settings: Settings) -> Service:
     # LISTs or the metrics' TokenReviews, and a renewal that waited past its deadline loses the lease.
     lease_api = ApiClient(connection, max_connections=LEASE_CONNECTIONS, metrics=requests)
     sources = Sources(api, index, watch, sync_grace=settings.sync_loss_grace)
+    if settings.karpenter_events == "on":
+        sources.watch_blockers()
     # A connection gone silent (ApiClient._silent): the other client's, and the watches', may be too.
     lease_api.on_silence += [sources.reconnect, api.abandon]
     api.on_silence.append(lease_api.abandon)
@@ -185,12 +188,15 @@ def reconciler_of(settings: Settings, api: ApiClient, index: ClusterIndex, sourc
     statuses = SummarizerStatuses(index, sources.summarizers, sources.kind_problem)
     manager.add(SummarizerController(statuses, manager.writer, summaries.usable, writes.debounce,
                                      writes.summarizer_interval))
+    # One recorder: its spam filter and correlation span every Event the service writes.
+    recorder = EventRecorder(MANAGER, elector.settings.identity if elector else identity())
     claims = Claims(index.kueue, ClaimSettings(settle=settings.quota_settle, actuation=settings.quota_actuation == "on",
                                                max_writes_per_hour=settings.quota_max_writes_per_hour),
-                    fleet=fleet, recorder=EventRecorder(MANAGER, elector.settings.identity if elector else identity()),
-                    kueue_problem=sources.kueue_problem)
+                    fleet=fleet, recorder=recorder, kueue_problem=sources.kueue_problem)
     manager.add(ClaimController(claims, manager.writer))
     manager.add(ClusterQueueController(claims, manager.writer))
+    if settings.karpenter_events == "on":
+        manager.add(DisruptionEventController(index, summaries.summary_of, recorder, manager.writer, writes.debounce))
     return manager, ReconcilerCollector(manager.writer.stats, [c.queue for c in manager.controllers],
                                         summaries.actual, claims.writes, elector)
 

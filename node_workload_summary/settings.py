@@ -189,6 +189,11 @@ class Settings(BaseSettings):
     quota_max_writes_per_hour: Count = Field(
         QUOTA.max_writes_per_hour, ge=1, description="Writes of one ClusterQueue's quota allowed per hour; "
         "more wait, counted in nws_quota_writes_total{result=\"throttled\"}.")
+    karpenter_events: Literal["on", "off"] = Field(
+        "off", description="on: read Karpenter's DisruptionBlocked Events on Nodes (list and watch Events in "
+        "namespace default) for the nodes it may not disrupt and why (NodeSummary blockedNodeCount and blockers), "
+        "and record an Event on a WorkloadSummary, in its namespace, when Karpenter disrupts its nodes or the "
+        "workload blocks a disruption (create and patch Events in every namespace: deploy/with-karpenter-events/).")
     fleet: bool = Field(False, description="A fleet hub: read the capacity of MultiKueue's member clusters "
                         "(each MultiKueueCluster's kubeconfig Secret in --fleet-namespace) for the "
                         "ClusterResourceClaims that name them, and create a claim for each member flavor. The "

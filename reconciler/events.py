@@ -152,13 +152,14 @@ class EventRecorder:
             key, TokenBucket(1 / self.refill, self.burst, self.clock))
         return bool(bucket.try_take())
 
-    async def record(self, event: Event, writer: EventWriter) -> str:
+    async def record(self, event: Event, writer: EventWriter, times: int = 1) -> str:
         """Create the Event, or count a repeat of an identical one: "created", "patched",
-        "throttled" (the spam filter dropped it) or "failed" (logged)."""
+        "throttled" (the spam filter dropped it) or "failed" (logged). ``times``: it happened that
+        many times at once (one write, its series counting them all)."""
         identity = (event.regarding, event.related, event.reason, event.action, event.type, event.note)
         recorded: _Recorded | None = self._recorded.get_recent(identity)
         if recorded is not None:
-            recorded.count += 1  # counted even when the filter drops it: the next patch says how many
+            recorded.count += times  # counted even when the filter drops it: the next patch says how many
         if not self._allowed(event):
             return self._count("throttled")
         now = self.clock()
@@ -167,7 +168,7 @@ class EventRecorder:
             if isinstance(outcome, Done):
                 return self._count("patched")
             if not isinstance(outcome, Failed):  # none yet, or expired: created
-                created, outcome = await self._create(event, now, writer)
+                created, outcome = await self._create(event, now, writer, times)
                 self._recorded.put(identity, created)
             error: Exception | None = outcome.error if isinstance(outcome, Failed) else None
         except Exception as err:  # Deposed: dropped
@@ -189,7 +190,8 @@ class EventRecorder:
         suffix = f".{nanos:x}"
         return regarding[:NAME_LIMIT - len(suffix)].rstrip(".-") + suffix
 
-    async def _create(self, event: Event, now: float, writer: EventWriter) -> tuple[_Recorded, Outcome]:
+    async def _create(self, event: Event, now: float, writer: EventWriter,
+                      times: int = 1) -> tuple[_Recorded, Outcome]:
         namespace = event.regarding.namespace or CLUSTER_SCOPED_NAMESPACE
         name = self._name(event.regarding.name, now)
         body: dict[str, Any] = {
@@ -199,8 +201,10 @@ class EventRecorder:
             "regarding": event.regarding.body(), "note": _note(event.note), "type": event.type}
         if event.related is not None:
             body["related"] = event.related.body()
+        if times > 1:  # a series from the start (the API server wants a count of 2 or more there)
+            body["series"] = {"count": times, "lastObservedTime": micro_time(now)}
         outcome = await writer.create_event(EVENTS.path(namespace), body)
-        return _Recorded(namespace, name), outcome
+        return _Recorded(namespace, name, times), outcome
 
     async def _patch(self, recorded: _Recorded, now: float, writer: EventWriter) -> Outcome:
         """The repeat on the Event's series; NOT_FOUND when the Event is gone (expired)."""

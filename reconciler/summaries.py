@@ -51,6 +51,7 @@ from .desired import (
     short_type,
     workload_claim,
 )
+from .disruptions import SummaryRef
 from .manager import DONE, RETRY, Controller, Key, ReconcilerSettings, Result
 from .names import Claim, NameAllocator
 from .workqueue import AT_ONCE, Pacing
@@ -184,6 +185,15 @@ class SummaryController(Controller):
     def reset(self) -> None:
         super().reset()
         self._synced.clear()
+
+    def summary_of(self, uid: str) -> SummaryRef | None:
+        """The WorkloadSummary of a workload (its UID), as it exists now; None: not written (yet)."""
+        how = self._layout.workloads.get(uid) if self._layout is not None else None
+        workload = self.index.workloads.get(uid)
+        if how is None or workload is None:
+            return None
+        obj = self.actual[WORKLOAD_SUMMARIES.plural].get(key_of(workload.namespace, how[0]))
+        return SummaryRef(workload.namespace, how[0], obj.metadata.uid) if obj is not None else None
 
     def usable(self) -> dict[tuple[str, str], TypeInfo]:
         """The kinds whose summaries can be written, as of the last pass."""
