@@ -7,6 +7,7 @@ alert rules.
     make demo DEMO_ARGS="--duration 60 --nodes-per-pool 2"
     make demo DEMO_ARGS=--quota-story      # also play the claim's story: the gpu pool loses nodes, the quota follows
     make demo DEMO_ARGS=--pods             # the service as the chart's pods on a real node (root; builds the image)
+    make demo DEMO_ARGS=--karpenter        # instead: a drift rollout of a real Karpenter pool, and who blocks it
 
 The logs (the service's, the control plane's, Prometheus') are written under the control plane's
 working directory while it runs and copied to /tmp/nws-demo-<date>-<time>/ when it stops.
@@ -38,7 +39,7 @@ from localkube.node import NODE_ADDRESS, POD_PLACEMENT, NodeError, RealNode
 from localkube.prometheus import Prometheus
 from localkube.service import Service, metrics_reader_token, wait_for
 
-from . import claims, kueue
+from . import claims, karpenter, kueue
 from .workloads import POOL_LABEL, create, jobset_chain, kwok_node, leaderworkerset_chain, workload_summarizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--alerts-after", type=int, default=30,
                         help="the `for` of the node-health, workload and claim alerts, in seconds (the shipped "
                              "rules wait minutes)")
+    parser.add_argument("--karpenter", action="store_true",
+                        help="instead of the node pools above: the real Karpenter and a drift rollout of its pool, "
+                             "with a pod and a PodDisruptionBudget blocking it (demo/karpenter.py; docs/karpenter.md)")
     parser.add_argument("--quota-story", action="store_true",
                         help="once ready, play the ClusterResourceClaim story (the gpu pool loses nodes, the claim "
                              "shows the shortfall, the quota follows) and print each command with its output")
@@ -167,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     set_parent_death_signal(signal.SIGTERM)  # if whatever started us dies, shut down as on Ctrl-C
+    if args.karpenter:
+        return karpenter.run(args.duration, stop)
     started = time.monotonic()
     # The working directory stays when the processes stop: keep_logs copies the logs out, then removes it.
     cluster = LocalCluster(Options(controller_manager=True, scheduler=True, kwok=True, keep_workdir=True,

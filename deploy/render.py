@@ -36,7 +36,8 @@ VERSION_LINES = (
     ("deploy/base/kustomization.yaml", r"^    newTag: .*$", '    newTag: "{v}"'),
     *((name, r"^      app.kubernetes.io/version: .*$", '      app.kubernetes.io/version: "{v}"')
       for name in ("deploy/base/kustomization.yaml", "deploy/with-monitoring/kustomization.yaml",
-                   "deploy/with-quota-actuation/kustomization.yaml")),
+                   "deploy/with-quota-actuation/kustomization.yaml",
+                   "deploy/with-karpenter-events/kustomization.yaml")),
 )
 # The standard labels of objects that no template renders (the CRDs, which Helm installs from crds/
 # as they are, and the kustomize copies): what deploy/ and the chart both carry. The chart adds

@@ -455,6 +455,73 @@ def test_quota_actuation_grants_exactly_what_its_writes_and_their_events_use(
         kube.kubectl("delete", "role,rolebinding", "node-workload-summary-events", "-n", "default")
 
 
+def _disruption_events(kube: LocalCluster) -> list[dict]:
+    events = json.loads(kube.kubectl("get", "events.events.k8s.io", "-n", "shop", "-o", "json").stdout)["items"]
+    return [e for e in events if e["reason"] == "DisruptionStarted"]
+
+
+def test_karpenter_events_grant_exactly_what_their_watch_and_writes_use(
+        kube: AuditedCluster, as_service_account: Service) -> None:
+    """deploy/with-karpenter-events/ adds to the base exactly what --karpenter-events=on uses: list
+    and watch Events in `default` (Karpenter's DisruptionBlocked on Nodes), create and patch Events
+    in every namespace (on WorkloadSummaries). As the ServiceAccount, a replica with the flag
+    watches, and records a DisruptionStarted Event on WorkloadSummary shop/app when the node of its
+    pod gets Karpenter's disruption taint, counted again (patched) when it gets it a second time;
+    the audit log shows each added grant used and nothing used without a grant."""
+    overlay = _rendered(kube, DEPLOY / "with-karpenter-events")
+    added = {("events.k8s.io", "events", verb) for verb in ("list", "watch", "create", "patch")}
+    assert _granted(overlay) - _granted() == added
+    kube.kubectl("apply", "-k", str(DEPLOY / "with-karpenter-events"))
+    kube.kubectl("create", "namespace", "shop")
+    kube.kubectl("create", "deployment", "app", "--image=nginx", "--replicas=1", "-n", "shop")
+    sa_kubeconfig = token_kubeconfig(kube, "node-workload-summary", NS, "sa-karpenter")
+    writer = Service(kube, (f"--kubeconfig={sa_kubeconfig}", "--no-leader-election", "--karpenter-events=on"))
+    writer.start()
+
+    def node_of_app() -> str:
+        return kube.kubectl("get", "pods", "-n", "shop", "-o", "jsonpath={.items[*].spec.nodeName}").stdout
+
+    try:
+        wait_for(lambda: node_of_app() and "app" in kube.kubectl("get", "workloadsummaries.ux", "-n", "shop").stdout,
+                 timeout=30)
+        node = node_of_app()
+        for count in (None, 2):  # created, then counted again on its series (a patch)
+            kube.kubectl("taint", "node", node, "karpenter.sh/disrupted:NoSchedule")
+
+            def counted(want: int | None = count) -> bool:
+                return [e.get("series", {}).get("count") for e in _disruption_events(kube)] == [want]
+
+            wait_for(counted, timeout=30)
+            kube.kubectl("taint", "node", node, "karpenter.sh/disrupted:NoSchedule-")
+        [event] = _disruption_events(kube)
+        assert event["regarding"]["kind"] == "WorkloadSummary" and event["regarding"]["name"] == "app", event
+        try:
+            wait_for(lambda: added <= _used(kube), timeout=30)
+        except AssertionError:
+            raise AssertionError(f"not used within 30 s: {sorted(added - _used(kube))}") from None
+        used = _used(kube)
+        assert used <= _granted(overlay), f"used without a grant: {sorted(used - _granted(overlay))}"
+        denied = [line for line in kube.audit_log.read_text().splitlines()
+                  if json.loads(line)["responseStatus"]["code"] == 403]
+        assert not denied, denied[:3]
+        for verb, resource, namespace, answer in (("list", "events.events.k8s.io", "default", "yes"),
+                                                  ("watch", "events.events.k8s.io", "default", "yes"),
+                                                  ("create", "events.events.k8s.io", "shop", "yes"),
+                                                  ("patch", "events.events.k8s.io", "shop", "yes"),
+                                                  ("list", "events.events.k8s.io", "shop", "no"),
+                                                  ("get", "events.events.k8s.io", "default", "no"),
+                                                  ("delete", "events.events.k8s.io", "shop", "no"),
+                                                  ("create", "events", "shop", "no")):
+            proc = kube.kubectl("auth", "can-i", verb, resource, f"--as={SA}", "-n", namespace, check=False)
+            assert proc.stdout.strip() == answer, (verb, resource, namespace, proc.stdout, proc.stderr)
+    finally:
+        writer.stop()
+        kube.kubectl("apply", "-k", str(DEPLOY))  # the base's Deployment again
+        kube.kubectl("delete", "role,rolebinding", "node-workload-summary-karpenter-events", "-n", "default")
+        kube.kubectl("delete", "clusterrole,clusterrolebinding", "node-workload-summary-workload-events")
+        kube.kubectl("delete", "namespace", "shop", "--wait=false")
+
+
 def test_reader_role_allows_get_metrics_and_nothing_else(kube: LocalCluster, as_service_account: Service) -> None:
     scraper = "system:serviceaccount:default:scraper"
     assert kube.kubectl("auth", "can-i", "get", "/metrics", f"--as={scraper}").stdout.strip() == "yes"
