@@ -144,6 +144,7 @@ ALL_FLIPPED: dict[str, Any] = {
     "prometheusRule": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}, **RULE_VALUES},
     "dashboards": DASHBOARDS,
     "quota": {"actuation": True},
+    "karpenter": {"events": True},
     # The Secrets' namespace: one the dry run finds (the release's).
     "fleet": {"hub": True, "namespace": NS, "memberGrace": 120, "hubReaders": [FLEET_READER]},
     "commonLabels": COMMON_LABELS, "podAnnotations": POD_ANNOTATIONS, "podLabels": {"tier": "ml"},
@@ -170,6 +171,7 @@ NOT_FLIPPED = {
     "dashboards.enabled": "test_dashboards_toggle",
 }
 QUOTA = {"quota": {"actuation": True}}
+KARPENTER_EVENTS = {"karpenter": {"events": True}}
 
 
 def _run(cmd: list[str], input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -252,9 +254,10 @@ def test_lint(helm: list[str], tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("values,path", [({}, DEPLOY), (MONITORING, DEPLOY / "with-monitoring"),
-                                         (QUOTA, DEPLOY / "with-quota-actuation")],
+                                         (QUOTA, DEPLOY / "with-quota-actuation"),
+                                         (KARPENTER_EVENTS, DEPLOY / "with-karpenter-events")],
                          ids=["default=deploy", "monitoring=deploy/with-monitoring",
-                              "quota=deploy/with-quota-actuation"])
+                              "quota=deploy/with-quota-actuation", "karpenter=deploy/with-karpenter-events"])
 def test_template_equals_kustomize(helm: list[str], binaries: dict[str, Path], tmp_path: Path,
                                    values: dict[str, Any], path: Path) -> None:
     kustomized = _kustomize(binaries, path)

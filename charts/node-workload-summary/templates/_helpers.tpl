@@ -28,6 +28,9 @@
 - --fleet-namespace={{ .Values.fleet.namespace }}
 - --member-grace={{ .Values.fleet.memberGrace }}
 {{- end }}
+{{- if .Values.karpenter.events }}
+- --karpenter-events=on
+{{- end }}
 {{- end }}
 
 {{- /* ---- Labels and names: the standard labels, commonLabels, the ServiceAccount. ---- */}}
