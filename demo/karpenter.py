@@ -32,6 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NS = POOL = "demo"
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
 REPORTER = "node-workload-summary"  # the Events' reportingController
+# `kubectl get events` shows no count; its series' does (none: once).
+EVENT_COLUMNS = "TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.series.count,MESSAGE:.message"
 
 
 def say(msg: str) -> None:
@@ -89,10 +91,11 @@ def blocked_nodes(cluster: LocalCluster, summary: str) -> int:
 def show(cluster: LocalCluster) -> str:
     """What the demo prints at each step: the summaries and the service's Events."""
     events = cluster.kubectl("get", "events", "-n", NS, f"--field-selector=reportingComponent={REPORTER}",
-                             "--sort-by=.lastTimestamp").stdout
+                             f"-o=custom-columns={EVENT_COLUMNS}").stdout
     return (f"$ kubectl get nodesummaries\n{cluster.kubectl('get', 'nodesummaries').stdout}\n"
             f"$ kubectl get workloads.ux -A\n{cluster.kubectl('get', 'workloads.ux', '-A').stdout}\n"
-            f"$ kubectl get events -n {NS} --field-selector reportingComponent={REPORTER}\n{events}")
+            f"$ kubectl get events -n {NS} --field-selector reportingComponent={REPORTER} \\\n"
+            f"    -o custom-columns={EVENT_COLUMNS}\n{events}")
 
 
 def run(duration: float, stop: threading.Event) -> int:

@@ -1,0 +1,38 @@
+"""`python -m demo --karpenter --duration 1` (make demo DEMO_ARGS=--karpenter): it starts the real
+Karpenter, plays the drift rollout and prints what docs/karpenter.md shows: the pool's NodeSummary
+with its three blocked nodes, the workloads, and the service's Events naming each blocker; then it
+stops and exits 0."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.paths import ROOT
+
+pytestmark = pytest.mark.karpenter
+
+
+def test_the_karpenter_demo_plays_a_drift_rollout_and_names_its_blockers() -> None:
+    proc = subprocess.run([sys.executable, "-m", "demo", "--karpenter", "--duration", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert re.search(r"Karpenter ready in \d+\.\ds", proc.stderr), proc.stderr
+    before, after = proc.stdout.split("The rollout, ", 1)
+    for part in (before, after):
+        header, row = part.split("$ kubectl get nodesummaries\n", 1)[1].splitlines()[:2]
+        assert row.startswith("pools-demo ") and row[header.index("BLOCKED"):].split()[0] == "3", (header, row)
+        workloads = part.split("$ kubectl get workloads.ux -A\n", 1)[1]
+        assert {"web", "pinned", "guarded"} <= {line.split()[1] for line in workloads.splitlines()[1:] if line}
+    events = after.split("COUNT:.series.count,MESSAGE:.message\n", 1)[1]
+    # One Event per workload; guarded's counts its two nodes (and Karpenter's repeats), web's its three.
+    assert re.search(r"Warning\s+DisruptionBlocked\s+pinned\s+\S+\s+pod demo/pinned-\S+ "
+                     r"\(karpenter\.sh/do-not-disrupt\) keeps Karpenter", events), events
+    assert re.search(r"Warning\s+DisruptionBlocked\s+guarded\s+[2-9]\s+PodDisruptionBudget demo/guarded",
+                     events), events
+    assert re.search(r"Normal\s+DisruptionStarted\s+web\s+3\s+Karpenter is disrupting nodes of NodePool demo",
+                     events), events
+    assert len(events.strip().splitlines()) == 4, events  # the header and three Events
