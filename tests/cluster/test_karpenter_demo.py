@@ -20,6 +20,7 @@ def test_the_karpenter_demo_plays_a_drift_rollout_and_names_its_blockers() -> No
     proc = subprocess.run([sys.executable, "-m", "demo", "--karpenter", "--duration", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    print(proc.stderr, proc.stdout, sep="\n")  # the printout docs/karpenter.md shows
     assert re.search(r"Karpenter ready in \d+\.\ds", proc.stderr), proc.stderr
     before, after = proc.stdout.split("The rollout, ", 1)
     for part in (before, after):
