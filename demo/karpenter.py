@@ -83,6 +83,12 @@ def pool_nodes(cluster: LocalCluster) -> list[str]:
                            "jsonpath={.items[*].metadata.name}").stdout.split()
 
 
+def on_unhealthy_nodes(cluster: LocalCluster, workload: str) -> int:
+    out = cluster.kubectl("get", "workloads.ux", "-n", NS, workload, "-o",
+                          "jsonpath={.status.podsOnUnhealthyNodes}", check=False).stdout
+    return int(out) if out.isdigit() else 0
+
+
 def blocked_nodes(cluster: LocalCluster, summary: str) -> int:
     out = cluster.kubectl("get", "nodesummary", summary, "-o", "jsonpath={.status.blockedNodeCount}", check=False)
     return int(out.stdout) if out.returncode == 0 and out.stdout.isdigit() else 0
@@ -136,6 +142,7 @@ def run(duration: float, stop: threading.Event) -> int:
         say(f"NodePool {POOL}: template label rollout v1 -> v2; every node drifts ...")
         drift(cluster, pool, "v2")
         wait_for(lambda: not free & set(pool_nodes(cluster)) and len(pods_on(cluster, NS)) == 6, timeout=180)
+        wait_for(lambda: not on_unhealthy_nodes(cluster, "web"), timeout=30)  # its summary written since
         print(f"\nThe rollout, {time.monotonic() - changed:.0f}s after the template change: web's nodes replaced, "
               f"the 3 held nodes still drifted.\n\n{show(cluster)}", flush=True)
         print(f"\nLook around:\n  export KUBECONFIG={cluster.kubeconfig} PATH={cluster.kubectl_path.parent}:$PATH\n"
