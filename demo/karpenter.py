@@ -33,6 +33,8 @@ NS = POOL = "demo"
 DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
 REPORTER = "node-workload-summary"  # the Events' reportingController
 # `kubectl get events` shows no count; its series' does (none: once).
+SUMMARY = f"pools-{POOL}"  # the pool's NodeSummary (NodeSummarizer pools, label karpenter.sh/nodepool)
+BLOCKERS = r'{range .status.blockers[*]}{.node}{"\t"}{.kind}{"\t"}{.namespace}/{.name}{"\n"}{end}'
 EVENT_COLUMNS = "TYPE:.type,REASON:.reason,OBJECT:.involvedObject.name,COUNT:.series.count,MESSAGE:.message"
 
 
@@ -98,7 +100,9 @@ def show(cluster: LocalCluster) -> str:
     """What the demo prints at each step: the summaries and the service's Events."""
     events = cluster.kubectl("get", "events", "-n", NS, f"--field-selector=reportingComponent={REPORTER}",
                              f"-o=custom-columns={EVENT_COLUMNS}").stdout
+    blockers = cluster.kubectl("get", "nodesummary", SUMMARY, f"-o=jsonpath={BLOCKERS}").stdout
     return (f"$ kubectl get nodesummaries\n{cluster.kubectl('get', 'nodesummaries').stdout}\n"
+            f"$ kubectl get nodesummary {SUMMARY} -o jsonpath='{BLOCKERS}'\n{blockers}\n"
             f"$ kubectl get workloads.ux -A\n{cluster.kubectl('get', 'workloads.ux', '-A').stdout}\n"
             f"$ kubectl get events -n {NS} --field-selector reportingComponent={REPORTER} \\\n"
             f"    -o custom-columns={EVENT_COLUMNS}\n{events}")
@@ -134,7 +138,7 @@ def run(duration: float, stop: threading.Event) -> int:
             "none), one pod per node: Karpenter launches 6 nodes ...")
         wait_for(lambda: len(pods_on(cluster, NS)) == 6, timeout=120)
         say("waiting for Karpenter to name what blocks its disruptions (its DisruptionBlocked Events) ...")
-        wait_for(lambda: blocked_nodes(cluster, f"pools-{POOL}") == 3, timeout=200)
+        wait_for(lambda: blocked_nodes(cluster, SUMMARY) == 3, timeout=200)
         print(f"\nReady in {time.monotonic() - started:.0f}s: pool {POOL} before the rollout.\n\n{show(cluster)}",
               flush=True)
         free = {node for pod, node in pods_on(cluster, NS).items() if pod.startswith("web-")}

@@ -26,6 +26,10 @@ def test_the_karpenter_demo_plays_a_drift_rollout_and_names_its_blockers() -> No
     for part in (before, after):
         header, row = part.split("$ kubectl get nodesummaries\n", 1)[1].splitlines()[:2]
         assert row.startswith("pools-demo ") and row[header.index("BLOCKED"):].split()[0] == "3", (header, row)
+        lines = part.split("{end}'\n", 1)[1].split("\n\n", 1)[0].splitlines()  # node, kind, namespace/name
+        blockers = sorted(tuple(line.split("\t")[1:]) for line in lines)
+        assert [kind for kind, _ in blockers] == ["Pod", "PodDisruptionBudget", "PodDisruptionBudget"], lines
+        assert blockers[0][1].startswith("demo/pinned-") and blockers[1][1] == blockers[2][1] == "demo/guarded"
         workloads = part.split("$ kubectl get workloads.ux -A\n", 1)[1].split("\n\n", 1)[0]
         assert {line.split()[1] for line in workloads.splitlines()[1:]} == {"web", "pinned", "guarded"}
     events = after.split("COUNT:.series.count,MESSAGE:.message\n", 1)[1].split("\n\n", 1)[0]
