@@ -470,7 +470,7 @@ def test_karpenter_events_grant_exactly_what_their_watch_and_writes_use(
     """deploy/with-karpenter-events/ adds to the base exactly what --karpenter-events=on uses: list
     and watch Events in `default` (Karpenter's DisruptionBlocked on Nodes), create and patch Events
     in every namespace (on WorkloadSummaries). As the ServiceAccount, a replica with the flag
-    watches, and records a DisruptionStarted Event on WorkloadSummary shop/app when the node of its
+    watches, and records a DisruptionStarted Event on WorkloadSummary shop/app (a StatefulSet) when the node of its
     pod gets Karpenter's disruption taint, counted again (patched) when it gets it a second time;
     the audit log shows each added grant used and nothing used without a grant."""
     overlay = _rendered(kube, DEPLOY / "with-karpenter-events")
@@ -479,7 +479,12 @@ def test_karpenter_events_grant_exactly_what_their_watch_and_writes_use(
     since = _audit_lines(kube)  # what earlier tests' replicas did (quota actuation's writes) is theirs
     kube.kubectl("apply", "-k", str(DEPLOY / "with-karpenter-events"))
     kube.kubectl("create", "namespace", "shop")
-    kube.kubectl("create", "deployment", "app", "--image=nginx", "--replicas=1", "-n", "shop")
+    # A StatefulSet: the summarizer no longer lists Deployments (test_everything_works_as_the_service_account).
+    labels = {"app": "app"}
+    kube.kubectl("apply", "-f", "-", input=json.dumps({
+        "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "app", "namespace": "shop"},
+        "spec": {"replicas": 1, "serviceName": "app", "selector": {"matchLabels": labels}, "template": {
+            "metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "nginx"}]}}}}))
     sa_kubeconfig = token_kubeconfig(kube, "node-workload-summary", NS, "sa-karpenter")
     writer = Service(kube, (f"--kubeconfig={sa_kubeconfig}", "--no-leader-election", "--karpenter-events=on"))
     writer.start()
