@@ -12,6 +12,10 @@ holds no node: it counts in its node's and its workload's phase counts, never in
 nodes (placement, pods and nodes on unhealthy nodes), so a finished Job on a lost pool is not
 "on unhealthy nodes". A Pending pod bound to a node holds it.
 
+A node's blocker (what Karpenter says keeps it from disrupting the node: disruption.py, from its
+DisruptionBlocked Events) is one more of the node's facts, moved with it between node groups; a
+node's state becoming Disrupting, and a blocker said, leave notices for the reconciler's Events.
+
 Node groups and Kueue flavors are both node sets, summed by one arithmetic (nodeset.py). The
 flavors, with the nominal quota of the ClusterQueues that name them, are an aggregate of their own
 (kueue.py, ``ClusterIndex.kueue``) that sees the same node and pod events.

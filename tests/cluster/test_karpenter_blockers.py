@@ -3,7 +3,8 @@
 holds two more; the service (--karpenter-events=on) names each blocker in the pool's NodeSummary and
 its metric, and records one Event per workload in the workload's namespace, on its
 WorkloadSummary: DisruptionBlocked naming the blocker, DisruptionStarted for the workload whose
-nodes Karpenter replaced, each a series counting its nodes (docs/karpenter.md#blockers)."""
+nodes Karpenter replaced, each a series counting its nodes (docs/karpenter.md#blockers). The pod's
+annotation removed, Karpenter takes its node and the service no longer names it."""
 
 from __future__ import annotations
 
@@ -133,3 +134,19 @@ def test_each_blocker_of_a_drift_is_named_and_each_workload_gets_one_event(
         # kubectl describe shows it where the app team looks.
         described = kube.kubectl("describe", "workloadsummaries.ux", "pinned", "-n", NS).stdout
         assert "DisruptionBlocked" in described and pinned in described, described
+
+        # The annotation removed: Karpenter's next pass takes the drifted node, and the service stops
+        # naming it (its disruption taint) and tells pinned's owners their pod is being moved.
+        old = placement[pinned]
+        kube.kubectl("annotate", "pod", pinned, "-n", NS, "karpenter.sh/do-not-disrupt-")
+        lifted = time.monotonic()
+        try:
+            wait_for(lambda: old in watched_nodes.deleted() and old not in {
+                b["node"] for b in node_summary(kube).get("blockers", [])} and any(
+                e["reason"] == "DisruptionStarted" for e in by_workload().get("pinned", [])), timeout=120, interval=0.5)
+        except AssertionError:
+            raise AssertionError(f"{node_summary(kube)}\n{by_workload().get('pinned')}") from None
+        print(f"the annotation removed: its node replaced and no longer named {time.monotonic() - lifted:.1f}s later")
+        assert watched_nodes.ever(old, lambda obj: tainted(obj, DISRUPTED_TAINT))
+        assert {b["node"] for b in node_summary(kube).get("blockers", []) if b["kind"] == "PodDisruptionBudget"} == {
+            n for n, b in held.items() if b["kind"] == "PodDisruptionBudget"}
