@@ -107,9 +107,11 @@ def test_each_blocker_of_a_drift_is_named_and_each_workload_gets_one_event(
             return out
 
         def counted() -> bool:
+            """One Event each: guarded's counts its two nodes at least (and each time Karpenter says a
+            blocker again, every 2 minutes while it holds), free's its two replaced nodes."""
             events = by_workload()
             return (events.keys() == {"pinned", "guarded", "free"} and all(len(v) == 1 for v in events.values())
-                    and events["guarded"][0].get("series", {}).get("count") == 2
+                    and events["guarded"][0].get("series", {}).get("count", 1) >= 2
                     and events["free"][0].get("series", {}).get("count") == 2)
 
         try:
