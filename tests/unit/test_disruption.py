@@ -208,3 +208,19 @@ def test_a_notice_waits_for_its_workloads_summary_then_is_dropped() -> None:
     assert "uid-db" not in index.workloads
     assert asyncio.run(controller.reconcile(("workloadsummaries", "uid-db"))).requeue_after is None
     assert "uid-db" not in controller.pending
+
+
+def test_a_replica_that_does_not_lead_writes_no_event() -> None:
+    """The Events go through the manager's writer, which checks leadership before each request: a
+    replica that lost the lease between the pass and the write records nothing (counted as failed)."""
+    index = cluster()
+    server, leading = Server(), [True]
+    recorder = EventRecorder("nws", "r", Clock())
+    controller = DisruptionEventController(index, {"uid-web": SummaryRef("shop", "web", "ws-1")}.get, recorder,
+                                           Writer(server, leading=lambda: leading[0]))
+    controller.queue_changes()
+    index.upsert_node(make_node("n2", {POOL: "web"}, taints=[DISRUPTED]))
+    controller.queue_changes()
+    leading[0] = False
+    asyncio.run(controller.reconcile(("workloadsummaries", "uid-web")))
+    assert server.calls == [] and recorder.counts == {"failed": 1}
