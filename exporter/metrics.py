@@ -163,6 +163,11 @@ NODEGROUP_FAMILIES: tuple[FamilyGenerator[NodeGroupAgg], ...] = (
                            "Nodes of the group with a Karpenter NodeClaim by rollout state: UpToDate, Drifted, "
                            "Disrupting (DisruptionReason, or being deleted); every state while the group has one."),
                     lambda g: ((_labels(rollout=r), g.rollout.get(r, 0)) for r in ROLLOUT_STATES) if g.rollout else ()),
+    FamilyGenerator(Family("nodegroup_nodes_held", "gauge",
+                           "Nodes of the group Karpenter wants to disrupt (a NodeClaim drifted, expiring or "
+                           "consolidatable) that a blocker holds (nws_nodegroup_nodes_blocked); while the group has a "
+                           "NodeClaim."),
+                    lambda g: [("", g.held)] if g.rollout else ()),
     FamilyGenerator(Family("nodegroup_rollout_changed_timestamp_seconds", "gauge",
                            "When a node of the group last entered or left the Drifted or Disrupting rollout count (or "
                            "this replica first saw one there), in seconds since the epoch; none before that."),

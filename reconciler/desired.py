@@ -146,18 +146,19 @@ NODE_SUMMARY_STATUS: dict[str, Callable[[NodeGroupAgg], Any]] = {
     "unhealthyAccelerators": lambda a: _quantities(a.accelerators_unhealthy),
     "podsWithUnhealthyDevices": lambda a: a.pods_with_unhealthy_devices or None,  # 0: left out
     "unhealthyDevices": lambda a: dict(sorted(a.devices_unhealthy.items())),
-    "rollout": lambda a: _rollout(a.rollout),
+    "rollout": lambda a: _rollout(a.rollout, a.held),
     "blockedNodeCount": lambda a: a.blocked or None,  # 0: left out
     "blockers": lambda a: _blockers(a.blockers),
 }
 
 
-def _rollout(counts: dict[str, int]) -> dict[str, int]:
-    """Every count, 0s included, for a group with NodeClaims (a health gate reads drifted == 0); else none."""
+def _rollout(counts: dict[str, int], held: int) -> dict[str, int]:
+    """Every count, 0s included, for a group with NodeClaims (a health gate reads drifted == 0); else none.
+    ``held``, the candidates a blocker holds (only with --karpenter-events), while there are some."""
     if not counts:
         return {}
     return {"upToDate": counts.get(UP_TO_DATE, 0), "drifted": counts.get(DRIFTED, 0),
-            "disrupting": counts.get(DISRUPTING, 0)}
+            "disrupting": counts.get(DISRUPTING, 0), **({"held": held} if held else {})}
 
 
 def _blockers(blockers: Mapping[str, Blocker]) -> list[dict[str, str]]:

@@ -641,7 +641,10 @@ class ClusterIndex:
             return
         facts = self.nodeclaims.facts(name)
         if facts != (entry.rollout, entry.candidate):
+            was_candidate = entry.candidate
             self._refresh_node(entry, lambda: self._set_claim_facts(entry, *facts))
+            if entry.blocker is not None and entry.candidate and not was_candidate:
+                self._notice_blocker(name, entry.blocker)  # a blocker Karpenter named now holds a rollout
 
     @staticmethod
     def _set_claim_facts(entry: NodeEntry, rollout: str, candidate: str) -> None:
@@ -1044,11 +1047,12 @@ class ClusterIndex:
             self.notices.add(Notice(uid, entry.name, pool))
 
     def _notice_blocker(self, name: str, blocker: Blocker) -> None:
-        """The node is held by ``blocker``: a notice for its workload (a pod's), or those of the
-        PDB's namespace with pods on the node (the PDB's selector is not read)."""
+        """The node is held by ``blocker`` while Karpenter wants to disrupt it (its NodeClaim a
+        candidate: drifted, expiring, consolidatable): a notice for its workload (a pod's), or those
+        of the PDB's namespace with pods on the node (the PDB's selector is not read)."""
         entry = self.nodes.get(name)
-        if not self.notices.enabled or entry is None:
-            return
+        if not self.notices.enabled or entry is None or (entry.rollout and not entry.candidate):
+            return  # nothing wants to disrupt it: it holds no rollout (its NodeClaim unknown: it may)
         uids: set[str] = set()
         if blocker.kind == POD_BLOCKER:
             pod = self.pods.get(blocker.pod_key)

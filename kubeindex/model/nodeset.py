@@ -74,6 +74,7 @@ class NodeSetAgg:
     # when this replica first saw one there; 0: never. What NodeGroupRolloutStuck measures.
     rollout_changed: float = field(default=0.0, metadata=NOT_SUMMED)
     blocked: int = 0  # nodes Karpenter says it may not disrupt, naming why (disruption.py)
+    held: int = 0  # of those, the ones it wants to disrupt (a NodeClaim candidate: drifted, expiring, consolidatable)
     blockers: dict[str, Blocker] = field(default_factory=dict, metadata=NOT_SUMMED)  # node -> its blocker
     revision: int = field(default=0, metadata=NOT_SUMMED)  # its stamp: moves with its content
 
@@ -146,6 +147,8 @@ def node_into(agg: NodeSetAgg, entry: NodeEntry, sign: int, revision: Revision) 
         agg.node_names.discard(entry.name)
     if entry.blocker is not None:
         agg.blocked += sign
+        if entry.candidate:
+            agg.held += sign
         if sign > 0:
             agg.blockers[entry.name] = entry.blocker
         else:

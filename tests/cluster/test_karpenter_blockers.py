@@ -85,6 +85,10 @@ def test_each_blocker_of_a_drift_is_named_and_each_workload_gets_one_event(
         at = header.index("BLOCKED")  # kubectl aligns each value under its column's name
         assert row[at:].split()[0] == "3", (header, row)
 
+        # Nothing wants those nodes yet (no drift; no consolidation, no expiry): they hold no rollout,
+        # and no workload is told it blocks one.
+        assert "held" not in status["rollout"] and our_events(kube) == [], (status, our_events(kube))
+
         # The drift: Karpenter replaces the free nodes; the three held ones stay, still named.
         drift(kube, spec, "v2")
         changed = time.monotonic()
@@ -95,6 +99,7 @@ def test_each_blocker_of_a_drift_is_named_and_each_workload_gets_one_event(
         assert not set(held) & watched_nodes.deleted()
         assert {c["status"]["nodeName"] for c in nodeclaims(kube, POOL)} >= set(held)
         assert node_summary(kube)["blockers"] == wanted
+        wait_for(lambda: node_summary(kube)["rollout"].get("held") == 3, timeout=30, interval=0.5)  # drifted, held
 
         # One Event per workload, in its namespace, on its WorkloadSummary; each a series counting its nodes.
         summaries = {s["metadata"]["name"]: s["metadata"]["uid"] for s in json.loads(kube.kubectl(

@@ -15,7 +15,7 @@ from reconciler.desired import MAX_BLOCKERS, NODE_SUMMARY_STATUS
 from reconciler.disruptions import BLOCKED, STARTED, DisruptionEventController, SummaryRef, note
 from reconciler.events import EventRecorder
 from reconciler.writer import Writer
-from tests.builders import DISRUPTED, configured, make_node, make_pod, ref
+from tests.builders import DISRUPTED, configured, make_node, make_nodeclaim, make_pod, ref
 from tests.unit.test_events import Clock, Server
 
 POOL = "karpenter.sh/nodepool"
@@ -224,3 +224,22 @@ def test_a_replica_that_does_not_lead_writes_no_event() -> None:
     leading[0] = False
     asyncio.run(controller.reconcile(("workloadsummaries", "uid-web")))
     assert server.calls == [] and recorder.counts == {"failed": 1}
+def test_a_blocker_holds_a_rollout_when_karpenter_wants_its_node() -> None:
+    """``held``: the blocked nodes whose NodeClaim is a candidate (drifted here); a blocker's notice
+    waits until Karpenter wants the node, and comes when it does."""
+    index = cluster()
+    group = index.node_groups[GROUP]
+    for node in ("n1", "n2"):
+        index.upsert_nodeclaim(make_nodeclaim(f"c-{node}", node, expire_after="Never"))
+    index.upsert_blocked_event(blocked("e1", "n1", POD_NOTE), NOW)
+    assert (group.blocked, group.held) == (1, 0)
+    assert NODE_SUMMARY_STATUS["rollout"](group) == {"upToDate": 2, "drifted": 0, "disrupting": 0}  # none held
+    assert index.notices.take() == []  # nothing wants n1: it holds no rollout
+    index.upsert_nodeclaim(make_nodeclaim("c-n1", "n1", {"Drifted": "True"}, expire_after="Never"))
+    assert (group.blocked, group.held) == (1, 1)
+    assert NODE_SUMMARY_STATUS["rollout"](group)["held"] == 1
+    assert index.notices.take() == [Notice("uid-web", "n1", "web", Blocker(POD, "shop", ("web-0",)))]
+    index.upsert_blocked_event(blocked("e2", "n2", PDB_NOTE), NOW)
+    assert group.held == 1 and index.notices.take() == []
+    index.delete_pod("shop/web-0")
+    assert (group.blocked, group.held) == (1, 0)
