@@ -6,8 +6,9 @@ A control plane with the real Karpenter (its KWOK provider, localkube/karpenter.
 `guarded` (2 pods under a PodDisruptionBudget that allows none). node-workload-summary runs with
 --karpenter-events=on. Once Karpenter has named the blockers, the template's label goes to `v2`: the
 pool drifts, Karpenter replaces web's nodes and cannot touch the other three. The demo prints
-`kubectl get nodesummaries`, `kubectl get workloads.ux -A` and the Events the service recorded,
-before and after, then waits for Ctrl-C (or --duration).
+`kubectl get nodesummaries -o wide` (the rollout columns), the pool's blockers, `kubectl get
+workloads.ux -A` and the Events the service recorded, before and after, then waits for Ctrl-C (or
+--duration).
 
 The scenario's objects are made here, and tests/cluster/test_karpenter_blockers.py makes the same.
 """
@@ -101,7 +102,7 @@ def show(cluster: LocalCluster) -> str:
     events = cluster.kubectl("get", "events", "-n", NS, f"--field-selector=reportingComponent={REPORTER}",
                              f"-o=custom-columns={EVENT_COLUMNS}").stdout
     blockers = cluster.kubectl("get", "nodesummary", SUMMARY, f"-o=jsonpath={BLOCKERS}").stdout
-    return (f"$ kubectl get nodesummaries\n{cluster.kubectl('get', 'nodesummaries').stdout}\n"
+    return (f"$ kubectl get nodesummaries -o wide\n{cluster.kubectl('get', 'nodesummaries', '-o', 'wide').stdout}\n"
             f"$ kubectl get nodesummary {SUMMARY} -o jsonpath='{BLOCKERS}'\n{blockers}\n"
             f"$ kubectl get workloads.ux -A\n{cluster.kubectl('get', 'workloads.ux', '-A').stdout}\n"
             f"$ kubectl get events -n {NS} --field-selector reportingComponent={REPORTER} \\\n"

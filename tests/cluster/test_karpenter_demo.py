@@ -24,8 +24,11 @@ def test_the_karpenter_demo_plays_a_drift_rollout_and_names_its_blockers() -> No
     assert re.search(r"Karpenter ready in \d+\.\ds", proc.stderr), proc.stderr
     before, after = proc.stdout.split("The rollout, ", 1)
     for part in (before, after):
-        header, row = part.split("$ kubectl get nodesummaries\n", 1)[1].splitlines()[:2]
+        header, row = part.split("$ kubectl get nodesummaries -o wide\n", 1)[1].splitlines()[:2]
         assert row.startswith("pools-demo ") and row[header.index("BLOCKED"):].split()[0] == "3", (header, row)
+        # Before the rollout nothing wants the held nodes; after it, all three are drifted and held.
+        held = row[header.index("HELD"):header.index("AGE")].strip()  # blank: status.rollout.held absent
+        assert held == ("" if part is before else "3"), (header, row)
         lines = part.split("{end}'\n", 1)[1].split("\n\n", 1)[0].splitlines()  # node, kind, namespace/name
         blockers = sorted(tuple(line.split("\t")[1:]) for line in lines)
         assert [kind for kind, _ in blockers] == ["Pod", "PodDisruptionBudget", "PodDisruptionBudget"], lines
