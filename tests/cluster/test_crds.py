@@ -235,7 +235,7 @@ def test_kubectl_get_workloads_columns(cluster: LocalCluster) -> None:
         "placement": "gke-nodepool-tpu-v5=3,gke-nodepool-cpu=1", "podsOnUnhealthyNodes": 4,
     })
     lines = cluster.kubectl("get", "workloads", "-n", "team-a").stdout.splitlines()
-    assert lines[0].split()[:6] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE", "UNHEALTHY", "AGE"], lines
+    assert lines[0].split()[:7] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE", "UNHEALTHY", "AT_RISK", "AGE"], lines
     assert lines[1].split()[:5] == ["trainer", "12", "js", "jobset.jobset.x-k8s.io/v1alpha2", "4"], lines
     wide = cluster.kubectl("get", "workloads.ux", "-n", "team-a", "-o", "wide").stdout.splitlines()
     assert "PLACEMENT" in wide[0] and "gke-nodepool-tpu-v5=3,gke-nodepool-cpu=1" in wide[1], wide
@@ -255,7 +255,7 @@ def test_kubectl_get_nodesummaries_columns(cluster: LocalCluster) -> None:
     })
     lines = cluster.kubectl("get", "nodesummaries", "gke-nodepool-gpu").stdout.splitlines()
     assert lines[0].split() == ["NAME", "NODES", "READY", "NOT", "READY", "CPU", "MEMORY", "GPU", "UNHEALTHY",
-                                "AGE"], lines
+                                "BLOCKED", "AGE"], lines
     assert lines[1].split()[:8] == ["gke-nodepool-gpu", "4", "3", "1", "380", "1.5Ti", "32", "1"], lines
     wide = cluster.kubectl("get", "nodesummaries", "gke-nodepool-gpu", "-o", "wide").stdout.splitlines()
     assert "CORDONED" in wide[0] and "gke-gpu-*" in wide[1], wide
