@@ -51,6 +51,6 @@ def test_each_command_block_runs_in_a_fresh_shell() -> None:
         assert proc.returncode == 0, f"{with_help(block)}\nexit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
         outputs.append(proc.stdout)
     setup, more = outputs
-    assert "usage: python -m demo" in setup and more.count("usage: python -m demo") == 2
+    assert "usage: python -m demo" in setup and more.count("usage: python -m demo") == 3  # --karpenter among them
     assert "usage: node-workload-summary" in more and "--kubeconfig PATH" in more
     assert f"node-workload-summary {package_version()} (revision {head}, Python " in more
