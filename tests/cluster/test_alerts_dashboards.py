@@ -17,12 +17,12 @@ from alerts.replicas import LABELS
 from alerts.rules import Thresholds, rules_file
 from demo.kueue import cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref, workload_summarizer
-from kubeindex.model.resources import NODES, PODS
+from kubeindex.model.resources import NODECLAIMS, NODES, PODS
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, select, wait_for
 from tests.alerting import disrupt, replica_labels
-from tests.kube import create_node, create_pod, set_node_status, set_pod_phase
+from tests.kube import create_node, create_pod, nodeclaim_crd, set_node_status, set_pod_phase
 from tests.paths import CRDS
 from tests.support.alerts_dashboards import (
     PROMETHEUS_OWN,
@@ -88,6 +88,14 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         create_pod(c, "default", "web-2", node="b-1", owner=rs)
         create_pod(c, "default", "web-3", phase="Pending", owner=rs)
         create_pod(c, "default", "lonely", node="b-2")
+        # Karpenter's NodeClaim of a-1, drifted (its kind served without Karpenter): group a's rollout families.
+        nodeclaim_crd(c)
+        ok(c.request(NODECLAIMS.path(), "POST", {"apiVersion": NODECLAIMS.api_version, "kind": NODECLAIMS.kind,
+                                                 "metadata": {"name": "a-1"}, "spec": {}}))
+        ok(c.request(NODECLAIMS.path(name="a-1", subresource="status"), "PATCH", {"status": {
+            "nodeName": "a-1", "conditions": [{"type": "Drifted", "status": "True", "reason": "NodePoolDrifted",
+                                               "lastTransitionTime": "2026-12-01T00:00:00Z"}]}},
+                     content_type="application/merge-patch+json"))
         yield c
 
 
