@@ -108,7 +108,7 @@ def test_accelerators_dropping_and_recovering(kube: LocalCluster, service: Servi
     assert status(kube, "nodesummaries/pool-gpu")["nodesByState"]["Degraded"] == 1
     rows = kube.kubectl("get", "nodesummaries").stdout.splitlines()
     header, gpu = rows[0].split(), next(r.split() for r in rows if r.startswith("pool-gpu"))
-    assert header[-2:] == ["UNHEALTHY", "AGE"] and gpu[-2] == "1"
+    assert header[-3:] == ["UNHEALTHY", "BLOCKED", "AGE"] and gpu[-2] == "1"  # BLOCKED empty: no Karpenter here
     # A WorkloadSummary is written a debounce after its first change: it may trail the NodeSummary.
     wait_for(lambda: status(kube, f"namespaces/{NS}/workloadsummaries/trainer").get("podsOnUnhealthyNodes") == 1,
              timeout=5)
