@@ -130,7 +130,8 @@ def build(settings: Settings) -> Service:
     index = ClusterIndex(settings.workload_pod_labels, max_depth=settings.max_owner_depth,
                          disruption_taints=settings.disruption_taints, problem_conditions=settings.problem_conditions,
                          accelerator_resources=settings.accelerator_resources,
-                         expiry_horizon=settings.nodeclaim_expiry_horizon)
+                         expiry_horizon=settings.nodeclaim_expiry_horizon, gang_grace=settings.gang_grace,
+                         gang_topology_label=settings.gang_topology_label)
     watch = WatchSettings(page_size=settings.page_size, timeout_min=settings.watch_timeout_min,
                           timeout_max=settings.watch_timeout_max, read_timeout=settings.read_timeout,
                           initial_list=settings.initial_list, encoding=settings.encoding,

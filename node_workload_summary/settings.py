@@ -16,6 +16,7 @@ from typing_extensions import TypeAliasType
 
 from exporter.auth import CACHE_SIZE, CACHE_TTL, DENIED_TTL, REVIEW_BURST, REVIEWS_PER_SECOND
 from exporter.metrics import MAX_NODEGROUP_SERIES, MAX_WORKLOAD_SERIES
+from kubeindex.model.gangs import GANG_GRACE, TOPOLOGY_LABEL
 from kubeindex.model.index import ACCELERATOR_RESOURCES, DISRUPTION_TAINTS, MAX_OWNER_DEPTH, PROBLEM_CONDITIONS
 from kubeindex.model.karpenter import EXPIRY_HORIZON
 from kubeindex.watch.fleet import MEMBER_GRACE
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     Taints: TypeAlias = list[str]
     Conditions: TypeAlias = list[str]
     ResourceNames: TypeAlias = list[str]
+    LabelKey: TypeAlias = str
 else:
     FilePath = TypeAliasType("PATH", str)
     Name = TypeAliasType("NAME", str)
@@ -63,6 +65,7 @@ else:
     Taints = TypeAliasType("TAINTS", list[str])
     Conditions = TypeAliasType("CONDITIONS", list[str])
     ResourceNames = TypeAliasType("RESOURCES", list[str])
+    LabelKey = TypeAliasType("LABEL", str)
 
 
 class Settings(BaseSettings):
@@ -119,6 +122,13 @@ class Settings(BaseSettings):
     nodeclaim_expiry_horizon: Seconds = Field(
         EXPIRY_HORIZON, ge=0, description="Seconds before a Karpenter NodeClaim expires (creationTimestamp + "
         "spec.expireAfter) from which its node counts as a disruption candidate (Expiring): its pods are at risk.")
+    gang_grace: Seconds = Field(
+        GANG_GRACE, ge=0, description="Seconds a gang that was Whole may be short of ready members before it is "
+        "Broken (a member's restart within it is no break): docs/gangs.md.")
+    gang_topology_label: LabelKey = Field(
+        TOPOLOGY_LABEL, min_length=1, max_length=317, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]"
+        r"([-A-Za-z0-9_.]*[A-Za-z0-9])?$", description="Node label whose value names where a broken gang's "
+        "members were lost, besides its node groups (a rack or block label, say): docs/gangs.md.")
     max_owner_depth: Count = Field(MAX_OWNER_DEPTH, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(WATCH.page_size, ge=0, description=(
         "Objects per page of the initial and recovery LISTs; 0: 20000 from a server that serves every page from "

@@ -36,6 +36,7 @@ from ..model.objects import (
     ObjectMeta,
     OwnerReference,
     Pod,
+    PodCondition,
     PodSchedulingGroup,
     PodSpec,
     PodStatus,
@@ -90,8 +91,9 @@ MESSAGES: dict[str, list[tuple[str, int, Any]]] = {
     "ResourceHealth": [("health", 2, STRING)],
     "ResourceStatus": [("name", 1, STRING), ("resources", 2, "[]ResourceHealth")],
     "ContainerStatus": [("allocatedResourcesStatus", 14, "[]ResourceStatus")],
-    "PodStatus": [("phase", 1, STRING), ("containerStatuses", 8, "[]ContainerStatus"),
-                  ("initContainerStatuses", 10, "[]ContainerStatus")],
+    "PodCondition": [("type", 1, STRING), ("status", 2, STRING)],
+    "PodStatus": [("phase", 1, STRING), ("conditions", 2, "[]PodCondition"),
+                  ("containerStatuses", 8, "[]ContainerStatus"), ("initContainerStatuses", 10, "[]ContainerStatus")],
     "Pod": [("metadata", 1, "PodMeta"), ("spec", 2, "PodSpec"), ("status", 3, "PodStatus")],
     "PodList": [("metadata", 1, "ListMeta"), ("items", 2, "[]Pod")],
     "Taint": [("key", 1, STRING), ("effect", 3, STRING)],
@@ -237,9 +239,14 @@ def _pod(p: Any) -> Pod:
         _meta(meta, _labels(tuple(meta.labels))),
         PodSpec(spec.nodeName, [_container(c) for c in spec.containers], [_container(c) for c in init] if init else [],
                 _quantities(spec.overhead), _resources(spec.resources), _scheduling_group(spec.schedulingGroup)),
-        PodStatus(status.phase or "Pending", _container_statuses(status.initContainerStatuses),
-                  _container_statuses(status.containerStatuses)),
+        PodStatus(status.phase or "Pending", _ready_condition(status.conditions),
+                  _container_statuses(status.initContainerStatuses), _container_statuses(status.containerStatuses)),
     )
+
+
+def _ready_condition(conditions: Any) -> list[PodCondition]:
+    """Of its conditions, Ready alone: the one the index reads (gangs.py)."""
+    return [PodCondition(c.type, c.status) for c in conditions if c.type == "Ready"]
 
 
 def _scheduling_group(group: Any) -> PodSchedulingGroup | None:

@@ -50,6 +50,7 @@ from .disruption import (
     parse_blocker,
 )
 from .disruption import POD as POD_BLOCKER
+from .gangs import GANG_GRACE, PODGROUP, TOPOLOGY_LABEL, Gang, GangConfig, Member, Place, source_key
 from .karpenter import DISRUPTING, DRIFTED, EXPIRY_HORIZON, NodeClaims
 from .kueue import KueueIndex
 from .nodeset import NodeEntry, NodeSetAgg, Vector, add, bump, move_phase, node_into, pod_into
@@ -63,6 +64,7 @@ from .objects import (
     PodSpec,
     PodStatus,
     Taint,
+    WorkloadGangs,
     WorkloadType,
     key_of,
     label_workload_type,
@@ -128,6 +130,7 @@ class WorkloadAgg:
     # those per node group: the blast radius of a pool's disruptions on this workload.
     pods_at_risk: dict[str, int] = field(default_factory=dict)
     pods_at_risk_by_node_group: dict[NodeGroupKey, int] = field(default_factory=dict)
+    gangs: dict[str, Gang] = field(default_factory=dict)  # gang key -> its members' counts (gangs.py)
     revision: int = 0  # its stamp: moves with its content
 
     @property
@@ -146,10 +149,11 @@ class PodGroupEntry:
 
 
 class PodEntry:
-    __slots__ = ("devices", "key", "labels", "node", "phase", "requests", "status", "uid", "workload")
+    __slots__ = ("devices", "gang", "gang_place", "key", "labels", "node", "phase", "ready", "requests", "status",
+                 "uid", "workload")
 
     def __init__(self, key: str, uid: str, node: str, phase: str, requests: Vector, labels: LabelMatches,
-                 devices: Vector = ()) -> None:
+                 devices: Vector = (), gang: Member | None = None, ready: bool = False) -> None:
         self.key = key
         self.uid = uid
         self.node = node
@@ -161,6 +165,11 @@ class PodEntry:
         self.labels = labels
         self.workload: str | None = None
         self.status = ""  # owners.OK / NONE / a failure: why there is (no) workload
+        self.gang = gang  # its gang, if any (gangs.py); only gang members' readiness is looked at
+        self.ready = ready  # its Ready condition is True (read for gang members only)
+        # Where its gang counts it as not ready (None: ready, or not a bound, unfinished member):
+        # taken back exactly as it was counted, whatever its node did since.
+        self.gang_place: Place | None = None
 
 
 _interned: dict[Vector, Vector] = {}
@@ -418,7 +427,8 @@ class ClusterIndex:
                  max_depth: int = MAX_OWNER_DEPTH, disruption_taints: Iterable[str] = DISRUPTION_TAINTS,
                  problem_conditions: Iterable[str] = PROBLEM_CONDITIONS,
                  accelerator_resources: Iterable[str] = ACCELERATOR_RESOURCES,
-                 expiry_horizon: float = EXPIRY_HORIZON, now: Callable[[], float] = time.time) -> None:
+                 expiry_horizon: float = EXPIRY_HORIZON, now: Callable[[], float] = time.time,
+                 gang_grace: float = GANG_GRACE, gang_topology_label: str = TOPOLOGY_LABEL) -> None:
         self.nodes: dict[str, NodeEntry] = {}
         self.pods: dict[str, PodEntry] = {}
         self.owner_uids: dict[tuple[GroupKind, str], str] = {}  # (group/kind, key) -> uid
@@ -444,6 +454,17 @@ class ClusterIndex:
         # Such a pod's parent is its group while the PodGroups are watched, else its controller.
         self._grouped: dict[str, tuple[str, str | None]] = {}
         self.follow_pod_groups = False
+        # Gangs (gangs.py): what the summarizers ask for, the sizes their sources give (PodGroups'
+        # minCount, JobSets', LeaderWorkerSets'), and which workloads' gangs each source sizes.
+        self.gang_summarizers: dict[str, WorkloadGangs] = {}
+        self.gang_config = GangConfig()
+        self.gang_sizes: dict[str, int] = {}
+        self._gang_homes: dict[str, set[tuple[str, str]]] = {}  # source -> {(workload UID, gang key)}
+        self._short: dict[tuple[str, str], float] = {}  # (workload UID, gang key) -> since when short
+        self._gang_nodes: dict[str, int] = {}  # node -> gang members bound to it
+        self.gang_grace = gang_grace
+        self.gang_topology_label = gang_topology_label
+        self.now = now
         self.on_owner_kind = on_owner_kind
         self._cursors: list[Cursor] = []
         # Karpenter's blockers (disruption.py): node -> its Block; the Event saying it -> node; a
@@ -497,9 +518,10 @@ class ClusterIndex:
             self._restructured()
             self._regroup_all()
 
-    def set_workload_summarizer(self, name: str, types: list[WorkloadType],
-                                pod_labels: Iterable[PodLabelWorkload] = ()) -> None:
+    def set_workload_summarizer(self, name: str, types: list[WorkloadType], pod_labels: Iterable[PodLabelWorkload] = (),
+                                gangs: WorkloadGangs | None = None) -> None:
         self._set_label_summarizer(name, list(pod_labels))
+        self._set_gang_summarizer(name, gangs)
         if self.workload_summarizers.get(name) == types:
             return
         self.workload_summarizers[name] = list(types)
@@ -507,6 +529,7 @@ class ClusterIndex:
 
     def delete_workload_summarizer(self, name: str) -> None:
         self._set_label_summarizer(name, [])
+        self._set_gang_summarizer(name, None)
         if self.workload_summarizers.pop(name, None) is not None:
             self._reconfigure_workloads()
 
@@ -538,6 +561,35 @@ class ClusterIndex:
         if self.label_keys != before:
             self._relabel_pods()
         self._restructured()  # a short type may have changed: the summaries are made of it
+
+    def _set_gang_summarizer(self, name: str, gangs: WorkloadGangs | None) -> None:
+        """A summarizer's spec.gangs. A change of the merged configuration takes every pod out of
+        its gang: pods join the gangs of the new one as they are upserted again (Sources relists
+        them, as for a label key added: the index keeps no pod's whole label set)."""
+        if gangs is None or not (gangs.kinds or gangs.podLabels):
+            if self.gang_summarizers.pop(name, None) is None:
+                return
+        elif self.gang_summarizers.get(name) == gangs:
+            return
+        else:
+            self.gang_summarizers[name] = gangs
+        chosen = [self.gang_summarizers[n] for n in sorted(self.gang_summarizers)]
+        labels: dict[str, str] = {}
+        for g in chosen:
+            for p in g.podLabels:
+                labels.setdefault(p.labelKey, p.minAvailableLabelKey)
+        config = GangConfig(frozenset(k for g in chosen for k in g.kinds), tuple(labels.items()))
+        if config == self.gang_config:
+            return
+        self.gang_config = config
+        for entry in self.pods.values():
+            if entry.gang is not None:
+                if entry.workload is not None:
+                    agg = self.workloads[entry.workload]
+                    self._gang_in(agg, entry, -1)
+                    agg.revision = next(self.revision)
+                    self._touched_workload(agg.uid)
+                entry.gang = None
 
     def _configure_labels(self) -> None:
         """Keys by precedence: the summarizers' by name, each in its list's order; then the flag's."""
@@ -604,6 +656,7 @@ class ClusterIndex:
         move the workloads of its pods if what it gives them changed: O(resources), and O(pods on it)
         only then."""
         old_groups, was, rollout = entry.node_groups, _facts(entry), entry.rollout
+        held = self._gang_stance(entry)
         for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
             self._node_into_node_group(entry, g, -1, prune=False)
         self.kueue.node_out(entry)
@@ -620,6 +673,12 @@ class ClusterIndex:
             self._prune_node_group(g)
         self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
+        if self._gang_stance(entry) != held:
+            self._replace_gang_members(entry.name)
+
+    def _gang_stance(self, entry: NodeEntry) -> tuple[bool, Place]:
+        """What a node gives the gang members on it: their readiness and where they are."""
+        return entry.present and entry.ready == READY, self._place(entry.name)
 
     # ---------------------------------------------------------------------------- Karpenter's NodeClaims
 
@@ -630,8 +689,26 @@ class ClusterIndex:
         self.nodeclaims.delete(name)
 
     def tick(self) -> None:
-        """Time-based facts: NodeClaims whose expiry came within the horizon (called every few seconds)."""
+        """Time-based facts: NodeClaims whose expiry came within the horizon, gangs short for longer
+        than the grace (called every few seconds: ``tick_seconds``)."""
         self.nodeclaims.tick()
+        now = self.now()
+        for (uid, key), since in list(self._short.items()):
+            if now - since < self.gang_grace:
+                continue
+            del self._short[(uid, key)]
+            agg = self.workloads.get(uid)
+            gang = agg.gangs.get(key) if agg is not None else None
+            if agg is None or gang is None or gang.short_since is None:
+                continue
+            gang.broken = True
+            agg.revision = next(self.revision)
+            self._touched_workload(uid)
+
+    @property
+    def tick_seconds(self) -> float:
+        """How often ``tick`` should be called: every 10 s, or more often for a short gang grace."""
+        return max(0.5, min(10.0, self.gang_grace / 5))
 
     def _nodeclaim_changed(self, name: str) -> None:
         """A NodeClaim of node ``name`` changed what the node shows: nothing before the node is seen
@@ -665,6 +742,7 @@ class ClusterIndex:
         self._forget_block(name)
         entry.blocker = None
         self._move_node_workloads(entry, before, NOWHERE)
+        self._replace_gang_members(name)
         if not entry.pods:
             del self.nodes[name]
 
@@ -742,16 +820,18 @@ class ClusterIndex:
         requests = () if phase in TERMINATED else pod_requests(pod.spec)
         devices = () if phase in TERMINATED else unhealthy_devices(pod.status)
         labels = self._label_matches(meta.labels)
+        gang = self.gang_config.member(meta.namespace, meta.labels, group) if self.gang_config else None
+        ready = gang is not None and pod.ready()
         old = self.pods.get(key)
-        if old is not None and old.devices == devices and self._alike_but_phase(
-                old, meta.uid, pod.spec.nodeName, requests, labels, parent, phase):
+        if old is not None and old.devices == devices and old.gang == gang and old.ready == ready \
+                and self._alike_but_phase(old, meta.uid, pod.spec.nodeName, requests, labels, parent, phase):
             if old.phase != phase:  # a phase change alone (it neither starts nor stops holding its node)
                 self._move_phase(old, phase)
             return key  # most pod updates: conditions, container states, IPs
         if self.blocking_pods and (blocked := self.blocking_pods.get(key)) is not None \
                 and (pod.spec.nodeName != blocked or phase in TERMINATED):
             self._set_block(blocked, None)  # it no longer holds that node
-        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels, devices)
+        entry = PodEntry(key, meta.uid, share(pod.spec.nodeName), phase, requests, labels, devices, gang, ready)
         if old is not None:
             del self.pods[key]  # out of the table first: graph callbacks must not see it
             self._detach_pod(old)
@@ -778,7 +858,11 @@ class ClusterIndex:
     def _move_phase(self, entry: PodEntry, phase: str) -> None:
         """The pod's phase alone changes: only the phase counts move (its requests, node and
         workload stay), without taking the pod out and putting it back."""
+        if entry.gang is not None and entry.workload is not None:  # its gang counts phases apart
+            self._gang_in(self.workloads[entry.workload], entry, -1)
         before, entry.phase = entry.phase, phase
+        if entry.gang is not None and entry.workload is not None:
+            self._gang_in(self.workloads[entry.workload], entry, +1)
         node = self.nodes.get(entry.node) if entry.node else None
         if node is not None:
             move_phase(node.pod_phases, before, phase)
@@ -803,6 +887,8 @@ class ClusterIndex:
         self._detach_pod(entry)
         self.graph.delete(entry.uid)
         self._grouped.pop(key, None)
+        if entry.gang is not None and entry.node and entry.phase not in TERMINATED and entry.workload is not None:
+            self._departed(entry)
 
     def _label_matches(self, labels: dict[str, str]) -> LabelMatches:
         """O(configured keys), whatever the number of the pod's labels."""
@@ -862,6 +948,8 @@ class ClusterIndex:
             bump(self.chain_broken, entry.status, sign)
         agg = self.workloads[entry.workload]
         bump(agg.pods, entry.phase, sign)
+        if entry.gang is not None:
+            self._gang_in(agg, entry, sign)
         if entry.devices:
             add(agg.devices_unhealthy, entry.devices, sign)
             agg.pods_with_unhealthy_devices += sign
@@ -878,6 +966,117 @@ class ClusterIndex:
         if not agg.pods and not (agg.is_object and self._is_root(agg.uid)):
             del self.workloads[agg.uid]
             self._restructured()
+
+    # ---------------------------------------------------------------------------- gangs
+
+    def _gang_in(self, agg: WorkloadAgg, entry: PodEntry, sign: int) -> None:
+        """Add (sign +1) or take back a pod's share of its gang: O(1)."""
+        member = entry.gang
+        assert member is not None
+        gang = agg.gangs.get(member.key)
+        if gang is None:
+            if sign < 0:
+                return
+            gang = agg.gangs[member.key] = Gang(member)
+            if member.source:
+                self._gang_homes.setdefault(member.source, set()).add((agg.uid, member.key))
+        gang.entries += sign
+        if member.declared is not None:
+            bump(gang.declared, member.declared, sign)
+        if entry.phase == "Succeeded":
+            gang.succeeded += sign
+        elif entry.phase != "Failed":
+            gang.pods += sign
+            if entry.node:
+                gang.scheduled += sign
+                bump(self._gang_nodes, entry.node, sign)
+                if sign > 0:
+                    entry.gang_place = None if self._member_ready(entry) else self._place(entry.node)
+                if entry.gang_place is None:
+                    gang.ready += sign
+                else:
+                    bump(gang.lost, entry.gang_place, sign)
+        if gang.entries == 0:
+            self._forget_gang(agg, gang)
+        else:
+            self._judge(agg, gang)
+
+    def _member_ready(self, entry: PodEntry) -> bool:
+        node = self.nodes.get(entry.node)
+        return entry.ready and node is not None and node.present and node.ready == READY
+
+    def _place(self, name: str) -> Place:
+        """Where a node is, for a gang's lost members: its node groups and its topology label's value."""
+        node = self.nodes.get(name)
+        if node is None or not node.present:
+            return (), ""
+        return node.node_groups, node.labels.get(self.gang_topology_label, "")
+
+    def _required(self, gang: Gang) -> int | None:
+        if gang.source:
+            return self.gang_sizes.get(gang.source)
+        return max(gang.declared) if gang.declared else None
+
+    def _judge(self, agg: WorkloadAgg, gang: Gang) -> None:
+        short = gang.judge(self._required(gang), self.now())
+        home = (agg.uid, gang.key)
+        if short:
+            self._short[home] = gang.short_since or 0.0
+        elif gang.short_since is None:
+            self._short.pop(home, None)
+
+    def _forget_gang(self, agg: WorkloadAgg, gang: Gang) -> None:
+        del agg.gangs[gang.key]
+        self._short.pop((agg.uid, gang.key), None)
+        if gang.source:
+            homes = self._gang_homes.get(gang.source)
+            if homes is not None:
+                homes.discard((agg.uid, gang.key))
+                if not homes:
+                    del self._gang_homes[gang.source]
+
+    def _departed(self, entry: PodEntry) -> None:
+        """A bound, unfinished gang member was deleted: where it was, until its gang is whole again."""
+        assert entry.gang is not None and entry.workload is not None
+        agg = self.workloads.get(entry.workload)
+        gang = agg.gangs.get(entry.gang.key) if agg is not None else None
+        if agg is None or gang is None:
+            return
+        place = entry.gang_place if entry.gang_place is not None else self._place(entry.node)
+        bump(gang.departed, place, +1)
+        self._judge(agg, gang)
+
+    def _replace_gang_members(self, name: str) -> None:
+        """The node's readiness or place changed: its gang members are counted again. O(pods on it),
+        only for a node holding gang members."""
+        node = self.nodes.get(name)
+        if node is None or not self._gang_nodes.get(name):
+            return
+        for key in node.pods:
+            entry = self.pods[key]
+            if entry.gang is not None and entry.workload is not None and entry.phase not in TERMINATED:
+                agg = self.workloads[entry.workload]
+                self._gang_in(agg, entry, -1)
+                self._gang_in(agg, entry, +1)
+                agg.revision = next(self.revision)
+                self._touched_workload(agg.uid)
+
+    def set_gang_size(self, source: str, size: int | None) -> None:
+        """A PodGroup's, JobSet's or LeaderWorkerSet's gang size (None: gone, or no gang): its gangs
+        are judged again. O(its gangs)."""
+        if self.gang_sizes.get(source) == size:
+            return
+        if size is None:
+            self.gang_sizes.pop(source, None)
+        else:
+            self.gang_sizes[source] = size
+        for uid, key in list(self._gang_homes.get(source, ())):
+            agg = self.workloads.get(uid)
+            gang = agg.gangs.get(key) if agg is not None else None
+            if agg is not None and gang is not None:
+                self._judge(agg, gang)
+                agg.revision = next(self.revision)
+                self._touched_workload(uid)
 
     # ---------------------------------------------------------------------------- owners
 
@@ -920,12 +1119,14 @@ class ClusterIndex:
         self.pod_groups[key] = PodGroupEntry(meta.uid, workload, group.min_count())
         self.graph.upsert(meta.uid, POD_GROUP, meta.namespace, key, parent)
         self._name(POD_GROUP, meta.namespace, meta.name, meta.uid)
+        self.set_gang_size(source_key(PODGROUP, meta.namespace, meta.name), group.min_count())
 
     def delete_pod_group(self, key: str) -> None:
         entry = self.pod_groups.pop(key, None)
         if entry is not None:
             self.graph.delete(entry.uid)
             self._unname(POD_GROUP, *split_key(key))
+            self.set_gang_size(source_key(PODGROUP, *split_key(key)), None)
 
     def set_follow_pod_groups(self, follow: bool) -> None:
         """Whether pods that name a PodGroup hang below it (the PodGroups are watched and listed)

@@ -116,8 +116,14 @@ class ContainerStatus(Struct, gc=False):
     allocatedResourcesStatus: list[ResourceStatus] = field(default_factory=list)
 
 
+class PodCondition(Struct, gc=False):
+    type: str = ""
+    status: str = ""
+
+
 class PodStatus(Struct):
     phase: str = "Pending"
+    conditions: list[PodCondition] = field(default_factory=list)  # read for gang members (Ready)
     initContainerStatuses: list[ContainerStatus] = field(default_factory=list)
     containerStatuses: list[ContainerStatus] = field(default_factory=list)
 
@@ -126,6 +132,10 @@ class Pod(Struct):
     metadata: ObjectMeta = field(default_factory=ObjectMeta)
     spec: PodSpec = field(default_factory=PodSpec)
     status: PodStatus = field(default_factory=PodStatus)
+
+    def ready(self) -> bool:
+        """Its Ready condition is True."""
+        return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
 
 
 # -- Karpenter's DisruptionBlocked Events (events.k8s.io/v1): kubeindex/model/disruption.py --------
@@ -185,9 +195,24 @@ class NodeSummarizer(Struct):
     status: dict[str, Any] = field(default_factory=dict)
 
 
+class GangPodLabels(Struct, frozen=True):
+    """A pod-label gang: the label whose value names the gang, and the one holding its minimum."""
+
+    labelKey: str
+    minAvailableLabelKey: str = ""
+
+
+class WorkloadGangs(Struct, frozen=True):
+    """A WorkloadSummarizer's spec.gangs: which gangs its workloads are judged by (gangs.py)."""
+
+    kinds: tuple[str, ...] = ()  # of gangs.GANG_KINDS
+    podLabels: tuple[GangPodLabels, ...] = ()
+
+
 class WorkloadSummarizerSpec(Struct):
     workloadTypes: list[WorkloadType] = field(default_factory=list)
     podLabelWorkloads: list[PodLabelWorkload] = field(default_factory=list)
+    gangs: WorkloadGangs | None = None
 
 
 class WorkloadSummarizer(Struct):
@@ -318,6 +343,59 @@ class PodGroup(Struct):
         """A gang's minimum number of pods; None for the basic policy."""
         gang = self.spec.schedulingPolicy.gang
         return gang.minCount if gang is not None else None
+
+
+# -- What sizes a JobSet's and a LeaderWorkerSet's gang (read in full while spec.gangs lists the kind) --
+
+class JobSpecSizes(Struct):
+    parallelism: int | None = None  # the Job's default: 1
+    completions: int | None = None
+
+
+class JobTemplate(Struct):
+    spec: JobSpecSizes = field(default_factory=JobSpecSizes)
+
+
+class ReplicatedJob(Struct):
+    replicas: int = 1
+    template: JobTemplate = field(default_factory=JobTemplate)
+
+
+class JobSetSpec(Struct):
+    replicatedJobs: list[ReplicatedJob] = field(default_factory=list)
+
+
+class JobSet(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: JobSetSpec = field(default_factory=JobSetSpec)
+
+    def gang_size(self) -> int:
+        """Its pods that run at once: per replicated Job, replicas x min(parallelism, completions)."""
+        total = 0
+        for job in self.spec.replicatedJobs:
+            sizes = job.template.spec
+            parallelism = 1 if sizes.parallelism is None else sizes.parallelism
+            if sizes.completions is not None:
+                parallelism = min(parallelism, sizes.completions)
+            total += job.replicas * parallelism
+        return total
+
+
+class LeaderWorkerTemplate(Struct):
+    size: int = 1  # a group's pods: the leader and its workers
+
+
+class LeaderWorkerSetSpec(Struct):
+    leaderWorkerTemplate: LeaderWorkerTemplate = field(default_factory=LeaderWorkerTemplate)
+
+
+class LeaderWorkerSet(Struct):
+    metadata: ObjectMeta = field(default_factory=ObjectMeta)
+    spec: LeaderWorkerSetSpec = field(default_factory=LeaderWorkerSetSpec)
+
+    def gang_size(self) -> int:
+        return self.spec.leaderWorkerTemplate.size
+
 
 # -- Karpenter's NodeClaims (karpenter.sh/v1): a pool's rollout and its disruption candidates ------
 #

@@ -38,10 +38,12 @@ import logging
 import time
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from ..client.api import ApiClient
 from ..model.disruption import BLOCKED_REASON, NODE
+from ..model.gangs import JOBSET, LWS, source_key
 from ..model.index import ClusterIndex
 from ..model.objects import (
     KUEUE_GROUP,
@@ -51,6 +53,8 @@ from ..model.objects import (
     ClusterQueue,
     ClusterResourceClaim,
     DisruptionEvent,
+    JobSet,
+    LeaderWorkerSet,
     Node,
     NodeClaim,
     NodeSummarizer,
@@ -61,6 +65,7 @@ from ..model.objects import (
     ResourceFlavor,
     WorkloadSummarizer,
     object_key,
+    split_key,
 )
 from ..model.owners import POD, GroupKind
 from ..model.resources import (
@@ -98,6 +103,14 @@ TICK_SECONDS = 10.0  # how often time-based facts are looked at (a NodeClaim's e
 KARPENTER_EVENTS_NAMESPACE = "default"
 BLOCKED_SELECTOR = f"reason={BLOCKED_REASON},regarding.kind={NODE}"
 BLOCKER_SWEEP = 30.0  # seconds between two looks for blockers Karpenter stopped saying
+# The kinds whose objects size gangs (gangs.py), read in full while a WorkloadSummarizer's
+# spec.gangs.kinds lists them: at the version their projection reads, in watches named
+# "<plural>.gangs" (the kind may be watched as an owner too, metadata only).
+GANG_SIZES: dict[str, tuple[Need, type]] = {
+    JOBSET: (("jobset.x-k8s.io", JOBSET, "v1alpha2"), JobSet),
+    LWS: (("leaderworkerset.x-k8s.io", LWS, "v1"), LeaderWorkerSet),
+}
+GANGS_SUFFIX = ".gangs"
 
 
 def _permanent_problems(reflectors: Iterable[Reflector], grace: float) -> list[str]:
@@ -285,7 +298,7 @@ class Sources:
 
     async def _tick(self) -> None:
         while True:
-            await asyncio.sleep(TICK_SECONDS)
+            await asyncio.sleep(min(TICK_SECONDS, self.index.tick_seconds))
             self.index.tick()
 
     def _settled(self, reflector: Reflector) -> bool:
@@ -403,7 +416,7 @@ class Sources:
     def _found(self, need: Need, resource: Resource) -> None:
         if need in self.optional:
             self._watch_optional_kind(need, resource)
-        else:
+        if need not in self.optional or need in self.owner_kinds.needs():  # (a kind may be both)
             self.owner_kinds.watch(resource)
 
     def _watch_optional_kind(self, need: Need, resource: Resource) -> None:
@@ -411,8 +424,9 @@ class Sources:
         if gk in self._optional_reflectors:
             return
         item_type, handler = self.optional[need]
-        log.info("watching %s", resource.path(), extra=fields(resource.name))
-        reflector = Reflector(self.api, resource.name, resource.path(), item_type, handler, settings=self.settings)
+        name = resource.name + (GANGS_SUFFIX if item_type in (JobSet, LeaderWorkerSet) else "")
+        log.info("watching %s", resource.path(), extra=fields(name))
+        reflector = Reflector(self.api, name, resource.path(), item_type, handler, settings=self.settings)
         self._optional_reflectors[gk] = reflector
         self.stats[reflector.name] = reflector.stats
         self.reflectors[reflector.name] = reflector
@@ -465,15 +479,17 @@ class Sources:
 
     def _workload_summarizer(self, obj: WorkloadSummarizer) -> None:
         self.summarizers.workload[obj.metadata.name] = obj
-        keys = set(self.index.label_keys)
-        self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes, obj.spec.podLabelWorkloads)
+        keys, gangs = set(self.index.label_keys), self.index.gang_config
+        self.index.set_workload_summarizer(obj.metadata.name, obj.spec.workloadTypes, obj.spec.podLabelWorkloads,
+                                           obj.spec.gangs)
         self._reconfigure()
         added = set(self.index.label_keys) - keys
-        if added and self.index.pods:
+        if (added or self.index.gang_config != gangs) and self.index.pods:
             # The index keeps only the pods' values of keys configured before: hand it every
             # pod again (one LIST; a summarizer edit is rare). At start, the summarizers usually
             # list before the first page of pods, and nothing is read twice.
-            log.info("pod label keys %s configured: relisting pods to read them", ", ".join(sorted(added)))
+            log.info("pod label keys %s or gangs configured: relisting pods to read them",
+                     ", ".join(sorted(added)) or "none new")
             self._spawn(self.reflectors["pods"].redeliver())
 
     def _workload_summarizer_deleted(self, name: str) -> None:
@@ -482,6 +498,22 @@ class Sources:
         self._reconfigure()
 
     def _reconfigure(self) -> None:
-        """Look up configured kinds as soon as they appear (status writes change nothing here)."""
+        """Look up configured kinds as soon as they appear (status writes change nothing here), and
+        the kinds that size the gangs configured (watched from then on, whenever served)."""
         self.owner_kinds.configure({(t.group, t.kind, t.version or None) for s in self.summarizers.workload.values()
                                     for t in s.spec.workloadTypes if (t.group, t.kind) != POD})
+        for kind in self.index.gang_config.kinds & GANG_SIZES.keys():
+            need, item_type = GANG_SIZES[kind]
+            if need not in self.optional:
+                self.optional[need] = (item_type, Handler(partial(self._gang_size, kind),
+                                                          partial(self._gang_size_gone, kind)))
+                if self._running:
+                    self.discovery.look_up(need)
+
+    # -- what sizes gangs --------------------------------------------------------------------------
+
+    def _gang_size(self, kind: str, obj: JobSet | LeaderWorkerSet) -> None:
+        self.index.set_gang_size(source_key(kind, obj.metadata.namespace, obj.metadata.name), obj.gang_size())
+
+    def _gang_size_gone(self, kind: str, key: str) -> None:
+        self.index.set_gang_size(source_key(kind, *split_key(key)), None)

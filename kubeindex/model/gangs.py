@@ -1,0 +1,164 @@
+"""Gangs: sets of pods that must run together, with a minimum (docs/gangs.md).
+
+A pod belongs to at most one gang, named by (first match):
+- an in-tree PodGroup it names (spec.schedulingGroup.podGroupName), whose gang policy sets minCount;
+- a pod-label gang of a WorkloadSummarizer's spec.gangs.podLabels: the group label's value, with
+  the minimum in the min-available label (KubeNexus's pod-group.scheduling.kubenexus.io/name and
+  .../min-available, say);
+- its JobSet (label jobset.sigs.k8s.io/jobset-name): every pod of the JobSet, the sum over its
+  replicatedJobs of replicas x parallelism;
+- its LeaderWorkerSet group (leaderworkerset.sigs.k8s.io/name and /group-index): the leader and
+  its workers, leaderWorkerTemplate.size.
+
+Objects that size a gang (PodGroups, JobSets, LeaderWorkerSets) are its ``source``: the index holds
+their sizes by source (ClusterIndex.gang_sizes), so a pod event never reads an object. A gang is
+counted per root workload (WorkloadAgg.gangs); a pod event moves one gang's counts by one: O(1).
+
+A gang is Whole while its ready (and succeeded) members reach its minimum; Pending until it first
+does; once Whole, a gang short of members for longer than the grace is Broken, until it is Whole
+again. A member is ready when its Ready condition is True and its node is Ready: a node lost takes
+its members' readiness at once, before the node lifecycle controller marks the pods. Where the
+missing members were is kept per place (the node's node groups, and its value of the topology
+label): the members not ready now, and those deleted since the gang was last whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .objects import share
+
+PODGROUP, JOBSET, LWS = "PodGroup", "JobSet", "LeaderWorkerSet"
+GANG_KINDS = (PODGROUP, JOBSET, LWS)  # a WorkloadSummarizer's spec.gangs.kinds
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+LWS_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+WHOLE, PENDING, BROKEN = "Whole", "Pending", "Broken"
+GANG_STATES = (WHOLE, PENDING, BROKEN)
+GANG_GRACE = 60.0  # seconds a Whole gang may be short before it is Broken (--gang-grace)
+TOPOLOGY_LABEL = "topology.kubernetes.io/zone"  # where members were lost, besides node groups (--gang-topology-label)
+
+NodeGroupKey = tuple[str, str]
+Place = tuple[tuple[NodeGroupKey, ...], str]  # a node's node groups, and its value of the topology label
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """Which gang a pod is in: the gang's key (unique per namespace), its name as shown, the source
+    that sizes it ("" for a pod-label gang), and the minimum the pod's own label declares."""
+
+    key: str
+    name: str
+    source: str = ""
+    declared: int | None = None
+
+
+@dataclass(frozen=True)
+class GangConfig:
+    """The gangs the WorkloadSummarizers ask for, merged: the kinds that size gangs, and the
+    (group label, min-available label) pairs, in precedence order."""
+
+    kinds: frozenset[str] = frozenset()
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.kinds or self.labels)
+
+    def member(self, namespace: str, labels: dict[str, str], pod_group: str | None) -> Member | None:
+        """The pod's gang: O(configured label pairs)."""
+        if pod_group is not None and PODGROUP in self.kinds:
+            key = share(f"{PODGROUP}:{namespace}/{pod_group}")
+            return Member(key, pod_group, key)
+        if not labels:
+            return None
+        for group_key, min_key in self.labels:
+            value = labels.get(group_key)
+            if value:
+                return Member(share(f"label/{group_key}:{namespace}/{value}"), value, "", declared(labels.get(min_key)))
+        if JOBSET in self.kinds and (name := labels.get(JOBSET_NAME_LABEL)):
+            key = share(f"{JOBSET}:{namespace}/{name}")
+            return Member(key, name, key)
+        if LWS in self.kinds and (name := labels.get(LWS_NAME_LABEL)) and (index := labels.get(LWS_GROUP_LABEL)):
+            return Member(share(f"{LWS}:{namespace}/{name}/{index}"), f"{name}-{index}",
+                          share(f"{LWS}:{namespace}/{name}"))
+        return None
+
+
+def declared(value: str | None) -> int | None:
+    """A min-available label's value: a positive decimal integer, else none (the gang's minimum is
+    then what its other members declare, or unknown)."""
+    if value is None or not value.isdigit() or len(value) > 9:
+        return None
+    number = int(value)
+    return number if number > 0 else None
+
+
+def source_key(kind: str, namespace: str, name: str) -> str:
+    """The source key of a PodGroup, JobSet or LeaderWorkerSet, as Member.source names it."""
+    return share(f"{kind}:{namespace}/{name}")
+
+
+class Gang:
+    """One gang of one root workload: its members' counts, and its state (``judge``)."""
+
+    __slots__ = ("broken", "declared", "departed", "entries", "key", "lost", "name", "pods", "ready",
+                 "required", "scheduled", "short_since", "source", "succeeded", "whole_once")
+
+    def __init__(self, member: Member) -> None:
+        self.key = member.key
+        self.name = member.name
+        self.source = member.source
+        self.declared: dict[int, int] = {}  # minimum declared by members' labels -> members
+        self.entries = 0  # pods counted, in any phase: the gang goes when none is left
+        self.pods = 0  # unfinished members
+        self.scheduled = 0  # unfinished members bound to a node
+        self.ready = 0  # of those, Ready on a Ready node
+        self.succeeded = 0  # finished members that succeeded: they count towards the minimum
+        self.lost: dict[Place, int] = {}  # bound, unfinished members not ready, by where they are
+        self.departed: dict[Place, int] = {}  # members deleted since the gang was last whole, by where they were
+        self.required: int | None = None  # the minimum; None: not known (its source not seen)
+        self.whole_once = False
+        self.short_since: float | None = None  # when a gang once whole fell short
+        self.broken = False
+
+    @property
+    def state(self) -> str:
+        if self.broken:
+            return BROKEN
+        return WHOLE if self.whole_once else PENDING
+
+    @property
+    def missing(self) -> int:
+        """Members short of the minimum (0 when whole or unknown)."""
+        if self.required is None:
+            return 0
+        return max(0, self.required - self.ready - self.succeeded)
+
+    def judge(self, required: int | None, now: float) -> bool:
+        """Take the minimum as it is now, and say whether the gang fell short just now (a gang once
+        whole, short of members: the caller times its grace)."""
+        self.required = required
+        if required is not None and self.ready + self.succeeded >= required:
+            self.whole_once, self.short_since, self.broken = True, None, False
+            self.departed.clear()
+            return False
+        if self.whole_once and self.short_since is None:
+            self.short_since = now
+            return True
+        return False
+
+    def places(self) -> dict[Place, int]:
+        """Where the missing members were: those not ready now, and those deleted since the gang was
+        last whole. O(places)."""
+        out = dict(self.lost)
+        for place, n in self.departed.items():
+            out[place] = out.get(place, 0) + n
+        return out
+
+
+_RANK = {BROKEN: 0, PENDING: 1, WHOLE: 2}
+
+
+def gang_order(gang: Gang) -> tuple[int, int, str]:
+    """Worst first: Broken, then Pending, then Whole; within a state, most members missing; then by name."""
+    return _RANK[gang.state], -gang.missing, gang.name
