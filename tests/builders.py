@@ -24,6 +24,7 @@ from kubeindex.model.objects import (
     ObjectMeta,
     OwnerReference,
     Pod,
+    PodCondition,
     PodLabelWorkload,
     PodSpec,
     PodStatus,
@@ -91,14 +92,15 @@ def make_nodeclaim(name: str, node: str = "", conditions: dict[str, str] | None 
 
 def make_pod(name: str, uid: str, node: str = "", phase: str = "Running", owner: OwnerReference | None = None,
              cpu: str = "100m", labels: dict[str, str] | None = None, namespace: str = "ns",
-             devices: dict[str, list[str]] | None = None) -> Pod:
+             devices: dict[str, list[str]] | None = None, ready: bool | None = None) -> Pod:
     """``devices``: resource -> the health of each device allocated to its container, as the
-    kubelet reports it (allocatedResourcesStatus)."""
+    kubelet reports it (allocatedResourcesStatus); ``ready``: its Ready condition (None: none)."""
+    conditions = [] if ready is None else [PodCondition("Ready", "True" if ready else "False")]
     return Pod(
         ObjectMeta(name=name, namespace=namespace, uid=uid, labels=labels or {},
                    ownerReferences=[owner] if owner else []),
         PodSpec(nodeName=node, containers=[Container(Resources({"cpu": cpu, "memory": "64Mi"}))]),
-        PodStatus(phase=phase, containerStatuses=[device_status(devices or {})]),
+        PodStatus(phase=phase, conditions=conditions, containerStatuses=[device_status(devices or {})]),
     )
 
 

@@ -19,6 +19,7 @@ from kubeindex.model.objects import (
     ObjectMeta,
     OwnerReference,
     Pod,
+    PodCondition,
     PodSpec,
     PodStatus,
     ResourceHealth,
@@ -31,7 +32,8 @@ from kubeindex.model.objects import (
 MESSAGE_OF = {Pod: "Pod", Node: "Node", ObjectMeta: "ObjectMeta", OwnerReference: "OwnerReference",
               PodSpec: "PodSpec", Container: "Container", Resources: "ResourceRequirements", PodStatus: "PodStatus",
               NodeSpec: "NodeSpec", Taint: "Taint", NodeStatus: "NodeStatus", NodeCondition: "NodeCondition",
-              ContainerStatus: "ContainerStatus", ResourceStatus: "ResourceStatus", ResourceHealth: "ResourceHealth"}
+              ContainerStatus: "ContainerStatus", ResourceStatus: "ResourceStatus", ResourceHealth: "ResourceHealth",
+              PodCondition: "PodCondition"}
 
 
 def projected(struct: type, into: str) -> Iterator[tuple[str, str, type | None]]:

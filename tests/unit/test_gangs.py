@@ -1,0 +1,268 @@
+"""Unit tests of gangs (kubeindex/model/gangs.py, no cluster): which gang a pod is in, its counts
+per root workload, Whole / Pending / Broken after the grace, and where its missing members were.
+A property test holds the incremental counts equal to a recount from scratch through any sequence
+of pod and node events."""
+
+from __future__ import annotations
+
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kubeindex.model.gangs import BROKEN, JOBSET, LWS, PENDING, PODGROUP, WHOLE, Gang, GangConfig, declared
+from kubeindex.model.index import READY, TERMINATED, ClusterIndex, WorkloadAgg
+from kubeindex.model.objects import (
+    GangPodLabels,
+    GangSchedulingPolicy,
+    JobSet,
+    LeaderWorkerSet,
+    ObjectMeta,
+    Pod,
+    PodGroup,
+    PodGroupSchedulingPolicy,
+    PodGroupSpec,
+    PodSchedulingGroup,
+    WorkloadGangs,
+    WorkloadSummarizer,
+)
+from tests.builders import configured, make_node, make_pod, ref
+
+NS = "ns"
+GROUP_LABEL, MIN_LABEL = "pod-group.scheduling.kubenexus.io/name", "pod-group.scheduling.kubenexus.io/min-available"
+RACK = "example.com/rack"
+DEPLOY = ("apps", "Deployment", "dep-uid")
+KUBENEXUS = WorkloadGangs(podLabels=(GangPodLabels(GROUP_LABEL, MIN_LABEL),))
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def cluster(gangs: WorkloadGangs = KUBENEXUS, grace: float = 60.0) -> tuple[ClusterIndex, Clock]:
+    """Two racks of two nodes in pool a, a summarizer of Deployments (owned by nothing here: the
+    ReplicaSet is the pods' controller, so the root is the ReplicaSet's Deployment) with ``gangs``."""
+    clock = Clock()
+    index = ClusterIndex(now=clock, gang_grace=grace, gang_topology_label=RACK)
+    index.set_node_summarizer("pools", "pool")
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")), gangs=gangs)
+    index.upsert_owner(("apps", "Deployment"), NS, "train", "dep-uid", None)
+    for i in range(4):
+        index.upsert_node(make_node(f"n{i}", {"pool": "a", RACK: f"r{i // 2}"}))
+    return index, clock
+
+
+def member(name: str, node: str, ready: bool = True, phase: str = "Running", group: str = "g",
+           minimum: str = "4") -> Pod:
+    labels = {GROUP_LABEL: group, MIN_LABEL: minimum}
+    return make_pod(name, f"uid-{name}", node=node, phase=phase, owner=ref(DEPLOY, "train"), labels=labels,
+                    ready=ready)
+
+
+def gang(index: ClusterIndex, key: str = f"label/{GROUP_LABEL}:{NS}/g") -> Gang:
+    return index.workloads["dep-uid"].gangs[key]
+
+
+def whole_gang() -> tuple[ClusterIndex, Clock]:
+    index, clock = cluster()
+    for i in range(4):
+        index.upsert_pod(member(f"p{i}", f"n{i}"))
+    return index, clock
+
+
+def test_a_pod_label_gang_is_whole_when_its_ready_members_reach_the_minimum() -> None:
+    index, _ = cluster()
+    for i in range(3):
+        index.upsert_pod(member(f"p{i}", f"n{i}"))
+    g = gang(index)
+    assert (g.required, g.pods, g.scheduled, g.ready, g.state) == (4, 3, 3, 3, PENDING)
+    index.upsert_pod(member("p3", "n3", ready=False))
+    assert (g.ready, g.state, g.lost) == (3, PENDING, {((("pools", "a"),), "r1"): 1})
+    index.upsert_pod(member("p3", "n3"))
+    assert (g.ready, g.state, g.lost) == (4, WHOLE, {})
+
+
+def test_a_rack_lost_breaks_the_gang_after_the_grace_naming_the_pool_and_rack() -> None:
+    index, clock = whole_gang()
+    stamp = index.workloads["dep-uid"].revision
+    for name in ("n2", "n3"):  # rack r1
+        index.upsert_node(make_node(name, {"pool": "a", RACK: "r1"}, ready="False"))
+    g = gang(index)
+    assert (g.ready, g.missing, g.state) == (2, 2, WHOLE)  # within the grace: a restart is no break
+    assert index.workloads["dep-uid"].revision > stamp
+    clock.now += 59
+    index.tick()
+    assert g.state == WHOLE
+    clock.now += 2
+    index.tick()
+    assert g.state == BROKEN
+    assert g.places() == {((("pools", "a"),), "r1"): 2}
+    # The node lifecycle controller evicts them; their replacements wait unscheduled: still Broken,
+    # still naming where they were.
+    for i in (2, 3):
+        index.delete_pod(f"{NS}/p{i}")
+        index.upsert_pod(member(f"q{i}", "", ready=False))
+    assert (g.state, g.places(), g.pods, g.scheduled) == (BROKEN, {((("pools", "a"),), "r1"): 2}, 4, 2)
+    for i in (2, 3):  # rescheduled on rack r0 and ready: whole again, the past forgotten
+        index.upsert_pod(member(f"q{i}", f"n{i - 2}"))
+    assert (g.state, g.places(), g.ready) == (WHOLE, {}, 4)
+
+
+def test_a_member_back_within_the_grace_is_no_break() -> None:
+    index, clock = whole_gang()
+    index.upsert_pod(member("p0", "n0", ready=False))
+    clock.now += 30
+    index.tick()
+    index.upsert_pod(member("p0", "n0"))
+    clock.now += 60
+    index.tick()
+    assert gang(index).state == WHOLE
+    assert not index._short
+
+
+def test_a_finished_gang_is_whole_and_never_broken() -> None:
+    index, clock = whole_gang()
+    for i in range(4):
+        index.upsert_pod(member(f"p{i}", f"n{i}", ready=False, phase="Succeeded"))
+    g = gang(index)
+    assert (g.succeeded, g.pods, g.state) == (4, 0, WHOLE)
+    index.delete_node("n0")
+    clock.now += 120
+    index.tick()
+    assert g.state == WHOLE
+
+
+def test_an_in_tree_podgroup_sizes_its_gang_and_a_change_of_min_count_judges_it_again() -> None:
+    index, _ = cluster(WorkloadGangs(kinds=(PODGROUP,)))
+    group = PodGroup(ObjectMeta(name="workers", namespace=NS, uid="pg-uid"),
+                     PodGroupSpec(schedulingPolicy=PodGroupSchedulingPolicy(GangSchedulingPolicy(3))))
+    for i in range(2):
+        pod = make_pod(f"p{i}", f"uid-p{i}", node=f"n{i}", owner=ref(DEPLOY, "train"), ready=True)
+        pod.spec.schedulingGroup = PodSchedulingGroup("workers")
+        index.upsert_pod(pod)
+    key = f"{PODGROUP}:{NS}/workers"
+    g = gang(index, key)
+    assert (g.name, g.required, g.state) == ("workers", None, PENDING)  # not seen yet: size unknown
+    index.upsert_pod_group(group)
+    assert (g.required, g.state) == (3, PENDING)
+    group.spec.schedulingPolicy.gang = GangSchedulingPolicy(2)
+    index.upsert_pod_group(group)
+    assert (g.required, g.state) == (2, WHOLE)
+    index.delete_pod_group(f"{NS}/workers")
+    assert g.required is None
+
+
+def test_jobset_and_leaderworkerset_gangs_are_sized_by_their_objects() -> None:
+    index, _ = cluster(WorkloadGangs(kinds=(JOBSET, LWS)))
+    for i in range(4):
+        index.upsert_pod(make_pod(f"js{i}", f"uid-js{i}", node=f"n{i}", owner=ref(DEPLOY, "train"), ready=True,
+                                  labels={"jobset.sigs.k8s.io/jobset-name": "train"}))
+        index.upsert_pod(make_pod(f"lws{i}", f"uid-lws{i}", node=f"n{i}", owner=ref(DEPLOY, "train"), ready=True,
+                                  labels={"leaderworkerset.sigs.k8s.io/name": "serve",
+                                          "leaderworkerset.sigs.k8s.io/group-index": str(i // 2)}))
+    jobset = msgspec.json.decode(b'{"metadata": {"name": "train", "namespace": "ns"}, "spec": {"replicatedJobs": ['
+                                 b'{"replicas": 2, "template": {"spec": {"parallelism": 2, "completions": 4}}},'
+                                 b'{"template": {"spec": {"completions": 1}}}]}}', type=JobSet)
+    lws = msgspec.json.decode(b'{"metadata": {"name": "serve", "namespace": "ns"},'
+                              b'"spec": {"leaderWorkerTemplate": {"size": 2}}}', type=LeaderWorkerSet)
+    assert (jobset.gang_size(), lws.gang_size()) == (5, 2)
+    index.set_gang_size(f"{JOBSET}:{NS}/train", jobset.gang_size())
+    index.set_gang_size(f"{LWS}:{NS}/serve", lws.gang_size())
+    gangs = index.workloads["dep-uid"].gangs
+    assert {k: (g.name, g.required, g.ready, g.state) for k, g in gangs.items()} == {
+        f"{JOBSET}:{NS}/train": ("train", 5, 4, PENDING),
+        f"{LWS}:{NS}/serve/0": ("serve-0", 2, 2, WHOLE),
+        f"{LWS}:{NS}/serve/1": ("serve-1", 2, 2, WHOLE),
+    }
+
+
+def test_a_pod_is_in_one_gang_the_first_that_names_it() -> None:
+    config = GangConfig(frozenset({PODGROUP, JOBSET, LWS}), ((GROUP_LABEL, MIN_LABEL),))
+    labels = {GROUP_LABEL: "kn", MIN_LABEL: "3", "jobset.sigs.k8s.io/jobset-name": "js"}
+    assert config.member(NS, labels, "pg").key == f"{PODGROUP}:{NS}/pg"
+    assert (config.member(NS, labels, None).name, config.member(NS, labels, None).declared) == ("kn", 3)
+    assert config.member(NS, {"jobset.sigs.k8s.io/jobset-name": "js"}, None).source == f"{JOBSET}:{NS}/js"
+    assert config.member(NS, {"leaderworkerset.sigs.k8s.io/name": "l"}, None) is None  # no group index
+    assert GangConfig().member(NS, labels, "pg") is None
+    assert [declared(v) for v in ("4", "0", "-1", "x", "", None, "9999999999")] == [4, None, None, None, None,
+                                                                                  None, None]
+
+
+def test_members_that_declare_no_minimum_take_the_others_and_unknown_stays_pending() -> None:
+    index, _ = cluster()
+    index.upsert_pod(member("p0", "n0", minimum=""))
+    assert (gang(index).required, gang(index).state) == (None, PENDING)
+    index.upsert_pod(member("p1", "n1", minimum="2"))
+    assert (gang(index).required, gang(index).state) == (2, WHOLE)
+
+
+def test_a_summarizer_edit_that_drops_gangs_takes_every_pod_out_of_them() -> None:
+    index, _ = whole_gang()
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")))
+    assert index.workloads["dep-uid"].gangs == {}
+    assert sum(index.workloads["dep-uid"].pods.values()) == 4
+    index.set_workload_summarizer("w", configured(("apps", "Deployment")), gangs=KUBENEXUS)
+    for i in range(4):  # as Sources does: the pods handed over again
+        index.upsert_pod(member(f"p{i}", f"n{i}"))
+    assert gang(index).state == WHOLE
+
+
+def test_the_summarizer_spec_reads_gangs() -> None:
+    obj = msgspec.json.decode(b'{"metadata": {"name": "w"}, "spec": {"workloadTypes": [{"kind": "JobSet"}], '
+                              b'"gangs": {"kinds": ["JobSet"], "podLabels": [{"labelKey": "a", '
+                              b'"minAvailableLabelKey": "b"}]}}}', type=WorkloadSummarizer)
+    assert obj.spec.gangs == WorkloadGangs(("JobSet",), (GangPodLabels("a", "b"),))
+
+
+# -- the counts are those of a recount, whatever the events ---------------------------------------
+
+def recount(index: ClusterIndex, agg: WorkloadAgg) -> dict[str, tuple[int, int, int, int]]:
+    """(pods, scheduled, ready, succeeded) per gang, from the pods and nodes as they are."""
+    out: dict[str, list[int]] = {}
+    for entry in index.pods.values():
+        if entry.gang is None or entry.workload != agg.uid:
+            continue
+        counts = out.setdefault(entry.gang.key, [0, 0, 0, 0])
+        if entry.phase == "Succeeded":
+            counts[3] += 1
+        elif entry.phase not in TERMINATED:
+            counts[0] += 1
+            if entry.node:
+                counts[1] += 1
+                node = index.nodes.get(entry.node)
+                counts[2] += entry.ready and node is not None and node.present and node.ready == READY
+    return {k: (v[0], v[1], v[2], v[3]) for k, v in out.items()}
+
+
+pod_event = st.tuples(st.just("pod"), st.integers(0, 5), st.sampled_from(["", "n0", "n1", "n2"]),
+                      st.sampled_from(["Pending", "Running", "Succeeded", "Failed"]), st.booleans(),
+                      st.sampled_from(["g", "h"]))
+node_event = st.tuples(st.just("node"), st.integers(0, 2), st.sampled_from(["True", "False", "gone"]))
+delete_event = st.tuples(st.just("delete"), st.integers(0, 5))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(pod_event, node_event, delete_event), max_size=40))
+def test_gang_counts_are_those_of_a_recount(events: list[tuple]) -> None:
+    index, _ = cluster()
+    for event in events:
+        if event[0] == "pod":
+            _, i, node, phase, ready, group = event
+            index.upsert_pod(member(f"p{i}", node, ready=ready, phase=phase, group=group))
+        elif event[0] == "node":
+            _, i, ready = event
+            if ready == "gone":
+                index.delete_node(f"n{i}")
+            else:
+                index.upsert_node(make_node(f"n{i}", {"pool": "a", RACK: f"r{i // 2}"}, ready=ready))
+        else:
+            index.delete_pod(f"{NS}/p{event[1]}")
+    agg = index.workloads.get("dep-uid")
+    gangs = agg.gangs if agg is not None else {}
+    assert {k: (g.pods, g.scheduled, g.ready, g.succeeded) for k, g in gangs.items()} == \
+        (recount(index, agg) if agg is not None else {})
+    for g in gangs.values():
+        assert sum(g.lost.values()) == g.scheduled - g.ready
