@@ -29,6 +29,7 @@ import prometheus_client
 from prometheus_client.openmetrics import exposition as openmetrics
 
 from kubeindex.model.disruption import Blocker
+from kubeindex.model.gangs import BROKEN, GANG_STATES, Gang
 from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
@@ -52,6 +53,8 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 OTHER = "other"  # the explicit overflow series when a series cap is reached
 MAX_WORKLOAD_SERIES = 5000  # workloads with series of their own (--max-workload-series)
 MAX_NODEGROUP_SERIES = 2000  # node groups with series of their own, per NodeSummarizer
+MAX_LOST_SERIES = 10  # places a workload's broken gangs name with series of their own (the rest: "other")
+GANG_MEMBERS = ("required", "scheduled", "ready")
 ALWAYS_PHASES = ("Pending", "Running")  # workload phases emitted even at 0 (stable series)
 UNRESOLVED_REASONS = (NONE, MISSING, CYCLE, TOO_DEEP)  # emitted even at 0
 BROKEN_REASONS = (MISSING,)  # the only break a workload can sit below
@@ -220,6 +223,34 @@ class WorkloadSeries:
     pods_with_unhealthy_devices: int
     devices_unhealthy: dict[str, int]
     pods_at_risk: dict[str, int]
+    gangs: dict[str, int]  # GANG_STATES -> gangs; empty for a workload with none
+    gang_members: dict[str, int]  # GANG_MEMBERS -> members, summed over its gangs
+    gang_lost: dict[tuple[str, str, str], int]  # (summarizer, group, domain) -> members its broken gangs lost there
+
+
+def gang_series(gangs: Iterable[Gang]) -> tuple[dict[str, int], dict[str, int], dict[tuple[str, str, str], int]]:
+    """A workload's gangs per state, their members, and where its Broken gangs lost members: at most
+    MAX_LOST_SERIES places, the rest summed as group "other". O(gangs of the workload)."""
+    states = dict.fromkeys(GANG_STATES, 0)
+    members = dict.fromkeys(GANG_MEMBERS, 0)
+    lost: dict[tuple[str, str, str], int] = {}
+    for gang in gangs:
+        states[gang.state] += 1
+        members["required"] += gang.required or 0
+        members["scheduled"] += gang.scheduled
+        members["ready"] += gang.ready
+        if gang.state == BROKEN:
+            for (node_groups, domain), n in gang.places().items():
+                for summarizer, group in node_groups or (("", ""),):
+                    lost[summarizer, group, domain] = lost.get((summarizer, group, domain), 0) + n
+    if not any(states.values()):
+        return {}, {}, {}
+    if len(lost) > MAX_LOST_SERIES:
+        ranked = sorted(lost.items(), key=lambda item: (-item[1], item[0]))
+        lost = dict(ranked[:MAX_LOST_SERIES])
+        for (summarizer, _, _), n in ranked[MAX_LOST_SERIES:]:
+            lost[summarizer, OTHER, ""] = lost.get((summarizer, OTHER, ""), 0) + n
+    return states, members, lost
 
 
 WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
@@ -252,6 +283,20 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                            "Unfinished pods of the root workload on nodes Karpenter is disrupting or may disrupt next, "
                            "by reason (the first of Disrupting, Drifted, Expiring, Consolidatable), while non-zero."),
                     lambda w: ((_labels(reason=r), w.pods_at_risk[r]) for r in RISKS if w.pods_at_risk.get(r))),
+    FamilyGenerator(Family("workload_gangs", "gauge",
+                           "Gangs of the root workload by state (Whole, Pending, Broken; every state, 0s included, "
+                           "for a workload with gangs): docs/gangs.md."),
+                    lambda w: ((_labels(state=s), n) for s, n in w.gangs.items())),
+    FamilyGenerator(Family("workload_gang_members", "gauge",
+                           "Members of the root workload's gangs, summed over them: required (their minimums), "
+                           "scheduled (unfinished, bound to a node), ready (of those, Ready on a Ready node)."),
+                    lambda w: ((_labels(state=s), n) for s, n in w.gang_members.items())),
+    FamilyGenerator(Family("workload_gang_members_lost", "gauge",
+                           "Members the root workload's Broken gangs lost, by where they were: node group "
+                           "(summarizer, group) and domain (the node's --gang-topology-label value); only while a "
+                           "gang is Broken, at most 10 series per workload, the rest summed in group \"other\"."),
+                    lambda w: ((_labels(summarizer=s, group=g, domain=d), n)
+                               for (s, g, d), n in sorted(w.gang_lost.items()))),
 )
 
 
@@ -521,7 +566,8 @@ class Renderer:
                 folded[key] = folded.get(key, 0) + n
             nodes_by_node_group = folded
         return WorkloadSeries(agg.pods, nodes_by_node_group, agg.pods_by_node_state, agg.unhealthy_nodes,
-                              agg.pods_with_unhealthy_devices, agg.devices_unhealthy, agg.pods_at_risk)
+                              agg.pods_with_unhealthy_devices, agg.devices_unhealthy, agg.pods_at_risk,
+                              *gang_series(agg.gangs.values()))
 
     def _cached_workload(self, agg: WorkloadAgg, kinds: dict[GroupKind, str]) -> tuple[str, ...]:
         kind = kinds.get((agg.group, agg.kind), agg.kind) if agg.is_object else agg.label_key
@@ -548,8 +594,10 @@ class Renderer:
                     for k, n in theirs.items():
                         mine[k] = mine.get(k, 0) + n
             device_pods = sum(workloads[uid].pods_with_unhealthy_devices for uid in overflow)
+            gangs, members, _ = gang_series(g for uid in overflow for g in workloads[uid].gangs.values())
             out.append(chunks(WORKLOAD_FAMILIES, _labels(namespace="", workload=OTHER, kind=OTHER),
-                              WorkloadSeries(pods, {}, by_state, None, device_pods, devices, at_risk)))
+                              WorkloadSeries(pods, {}, by_state, None, device_pods, devices, at_risk, gangs, members,
+                                             {})))
         return out
 
     # -- Kueue flavors (few: no cap) ------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal, TypeAlias
 
@@ -68,6 +69,10 @@ else:
     LabelKey = TypeAliasType("LABEL", str)
 
 
+_QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
 class Settings(BaseSettings):
     """node-workload-summary: node-group and root-workload summaries for large clusters.
 
@@ -126,8 +131,7 @@ class Settings(BaseSettings):
         GANG_GRACE, ge=0, description="Seconds a gang that was Whole may be short of ready members before it is "
         "Broken (a member's restart within it is no break): docs/gangs.md.")
     gang_topology_label: LabelKey = Field(
-        TOPOLOGY_LABEL, min_length=1, max_length=317, pattern=r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]"
-        r"([-A-Za-z0-9_.]*[A-Za-z0-9])?$", description="Node label whose value names where a broken gang's "
+        TOPOLOGY_LABEL, description="Node label whose value names where a broken gang's "
         "members were lost, besides its node groups (a rack or block label, say): docs/gangs.md.")
     max_owner_depth: Count = Field(MAX_OWNER_DEPTH, ge=1, le=50, description="ownerReference hops followed from a pod.")
     page_size: Count = Field(WATCH.page_size, ge=0, description=(
@@ -242,6 +246,17 @@ class Settings(BaseSettings):
                                   "name, error), as controller-runtime writes them.")
     version: bool = Field(False, description="Print the version, the source revision and Python's version, "
                           "then exit.")
+
+    @field_validator("gang_topology_label")
+    @classmethod
+    def _label_key(cls, value: str) -> str:
+        """apimachinery's qualified name: an optional DNS subdomain prefix (at most 253) and '/', then
+        a name of at most 63 letters, digits, '-', '_' and '.', beginning and ending alphanumeric."""
+        prefix, _, name = value.rpartition("/")
+        if not (_QUALIFIED_NAME.fullmatch(name) and len(name) <= 63
+                and (not _ or (_DNS_SUBDOMAIN.fullmatch(prefix) and len(prefix) <= 253))):
+            raise ValueError(f"not a label key (e.g. topology.kubernetes.io/zone): {value!r}")
+        return value
 
     @field_validator("workload_pod_labels", "disruption_taints", "problem_conditions", "accelerator_resources",
                      mode="before")

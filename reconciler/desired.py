@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from kubeindex.model.disruption import Blocker
+from kubeindex.model.gangs import BROKEN, PENDING, WHOLE, Gang, gang_order
 from kubeindex.model.index import (
     NODE_STATES,
     PHASES,
@@ -35,6 +36,7 @@ MANAGER = "node-workload-summary"
 SUMMARIZER_LABEL = f"{GROUP}/summarizer"
 MAX_LABEL_VALUE = 63
 MAX_BLOCKERS = 10  # blocked nodes a NodeSummary names (crds/nodesummaries.yaml's maxItems)
+MAX_GANGS = 5  # the worst gangs a WorkloadSummary names, and the places each names (maxItems)
 
 SHORT_TYPES = {
     ("apps", "Deployment"): "deploy", ("apps", "StatefulSet"): "sts", ("apps", "DaemonSet"): "ds",
@@ -225,7 +227,38 @@ WORKLOAD_SUMMARY_STATUS: dict[str, Callable[[WorkloadView], Any]] = {
     "podsWithUnhealthyDevices": lambda w: w.agg.pods_with_unhealthy_devices or None,
     "unhealthyDevices": lambda w: dict(sorted(w.agg.devices_unhealthy.items())),
     "atRisk": lambda w: _at_risk(w.agg, w.summary_names),
+    "gangs": lambda w: _gang_counts(w.agg.gangs.values()),
+    "gangsWhole": lambda w: f"{sum(g.state == WHOLE for g in w.agg.gangs.values())}/{len(w.agg.gangs)}"
+                            if w.agg.gangs else "",
+    "worstGangs": lambda w: _worst_gangs(w.agg.gangs.values(), w.summary_names),
 }
+
+
+def _gang_counts(gangs: Iterable[Gang]) -> dict[str, int]:
+    """Gangs per state, 0s included (a health gate reads broken == 0), for a workload with gangs."""
+    states = [g.state for g in gangs]
+    if not states:
+        return {}
+    return {"count": len(states), "whole": states.count(WHOLE), "pending": states.count(PENDING),
+            "broken": states.count(BROKEN)}
+
+
+def _worst_gangs(gangs: Iterable[Gang], summary_names: Mapping[NodeGroupKey, str]) -> list[dict[str, Any]]:
+    """The MAX_GANGS worst gangs (gangs.gang_order). O(gangs of the workload)."""
+    return [_drop_empty({"name": g.name, "state": g.state, "required": g.required, "scheduled": g.scheduled,
+                         "ready": g.ready, "succeeded": g.succeeded or None,
+                         "lost": _lost(g, summary_names) if g.missing else []})
+            for g in sorted(gangs, key=gang_order)[:MAX_GANGS]]
+
+
+def _lost(gang: Gang, summary_names: Mapping[NodeGroupKey, str]) -> list[dict[str, Any]]:
+    """Where a short gang's missing members were: per NodeSummary and domain, most first."""
+    counts: dict[tuple[str, str], int] = {}
+    for (node_groups, domain), n in gang.places().items():
+        for name in [summary_names[g] for g in node_groups if g in summary_names] or [""]:
+            counts[name, domain] = counts.get((name, domain), 0) + n
+    ranked = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:MAX_GANGS]
+    return [_drop_empty({"nodeSummary": name, "domain": domain, "members": n}) for (name, domain), n in ranked]
 
 
 def _at_risk(agg: WorkloadAgg, summary_names: Mapping[NodeGroupKey, str]) -> dict[str, Any]:

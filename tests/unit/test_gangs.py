@@ -266,3 +266,59 @@ def test_gang_counts_are_those_of_a_recount(events: list[tuple]) -> None:
         (recount(index, agg) if agg is not None else {})
     for g in gangs.values():
         assert sum(g.lost.values()) == g.scheduled - g.ready
+
+
+# -- what the summaries and the metrics show of them -----------------------------------------------
+
+def test_the_workload_summary_counts_gangs_and_names_the_worst_with_where_members_were_lost() -> None:
+    from reconciler.desired import TypeInfo, workload_summary
+
+    index, clock = whole_gang()
+    for i in range(2):  # a second gang, still forming
+        index.upsert_pod(member(f"h{i}", f"n{i}", group="h"))
+    for name in ("n2", "n3"):
+        index.upsert_node(make_node(name, {"pool": "a", RACK: "r1"}, ready="False"))
+    clock.now += 61
+    index.tick()
+    status = workload_summary(index.workloads["dep-uid"], "train", TypeInfo("apps/v1", "deploy", "x"),
+                              {("pools", "a"): "pools-a"}).status
+    assert status["gangs"] == {"count": 2, "whole": 0, "pending": 1, "broken": 1}
+    assert status["gangsWhole"] == "0/2"
+    assert status["worstGangs"] == [
+        {"name": "g", "state": "Broken", "required": 4, "scheduled": 4, "ready": 2,
+         "lost": [{"nodeSummary": "pools-a", "domain": "r1", "members": 2}]},
+        {"name": "h", "state": "Pending", "required": 4, "scheduled": 2, "ready": 2},  # never had them
+    ]
+
+
+def test_a_workload_without_gangs_has_no_gang_fields_nor_series() -> None:
+    from exporter.metrics import gang_series
+    from reconciler.desired import TypeInfo, workload_summary
+
+    index, _ = cluster()
+    index.upsert_pod(make_pod("solo", "uid-solo", node="n0", owner=ref(DEPLOY, "train")))
+    status = workload_summary(index.workloads["dep-uid"], "train", TypeInfo("apps/v1", "deploy", "x"), {}).status
+    assert not {"gangs", "gangsWhole", "worstGangs"} & status.keys()
+    assert gang_series(index.workloads["dep-uid"].gangs.values()) == ({}, {}, {})
+
+
+def test_lost_series_are_for_broken_gangs_only_and_capped() -> None:
+    from exporter.metrics import MAX_LOST_SERIES, OTHER, gang_series
+
+    index, clock = cluster()
+    for i in range(14):
+        index.upsert_node(make_node(f"m{i}", {"pool": "b", RACK: f"x{i:02}"}))
+        index.upsert_pod(member(f"m{i}", f"m{i}", minimum="14"))
+    states, members, lost = gang_series(index.workloads["dep-uid"].gangs.values())
+    assert (states, members, lost) == ({"Whole": 1, "Pending": 0, "Broken": 0},
+                                       {"required": 14, "scheduled": 14, "ready": 14}, {})
+    for i in range(12):
+        index.upsert_node(make_node(f"m{i}", {"pool": "b", RACK: f"x{i:02}"}, ready="Unknown"))
+    _, _, lost = gang_series(index.workloads["dep-uid"].gangs.values())
+    assert lost == {}  # short, within the grace: no place series yet
+    clock.now += 61
+    index.tick()
+    _, members, lost = gang_series(index.workloads["dep-uid"].gangs.values())
+    assert members == {"required": 14, "scheduled": 14, "ready": 2}
+    assert len(lost) == MAX_LOST_SERIES + 1 and sum(lost.values()) == 12
+    assert lost[("pools", OTHER, "")] == 2
