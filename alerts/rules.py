@@ -45,6 +45,8 @@ class Thresholds:
     # WorkloadOnUnhealthyNodes: pods on NotReady/Unknown/Disrupting nodes; critical from this fraction of its pods
     unhealthy_for: str = tunable("5m", "WorkloadOnUnhealthyNodes", "for")
     unhealthy_critical_fraction: float = tunable(0.5, "WorkloadOnUnhealthyNodes", "criticalFraction")
+    # WorkloadGangBroken: the service already waited --gang-grace before calling a gang Broken
+    gang_broken_for: str = tunable("1m", "WorkloadGangBroken", "for")
     accelerators_unhealthy_for: str = tunable("10m", "NodeGroupAcceleratorsUnhealthy", "for")
     disrupting_for: str = tunable("5m", "NodeGroupDisrupting", "for")
     # NodeGroupRolloutStuck: Karpenter's drifted or disrupting nodes remain, and none came or went for these seconds
@@ -164,6 +166,7 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
     on_unhealthy = total(workload, "nws_workload_pods_by_node_state", f'state=~"{UNHEALTHY}", workload!="other"')
     pods = total(workload, "nws_workload_pods", f'phase!~"{FINISHED}", workload!="other"')
     disrupting = total(group, "nws_nodegroup_nodes_by_state", 'state="Disrupting"')
+    broken_gangs = total(workload, "nws_workload_gangs", 'state="Broken", workload!="other"')
     # A rollout's nodes not yet replaced: Karpenter's drifted ones and those it is disrupting; stuck
     # while none came or went (a node replaced, or one more drifted) for the threshold.
     unreplaced = total(group, "nws_nodegroup_nodes_by_rollout", 'rollout=~"Drifted|Disrupting"')
@@ -240,6 +243,16 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "{{ $value }} pods of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} run on "
             "NotReady, Unknown or Disrupting nodes: at least " + f"{t.unhealthy_critical_fraction:.0%}"
             " of its pods.",
+        ),
+        Alert(
+            "WorkloadGangBroken",
+            f"{broken_gangs} > 0",
+            t.gang_broken_for, "critical",
+            "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has a broken gang",
+            "{{ $value }} gangs of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} were whole and "
+            "have been short of ready members for longer than the service's --gang-grace: the job cannot make "
+            "progress. Where the members were lost (node group, rack): the WorkloadSummary's status.worstGangs, "
+            "and nws_workload_gang_members_lost.",
         ),
         Alert(
             "NodeGroupAcceleratorsUnhealthy",

@@ -300,6 +300,7 @@ def workloads(o: Options = Options()) -> Dashboard:
     sel = o.sel('namespace=~"$namespace", kind=~"$kind"')
     top = f"topk($top, {o.sum('nws_workload_pods', sel, WORKLOAD)})"
     unhealthy = f'{sel}, state=~"{UNHEALTHY}"'
+    broken = f'{sel}, state="Broken"'
     panels = [
         Stat(title="Workloads", dataSource=DS, gridPos=_pos(0, 0, 4, 4), targets=[_t(o.one("nws_workloads", o.sel()))]),
         Stat(title="Pods in workloads", dataSource=DS, gridPos=_pos(4, 0, 4, 4),
@@ -337,6 +338,21 @@ def workloads(o: Options = Options()) -> Dashboard:
                           instant=True, fmt="table")],
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Pods"}}}]),
+        Stat(title="Broken gangs", dataSource=DS, gridPos=_pos(0, 43, 6, 9), colorMode="background",
+             description="Gangs (in-tree PodGroups, pod-label gangs, JobSets, LeaderWorkerSet groups) once whole, "
+                         "short of ready members for longer than --gang-grace (WorkloadGangBroken).",
+             thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
+             targets=[_t(f"{o.sum('nws_workload_gangs', broken)} or vector(0)")]),
+        TimeSeries(title="Gangs by state", dataSource=DS, gridPos=_pos(6, 43, 9, 9), unit="short",
+                   targets=[_t(o.sum("nws_workload_gangs", sel, "state"), "{{state}}")]),
+        Table(title="Which pool broke my job: members lost by node group and domain", dataSource=DS,
+              gridPos=_pos(15, 43, 9, 9),
+              description="Members the workloads' Broken gangs lost, by node group and domain (--gang-topology-label: "
+                          "a rack, a block, a zone); WorkloadSummary status.worstGangs names the gangs.",
+              targets=[_t(f"sort_desc({o.sum('nws_workload_gang_members_lost', sel, WORKLOAD + ', group, domain')})",
+                          instant=True, fmt="table")],
+              transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
+                                                              "renameByName": {"Value": "Members lost"}}}]),
     ]
     top_n = Template(name="top", label="Top N", query="10,20,50", type="custom", default="10")
     return _dashboard(o, "nws-workloads", "Workloads", panels, [

@@ -265,7 +265,8 @@ MIXIN_STAND_INS = [
 
 
 # Cluster a: node group gpu down (2 of 2 nodes NotReady) and cpu partly (1 of 4); JobSet ml/train with
-# both its Running pods on gpu's nodes and one Failed pod; Pending pods in namespaces ml and web, failed
+# both its Running pods on gpu's nodes and one Failed pod; LeaderWorkerSet ml/serve with half its pods
+# there, a gang broken; Pending pods in namespaces ml and web, failed
 # Jobs in ml and batch. Cluster b: one NotReady node, nothing of ours.
 MIXED_SERIES = """\
 nws_nodegroup_nodes{cluster="a",summarizer="pool",group="gpu"} 2
@@ -277,6 +278,9 @@ nws_nodegroup_nodes_by_condition{cluster="a",summarizer="pool",group="cpu",condi
 nws_workload_pods{cluster="a",namespace="ml",workload="train",kind="JobSet",phase="Running"} 2
 nws_workload_pods{cluster="a",namespace="ml",workload="train",kind="JobSet",phase="Failed"} 1
 nws_workload_pods_by_node_state{cluster="a",namespace="ml",workload="train",kind="JobSet",state="NotReady"} 2
+nws_workload_pods{cluster="a",namespace="ml",workload="serve",kind="LeaderWorkerSet",phase="Running"} 4
+nws_workload_pods_by_node_state{cluster="a",namespace="ml",workload="serve",kind="LeaderWorkerSet",state="NotReady"} 2
+nws_workload_gangs{cluster="a",namespace="ml",workload="serve",kind="LeaderWorkerSet",state="Broken"} 1
 kube_node_status_condition{cluster="a",node="gpu-1",condition="Ready",status="true"} 0
 kube_node_status_condition{cluster="a",node="gpu-2",condition="Ready",status="true"} 0
 kube_node_status_condition{cluster="a",node="cpu-1",condition="Ready",status="true"} 1
@@ -293,6 +297,8 @@ kube_job_failed{cluster="a",namespace="batch",job_name="report",condition="true"
 MUTED = {
     ("NodeGroupNotReady", "warning", "a", "gpu"),  # NodeGroupDown says more
     ("WorkloadOnUnhealthyNodes", "warning", "a", "train"),  # its critical twin fires
+    ("WorkloadOnUnhealthyNodes", "warning", "a", "serve"),
+    ("WorkloadOnUnhealthyNodes", "critical", "a", "serve"),  # its broken gang says more
     ("KubeNodeNotReady", "warning", "a", "gpu-1"), ("KubeNodeNotReady", "warning", "a", "gpu-2"),
     ("KubeNodeNotReady", "warning", "a", "cpu-4"),  # cluster a's node groups alert
     ("KubePodNotReady", "warning", "a", "train-workers-0-0"),  # a workload of namespace ml alerts
@@ -303,6 +309,7 @@ MUTED = {
 NOTIFIED = {
     ("NodeGroupDown", "critical", "a", "gpu"), ("NodeGroupNotReady", "warning", "a", "cpu"),
     ("WorkloadOnUnhealthyNodes", "critical", "a", "train"), ("WorkloadPodsFailed", "warning", "a", "train"),
+    ("WorkloadGangBroken", "critical", "a", "serve"),
     ("KubeNodeNotReady", "warning", "b", "cpu-9"),  # another cluster
     ("KubePodNotReady", "warning", "a", "web-1"), ("KubeJobFailed", "warning", "a", "report"),  # other namespaces
 }
@@ -317,7 +324,7 @@ def test_runbooks_inhibition_pages_once_per_incident_beside_kubernetes_mixin(tmp
     """docs/runbooks.md's inhibit_rules in a real Alertmanager, fed by a real Prometheus that
     evaluates our rules and the kubernetes-mixin stand-ins over two clusters: Alertmanager mutes
     exactly MUTED, and the receiver hears of the others only."""
-    fast = Thresholds(not_ready_for="0s", down_for="0s", unhealthy_for="0s", failed_for="0s")
+    fast = Thresholds(not_ready_for="0s", down_for="0s", unhealthy_for="0s", failed_for="0s", gang_broken_for="0s")
     rules = rules_file(fast)
     rules["groups"][0]["rules"] += [{**r, "for": "0s", "labels": {"severity": "warning"}} for r in MIXIN_STAND_INS]
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
