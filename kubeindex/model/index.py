@@ -462,6 +462,7 @@ class ClusterIndex:
         self._gang_homes: dict[str, set[tuple[str, str]]] = {}  # source -> {(workload UID, gang key)}
         self._short: dict[tuple[str, str], float] = {}  # (workload UID, gang key) -> since when short
         self._gang_nodes: dict[str, int] = {}  # node -> gang members bound to it
+        self._gone_places: dict[str, Place] = {}  # a deleted node that gang members still name -> where it was
         self.gang_grace = gang_grace
         self.gang_topology_label = gang_topology_label
         self.now = now
@@ -628,6 +629,7 @@ class ClusterIndex:
         entry = self.nodes.get(name)
         if entry is None:
             entry = self.nodes[name] = NodeEntry(name)
+        self._gone_places.pop(name, None)
         was_disrupting = entry.present and entry.state == NODE_DISRUPTING
         self._refresh_node(entry, lambda: self._read_node(entry, node))
         if entry.state == NODE_DISRUPTING and not was_disrupting:
@@ -738,6 +740,8 @@ class ClusterIndex:
             self._rollout_moved(entry.node_groups)
         self.kueue.node_out(entry)
         before = _placement(entry)
+        if name in self._gang_nodes:
+            self._gone_places[name] = self._place(name)
         entry.present, entry.node_groups, entry.labels = False, (), {}
         self._forget_block(name)
         entry.blocker = None
@@ -939,6 +943,7 @@ class ClusterIndex:
         self.kueue.pod(node, entry.phase, entry.requests, entry.devices, sign)
         if not node.present and not node.pods:
             del self.nodes[entry.node]
+            self._gone_places.pop(entry.node, None)
 
     def _pod_in_workload(self, entry: PodEntry, sign: int) -> None:
         if entry.workload is None:
@@ -1009,7 +1014,7 @@ class ClusterIndex:
         """Where a node is, for a gang's lost members: its node groups and its topology label's value."""
         node = self.nodes.get(name)
         if node is None or not node.present:
-            return (), ""
+            return self._gone_places.get(name, ((), ""))  # a node deleted under its members: where it was
         return node.node_groups, node.labels.get(self.gang_topology_label, "")
 
     def _required(self, gang: Gang) -> int | None:

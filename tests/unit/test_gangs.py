@@ -322,3 +322,14 @@ def test_lost_series_are_for_broken_gangs_only_and_capped() -> None:
     assert members == {"required": 14, "scheduled": 14, "ready": 2}
     assert len(lost) == MAX_LOST_SERIES + 1 and sum(lost.values()) == 12
     assert lost[("pools", OTHER, "")] == 2
+
+
+def test_members_of_a_node_deleted_under_them_are_lost_where_it_was() -> None:
+    index, clock = whole_gang()
+    index.delete_node("n3")
+    g = gang(index)
+    assert (g.ready, g.lost) == (3, {((("pools", "a"),), "r1"): 1})
+    clock.now += 61
+    index.tick()
+    index.delete_pod(f"{NS}/p3")  # the pod garbage collector's part
+    assert (g.state, g.places(), index._gone_places) == (BROKEN, {((("pools", "a"),), "r1"): 1}, {})
