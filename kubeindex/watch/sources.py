@@ -105,7 +105,7 @@ BLOCKED_SELECTOR = f"reason={BLOCKED_REASON},regarding.kind={NODE}"
 BLOCKER_SWEEP = 30.0  # seconds between two looks for blockers Karpenter stopped saying
 # The kinds whose objects size gangs (gangs.py), read in full while a WorkloadSummarizer's
 # spec.gangs.kinds lists them: at the version their projection reads, in watches named
-# "<plural>.gangs" (the kind may be watched as an owner too, metadata only).
+# "<resource>.gangs" (the kind may be watched as an owner too, metadata only).
 GANG_SIZES: dict[str, tuple[Need, type]] = {
     JOBSET: (("jobset.x-k8s.io", JOBSET, "v1alpha2"), JobSet),
     LWS: (("leaderworkerset.x-k8s.io", LWS, "v1"), LeaderWorkerSet),
