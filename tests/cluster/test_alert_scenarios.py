@@ -5,7 +5,8 @@ expects, and, where a node group explains a capacity alert, what docs/runbooks.m
 lets through to the pager (a real Alertmanager).
 
 The cluster: node groups (label ``pool``) apps (Deployment web on both nodes), batch (Job report,
-its pods all Succeeded), gpu (4 nodes of 8 GPUs; no pods) and cpu (2 nodes, no pods). Kueue's CRDs,
+its pods all Succeeded), gpu (4 nodes of 8 GPUs; no pods), cpu (2 nodes, no pods) and train (4
+nodes on two racks; Deployment ring, a KubeNexus-labelled gang of 4, one member per node). Kueue's CRDs,
 flavors gpu and cpu over those pools, ClusterQueues research and prod, and two ClusterResourceClaims:
 gpu (as the demo's: research absolute amounts that fit the whole pool, prod 50%) and cpu (75% of the
 cpu on purpose, a deliberate partial assignment). The claims' quota is written (actuation on)."""
@@ -13,6 +14,7 @@ cpu on purpose, a deliberate partial assignment). The claims' quota is written (
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +26,7 @@ from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.model.objects import API_VERSION
-from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, RESOURCE_FLAVORS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, PODS, RESOURCE_FLAVORS
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
@@ -40,7 +42,10 @@ SETTLE = 2  # --quota-settle, seconds
 FAST = Thresholds(not_ready_for="2s", down_for="2s", pending_for="2s", failed_for="2s", unhealthy_for="2s",
                   accelerators_unhealthy_for="2s", disrupting_for="2s", quota_exceeds_for="2s",
                   unassigned_for="2s", claim_over_allocated_for="2s", exporter_down_for="2s", stale_for="2s",
-                  series_cap_for="2s", write_errors_for="2s", no_leader_for="2s")
+                  series_cap_for="2s", write_errors_for="2s", no_leader_for="2s", gang_broken_for="2s")
+RACK = "example.com/rack"
+KN, KN_MIN = "pod-group.scheduling.kubenexus.io/name", "pod-group.scheduling.kubenexus.io/min-available"
+TRAIN_NODES = ("train-0", "train-1", "train-2", "train-3")
 STABLE = 3.0  # seconds a set must hold: three evaluations, longer than every `for`
 
 Alert = tuple[str, str, str, str]  # (alertname, severity, what it is about, state)
@@ -58,8 +63,18 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         install_kueue(c)
         node_summarizer(c, "pool", "pool")
         workload_summarizer(c, "apps", [("apps", "Deployment"), ("batch", "Job")])
+        c.kubectl("patch", "workloadsummarizer", "apps", "--type=merge", "-p", json.dumps(
+            {"spec": {"gangs": {"podLabels": [{"labelKey": KN, "minAvailableLabelKey": KN_MIN}]}}}))
         for name in ("apps-0", "apps-1", "batch-0", "batch-1", "cpu-0", "cpu-1"):
             create_node(c, name, {"pool": name.split("-")[0]})
+        for i, name in enumerate(TRAIN_NODES):
+            create_node(c, name, {"pool": "train", RACK: f"r{i // 2}"})
+        _, ring = deployment_chain(c, "default", "ring")
+        for i, node in enumerate(TRAIN_NODES):
+            create_pod(c, "default", f"ring-{i}", node=node, owner=ring, labels={KN: "ring", KN_MIN: "4"})
+            ok(c.request(PODS.path("default", f"ring-{i}", "status"), "PATCH",
+                         {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+                         content_type="application/merge-patch+json"))
         for name in GPU_NODES:
             create_node(c, name, {"pool": "gpu"}, allocatable={"cpu": "32", "memory": "128Gi", "pods": "110",
                                                                 GPU: "8"})
@@ -94,7 +109,8 @@ class Watch:
     docs/runbooks.md's inhibit_rules, whose notifications a stub pager records."""
 
     def __init__(self, kube: LocalCluster, workdir: Path) -> None:
-        self.services = [Service(kube, (f"--identity={i}", "--quota-actuation=on", f"--quota-settle={SETTLE}"))
+        self.services = [Service(kube, (f"--identity={i}", "--quota-actuation=on", f"--quota-settle={SETTLE}",
+                                        "--gang-grace=2", f"--gang-topology-label={RACK}"))
                          for i in ("a", "b")]
         self.pager = Stub("")
         receiver = {"name": "pager", "webhook_configs": [{"url": f"http://{self.pager.address}/"}]}
@@ -191,6 +207,26 @@ def test_a_pool_not_ready_with_a_deployment_on_it(kube: LocalCluster, watch: Wat
                                            ("WorkloadOnUnhealthyNodes", "critical", "web")}, timeout=30)
     finally:
         not_ready(kube, ("apps-0", "apps-1"), "True")
+    watch.settle(set())
+
+
+def test_a_rack_lost_under_a_gang(kube: LocalCluster, watch: Watch) -> None:
+    """Rack r1 of train goes NotReady under gang ring (4 members, one per node): the group has
+    NotReady nodes, ring's pods are on unhealthy nodes, and its gang is broken. The pager hears of
+    the group and the broken gang: that says more than "pods on unhealthy nodes" (muted)."""
+    not_ready(kube, TRAIN_NODES[2:])
+    try:
+        watch.settle({("NodeGroupNotReady", "warning", "train"), ("WorkloadGangBroken", "critical", "ring"),
+                      ("WorkloadOnUnhealthyNodes", "warning", "ring"),
+                      ("WorkloadOnUnhealthyNodes", "critical", "ring")})
+        wait_for(lambda: watch.paged() == {("NodeGroupNotReady", "warning", "train"),
+                                           ("WorkloadGangBroken", "critical", "ring")}, timeout=30)
+        assert watch.prom is not None
+        lost = watch.prom.query('max by (workload, group, domain) (nws_workload_gang_members_lost)')
+        assert [(r["metric"]["workload"], r["metric"]["group"], r["metric"]["domain"], r["value"][1])
+                for r in lost] == [("ring", "train", "r1", "2")]
+    finally:
+        not_ready(kube, TRAIN_NODES[2:], "True")
     watch.settle(set())
 
 

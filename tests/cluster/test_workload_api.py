@@ -5,7 +5,11 @@ into a Workload and a PodGroup as the Job controller shapes them (pkg/controller
 job_scheduling_manager: the Workload and the PodGroup controlled by the Job, the PodGroup naming
 its Workload), with their pods on KWOK nodes. The service runs as its ServiceAccount under the
 shipped ClusterRole, so the grants it needs here are proven too (the audit test runs on the pinned
-minor, which does not serve the API)."""
+minor, which does not serve the API).
+
+And the PodGroup's gang (docs/gangs.md): a Workload's PodGroup of minCount 4, its members on two
+racks of KWOK nodes, is Whole once KWOK runs them; the rack whose KWOK "kubelet" stops (its nodes
+no longer KWOK's, then NotReady) breaks it after the grace, naming the pool and the rack."""
 
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from kubeindex.model.resources import POD_GROUPS, PODS, SCHEDULING_WORKLOADS, WO
 from localkube.build import core, ensure_binaries
 from localkube.cluster import WORKLOAD_API_MINORS, LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
-from tests.kube import get_object, token_kubeconfig
+from tests.kube import get_object, set_node_status, token_kubeconfig
 from tests.paths import CRDS, ROOT
 
 pytestmark = pytest.mark.workload_api  # make test-workload-api; make test leaves them out
@@ -26,6 +30,8 @@ pytestmark = pytest.mark.workload_api  # make test-workload-api; make test leave
 DEPLOY = ROOT / "deploy"
 NS = "gangs"
 SA_NS = "node-workload-summary"
+RACK = "example.com/rack"
+GRACE = 2.0  # --gang-grace
 
 
 @pytest.fixture(scope="module", params=WORKLOAD_API_MINORS)
@@ -42,6 +48,9 @@ def kube(request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
         workload_summarizer(c, "gangs", [("scheduling.k8s.io", "Workload"), ("batch", "Job")])
         for i in range(4):
             kwok_node(c, f"gpu-{i}", "gpu", {"cpu": "8", "memory": "32Gi", "pods": "110"})
+        for i in range(4):
+            kwok_node(c, f"rack-{i}", "train", {"cpu": "8", "memory": "32Gi", "pods": "110"},
+                      {"pool": "train", RACK: f"r{i // 2}"})
         yield c
 
 
@@ -83,7 +92,8 @@ def summary(kube: LocalCluster, name: str) -> dict:
 @pytest.fixture(scope="module")
 def service(kube: LocalCluster) -> Iterator[Service]:
     sa = token_kubeconfig(kube, "node-workload-summary", SA_NS, "sa")
-    svc = Service(kube, (f"--kubeconfig={sa}", f"--lease-namespace={SA_NS}", "--write-debounce=0.2")).start()
+    svc = Service(kube, (f"--kubeconfig={sa}", f"--lease-namespace={SA_NS}", "--write-debounce=0.2",
+                         f"--gang-grace={GRACE}", f"--gang-topology-label={RACK}")).start()
     yield svc
     svc.stop()
 
@@ -133,3 +143,34 @@ def test_pods_in_pod_groups_count_for_their_workload_and_the_topmost_kind_stays_
     assert {POD_GROUPS.name, SCHEDULING_WORKLOADS.name} <= watches, watches
     log = service.log_text()
     assert "forbidden" not in log.lower() and "served only at" not in log, log[-3000:]
+
+
+def test_a_pod_groups_gang_is_whole_then_broken_by_its_rack_naming_pool_and_rack(
+        kube: LocalCluster, service: Service) -> None:
+    # The summarizer asks for PodGroup gangs now: the service reads the pods again for them.
+    kube.kubectl("patch", "workloadsummarizer", "gangs", "--type=merge", "-p",
+                 '{"spec": {"gangs": {"kinds": ["PodGroup"]}}}')
+    ring = workload(kube, "ring", 4)
+    pod_group(kube, "ring-workers", ring, 4)
+    for i in range(4):
+        member(kube, f"ring-{i}", "ring-workers", f"rack-{i}")
+
+    def worst() -> list[dict]:
+        return summary(kube, "ring").get("status", {}).get("worstGangs", [])
+
+    wait_for(lambda: worst() == [{"name": "ring-workers", "state": "Whole", "required": 4, "scheduled": 4,
+                                  "ready": 4}], timeout=60)  # KWOK runs them, Ready
+    assert summary(kube, "ring")["status"]["gangsWhole"] == "1/1"
+    for i in (2, 3):  # rack r1's kubelets stop: KWOK lets go of the nodes, which go NotReady
+        kube.kubectl("annotate", "node", f"rack-{i}", "kwok.x-k8s.io/node-")
+        set_node_status(kube, f"rack-{i}", "False")
+    broken = [{"name": "ring-workers", "state": "Broken", "required": 4, "scheduled": 4, "ready": 2,
+               "lost": [{"nodeSummary": "pool-train", "domain": "r1", "members": 2}]}]
+    try:
+        wait_for(lambda: worst() == broken, timeout=30)
+    except AssertionError:
+        nodes = kube.kubectl("get", "nodes", "-l", "pool=train", "-o", "wide").stdout
+        raise AssertionError(f"worstGangs: {worst()}\n{nodes}") from None
+    lost = select(parse(service.get("/metrics")[1]), "nws_workload_gang_members_lost", namespace=NS,
+                  workload="ring")
+    assert {(dict(k)["group"], dict(k)["domain"]): v for k, v in lost.items()} == {("train", "r1"): 2}
