@@ -24,7 +24,8 @@ label): the members not ready now, and those deleted since the gang was last who
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from .objects import share
 
@@ -60,6 +61,9 @@ class GangConfig:
 
     kinds: frozenset[str] = frozenset()
     labels: tuple[tuple[str, str], ...] = ()
+    # One Member per gang (and declared minimum), made once: a pod event of a gang member costs a
+    # tuple and a lookup, the members of a gang share one object. Bounded: cleared when full.
+    _made: dict[tuple[str, ...], Member] = field(default_factory=dict, compare=False, repr=False)
 
     def __bool__(self) -> bool:
         return bool(self.kinds or self.labels)
@@ -67,21 +71,39 @@ class GangConfig:
     def member(self, namespace: str, labels: dict[str, str], pod_group: str | None) -> Member | None:
         """The pod's gang: O(configured label pairs)."""
         if pod_group is not None and PODGROUP in self.kinds:
-            key = share(f"{PODGROUP}:{namespace}/{pod_group}")
-            return Member(key, pod_group, key)
+            return self._made.get((PODGROUP, namespace, pod_group)) or self._make(PODGROUP, namespace, pod_group)
         if not labels:
             return None
         for group_key, min_key in self.labels:
             value = labels.get(group_key)
             if value:
-                return Member(share(f"label/{group_key}:{namespace}/{value}"), value, "", declared(labels.get(min_key)))
+                minimum = labels.get(min_key, "")
+                return self._made.get(("label", group_key, namespace, value, minimum)) or \
+                    self._make(group_key, namespace, value, minimum)
         if JOBSET in self.kinds and (name := labels.get(JOBSET_NAME_LABEL)):
-            key = share(f"{JOBSET}:{namespace}/{name}")
-            return Member(key, name, key)
+            return self._made.get((JOBSET, namespace, name)) or self._make(JOBSET, namespace, name)
         if LWS in self.kinds and (name := labels.get(LWS_NAME_LABEL)) and (index := labels.get(LWS_GROUP_LABEL)):
-            return Member(share(f"{LWS}:{namespace}/{name}/{index}"), f"{name}-{index}",
-                          share(f"{LWS}:{namespace}/{name}"))
+            return self._made.get((LWS, namespace, name, index)) or self._make(LWS, namespace, name, index)
         return None
+
+    def _make(self, kind: str, namespace: str, name: str, extra: str | None = None) -> Member:
+        if kind in (PODGROUP, JOBSET):
+            key = share(f"{kind}:{namespace}/{name}")
+            member = Member(key, name, key)
+        elif kind == LWS:
+            member = Member(share(f"{LWS}:{namespace}/{name}/{extra}"), f"{name}-{extra}",
+                            share(f"{LWS}:{namespace}/{name}"))
+        else:  # a pod-label gang: ``kind`` is its label key, ``extra`` the declared minimum as written
+            member = Member(share(f"label/{kind}:{namespace}/{name}"), name, "", declared(extra))
+        if len(self._made) >= 100_000:
+            self._made.clear()
+        if kind in (PODGROUP, JOBSET):
+            self._made[(kind, namespace, name)] = member
+        elif kind == LWS:
+            self._made[(kind, namespace, name, extra or "")] = member
+        else:
+            self._made[("label", kind, namespace, name, extra or "")] = member
+        return member
 
 
 def declared(value: str | None) -> int | None:
@@ -134,16 +156,17 @@ class Gang:
             return 0
         return max(0, self.required - self.ready - self.succeeded)
 
-    def judge(self, required: int | None, now: float) -> bool:
+    def judge(self, required: int | None, now: Callable[[], float]) -> bool:
         """Take the minimum as it is now, and say whether the gang fell short just now (a gang once
         whole, short of members: the caller times its grace)."""
         self.required = required
         if required is not None and self.ready + self.succeeded >= required:
-            self.whole_once, self.short_since, self.broken = True, None, False
-            self.departed.clear()
+            if self.short_since is not None or not self.whole_once or self.departed:
+                self.whole_once, self.short_since, self.broken = True, None, False
+                self.departed.clear()
             return False
         if self.whole_once and self.short_since is None:
-            self.short_since = now
+            self.short_since = now()
             return True
         return False
 

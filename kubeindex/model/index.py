@@ -458,6 +458,7 @@ class ClusterIndex:
         # minCount, JobSets', LeaderWorkerSets'), and which workloads' gangs each source sizes.
         self.gang_summarizers: dict[str, WorkloadGangs] = {}
         self.gang_config = GangConfig()
+        self._gang_member: Callable[[str, dict[str, str], str | None], Member | None] | None = None  # while configured
         self.gang_sizes: dict[str, int] = {}
         self._gang_homes: dict[str, set[tuple[str, str]]] = {}  # source -> {(workload UID, gang key)}
         self._short: dict[tuple[str, str], float] = {}  # (workload UID, gang key) -> since when short
@@ -583,6 +584,7 @@ class ClusterIndex:
         if config == self.gang_config:
             return
         self.gang_config = config
+        self._gang_member = config.member if config else None
         for entry in self.pods.values():
             if entry.gang is not None:
                 if entry.workload is not None:
@@ -824,7 +826,7 @@ class ClusterIndex:
         requests = () if phase in TERMINATED else pod_requests(pod.spec)
         devices = () if phase in TERMINATED else unhealthy_devices(pod.status)
         labels = self._label_matches(meta.labels)
-        gang = self.gang_config.member(meta.namespace, meta.labels, group) if self.gang_config else None
+        gang = self._gang_member(meta.namespace, meta.labels, group) if self._gang_member is not None else None
         ready = gang is not None and pod.ready()
         old = self.pods.get(key)
         if old is not None and old.devices == devices and old.gang == gang and old.ready == ready \
@@ -1023,7 +1025,7 @@ class ClusterIndex:
         return max(gang.declared) if gang.declared else None
 
     def _judge(self, agg: WorkloadAgg, gang: Gang) -> None:
-        short = gang.judge(self._required(gang), self.now())
+        short = gang.judge(self._required(gang), self.now)
         home = (agg.uid, gang.key)
         if short:
             self._short[home] = gang.short_since or 0.0

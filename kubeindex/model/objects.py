@@ -135,7 +135,10 @@ class Pod(Struct):
 
     def ready(self) -> bool:
         """Its Ready condition is True."""
-        return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
+        for c in self.status.conditions:
+            if c.type == "Ready":
+                return c.status == "True"
+        return False
 
 
 # -- Karpenter's DisruptionBlocked Events (events.k8s.io/v1): kubeindex/model/disruption.py --------
