@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,14 @@ def gangs_of(kube: LocalCluster, name: str) -> dict:
     return ((get_object(kube, WORKLOAD_SUMMARIES.path(NS, name)) or {}).get("status") or {})
 
 
+def whole(kube: LocalCluster, summary: str) -> bool:
+    return gangs_of(kube, summary).get("gangsWhole") == "1/1"
+
+
+def broken_gangs(kube: LocalCluster, summary: str, n: int) -> bool:
+    return gangs_of(kube, summary).get("gangs", {}).get("broken") == n
+
+
 @pytest.fixture(scope="module")
 def service(kube: LocalCluster) -> Iterator[Service]:
     deploy, rs = deployment_chain(kube, NS, "kn")
@@ -101,7 +110,7 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 def test_gangs_break_with_their_rack_naming_pool_and_rack_and_heal(kube: LocalCluster, service: Service) -> None:
     workloads = {"kn": "kn-gang", "js": "js"}  # summary -> its gang's name
     for summary in workloads:
-        wait_for(lambda s=summary: gangs_of(kube, s).get("gangsWhole") == "1/1", timeout=30)
+        wait_for(partial(whole, kube, summary), timeout=30)
     for summary, gang in workloads.items():
         assert gangs_of(kube, summary)["worstGangs"] == [
             {"name": gang, "state": "Whole", "required": 4, "scheduled": 4, "ready": 4}]
@@ -118,7 +127,7 @@ def test_gangs_break_with_their_rack_naming_pool_and_rack_and_heal(kube: LocalCl
             set_node_status(kube, node, "False")
     lost = [{"nodeSummary": "pool-train", "domain": "r1", "members": 2}]
     for summary, gang in workloads.items():
-        wait_for(lambda s=summary: gangs_of(kube, s).get("gangs", {}).get("broken") == 1, timeout=30)
+        wait_for(partial(broken_gangs, kube, summary, 1), timeout=30)
         assert gangs_of(kube, summary)["worstGangs"] == [
             {"name": gang, "state": "Broken", "required": 4, "scheduled": 4, "ready": 2, "lost": lost}]
         assert gangs_of(kube, summary)["gangsWhole"] == "0/1"
@@ -140,6 +149,6 @@ def test_gangs_break_with_their_rack_naming_pool_and_rack_and_heal(kube: LocalCl
         if rack == "r1":
             set_node_status(kube, node, "True")
     for summary in workloads:
-        wait_for(lambda s=summary: gangs_of(kube, s).get("gangsWhole") == "1/1", timeout=30)
+        wait_for(partial(whole, kube, summary), timeout=30)
         assert "lost" not in json.dumps(gangs_of(kube, summary)["worstGangs"])
     wait_for(lambda: lost_series() == {}, timeout=10)

@@ -9,7 +9,7 @@ import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kubeindex.model.gangs import BROKEN, JOBSET, LWS, PENDING, PODGROUP, WHOLE, Gang, GangConfig, declared
+from kubeindex.model.gangs import BROKEN, JOBSET, LWS, PENDING, PODGROUP, WHOLE, Gang, GangConfig, Member, declared
 from kubeindex.model.index import READY, TERMINATED, ClusterIndex, WorkloadAgg
 from kubeindex.model.objects import (
     GangPodLabels,
@@ -182,9 +182,12 @@ def test_jobset_and_leaderworkerset_gangs_are_sized_by_their_objects() -> None:
 def test_a_pod_is_in_one_gang_the_first_that_names_it() -> None:
     config = GangConfig(frozenset({PODGROUP, JOBSET, LWS}), ((GROUP_LABEL, MIN_LABEL),))
     labels = {GROUP_LABEL: "kn", MIN_LABEL: "3", "jobset.sigs.k8s.io/jobset-name": "js"}
-    assert config.member(NS, labels, "pg").key == f"{PODGROUP}:{NS}/pg"
-    assert (config.member(NS, labels, None).name, config.member(NS, labels, None).declared) == ("kn", 3)
-    assert config.member(NS, {"jobset.sigs.k8s.io/jobset-name": "js"}, None).source == f"{JOBSET}:{NS}/js"
+    assert config.member(NS, labels, "pg") == Member(f"{PODGROUP}:{NS}/pg", "pg", f"{PODGROUP}:{NS}/pg")
+    assert config.member(NS, labels, None) == Member(f"label/{GROUP_LABEL}:{NS}/kn", "kn", "", 3)
+    assert config.member(NS, {"jobset.sigs.k8s.io/jobset-name": "js"}, None) == \
+        Member(f"{JOBSET}:{NS}/js", "js", f"{JOBSET}:{NS}/js")
+    lws = {"leaderworkerset.sigs.k8s.io/name": "l", "leaderworkerset.sigs.k8s.io/group-index": "2"}
+    assert config.member(NS, lws, None) == Member(f"{LWS}:{NS}/l/2", "l-2", f"{LWS}:{NS}/l")
     assert config.member(NS, {"leaderworkerset.sigs.k8s.io/name": "l"}, None) is None  # no group index
     assert GangConfig().member(NS, labels, "pg") is None
     assert [declared(v) for v in ("4", "0", "-1", "x", "", None, "9999999999")] == [4, None, None, None, None,
