@@ -15,11 +15,13 @@ their sizes by source (ClusterIndex.gang_sizes), so a pod event never reads an o
 counted per root workload (WorkloadAgg.gangs); a pod event moves one gang's counts by one: O(1).
 
 A gang is Whole while its ready (and succeeded) members reach its minimum; Pending until it first
-does; once Whole, a gang short of members for longer than the grace is Broken, until it is Whole
-again. A member is ready when its Ready condition is True and its node is Ready: a node lost takes
-its members' readiness at once, before the node lifecycle controller marks the pods. Where the
-missing members were is kept per place (the node's node groups, and its value of the topology
-label): the members not ready now, and those deleted since the gang was last whole.
+does, and while its minimum is not known (its object not seen yet, or deleted: a JobSet deleted
+with its pods still terminating is no break); once Whole, a gang short of members for longer than
+the grace is Broken, until it is Whole again. A member is ready when its Ready condition is True
+and its node is Ready: a node lost takes its members' readiness at once, before the node lifecycle
+controller marks the pods. Where the missing members were is kept per place (the node's node
+groups, and its value of the topology label): the members not ready now, and those deleted since
+the gang was last whole.
 """
 
 from __future__ import annotations
@@ -160,7 +162,10 @@ class Gang:
         """Take the minimum as it is now, and say whether the gang fell short just now (a gang once
         whole, short of members: the caller times its grace)."""
         self.required = required
-        if required is not None and self.ready + self.succeeded >= required:
+        if required is None:  # its object gone (deleted with its workload), or not seen yet: no verdict
+            self.whole_once, self.short_since, self.broken = False, None, False
+            return False
+        if self.ready + self.succeeded >= required:
             if self.short_since is not None or not self.whole_once or self.departed:
                 self.whole_once, self.short_since, self.broken = True, None, False
                 self.departed.clear()

@@ -336,3 +336,21 @@ def test_members_of_a_node_deleted_under_them_are_lost_where_it_was() -> None:
     index.tick()
     index.delete_pod(f"{NS}/p3")  # the pod garbage collector's part
     assert (g.state, g.places(), index._gone_places) == (BROKEN, {((("pools", "a"),), "r1"): 1}, {})
+
+
+def test_a_gang_whose_object_is_deleted_is_no_break() -> None:
+    """A JobSet deleted (background propagation: the object first, its pods after): its gang, short
+    while its pods terminate, has no minimum any more and is Pending, never Broken."""
+    index, clock = cluster(WorkloadGangs(kinds=(JOBSET,)))
+    for i in range(2):
+        index.upsert_pod(make_pod(f"js{i}", f"uid-js{i}", node=f"n{i}", owner=ref(DEPLOY, "train"), ready=True,
+                                  labels={"jobset.sigs.k8s.io/jobset-name": "train"}))
+    index.set_gang_size(f"{JOBSET}:{NS}/train", 2)
+    g = gang(index, f"{JOBSET}:{NS}/train")
+    assert g.state == WHOLE
+    index.set_gang_size(f"{JOBSET}:{NS}/train", None)
+    index.upsert_pod(make_pod("js0", "uid-js0", node="n0", owner=ref(DEPLOY, "train"), ready=False,
+                              labels={"jobset.sigs.k8s.io/jobset-name": "train"}))
+    clock.now += 120
+    index.tick()
+    assert (g.state, index._short) == (PENDING, {})
