@@ -235,7 +235,8 @@ def test_kubectl_get_workloads_columns(cluster: LocalCluster) -> None:
         "placement": "gke-nodepool-tpu-v5=3,gke-nodepool-cpu=1", "podsOnUnhealthyNodes": 4,
     })
     lines = cluster.kubectl("get", "workloads", "-n", "team-a").stdout.splitlines()
-    assert lines[0].split()[:7] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE", "UNHEALTHY", "AT_RISK", "AGE"], lines
+    assert lines[0].split()[:8] == ["NAME", "N_PODS", "SHORT_TYPE", "LONG_TYPE", "UNHEALTHY", "AT_RISK", "GANGS",
+                                    "AGE"], lines
     assert lines[1].split()[:5] == ["trainer", "12", "js", "jobset.jobset.x-k8s.io/v1alpha2", "4"], lines
     wide = cluster.kubectl("get", "workloads.ux", "-n", "team-a", "-o", "wide").stdout.splitlines()
     assert "PLACEMENT" in wide[0] and "gke-nodepool-tpu-v5=3,gke-nodepool-cpu=1" in wide[1], wide
