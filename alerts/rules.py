@@ -249,9 +249,9 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             f"{broken_gangs} > 0",
             t.gang_broken_for, "critical",
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has a broken gang",
-            "{{ $value }} gangs of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} were whole and "
-            "have been short of ready members for longer than the service's --gang-grace: the job cannot make "
-            "progress. Where the members were lost (node group, rack): the WorkloadSummary's status.worstGangs, "
+            "{{ $value }} gangs of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} have been "
+            "short of ready members, with members lost on nodes not Ready or crashed, for longer than the service's "
+            "--gang-grace: the job cannot make progress. Where the members were lost (node group, rack): the WorkloadSummary's status.worstGangs, "
             "and nws_workload_gang_members_lost.",
         ),
         Alert(

@@ -339,8 +339,8 @@ def workloads(o: Options = Options()) -> Dashboard:
               transformations=[{"id": "organize", "options": {"excludeByName": {"Time": True},
                                                               "renameByName": {"Value": "Pods"}}}]),
         Stat(title="Broken gangs", dataSource=DS, gridPos=_pos(0, 43, 6, 9), colorMode="background",
-             description="Gangs (in-tree PodGroups, pod-label gangs, JobSets, LeaderWorkerSet groups) once whole, "
-                         "short of ready members for longer than --gang-grace (WorkloadGangBroken).",
+             description="Gangs (in-tree PodGroups, pod-label gangs, JobSets, LeaderWorkerSet groups) short of "
+                         "ready members, with members lost, for longer than --gang-grace (WorkloadGangBroken).",
              thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}],
              targets=[_t(f"{o.sum('nws_workload_gangs', broken)} or vector(0)")]),
         TimeSeries(title="Gangs by state", dataSource=DS, gridPos=_pos(6, 43, 9, 9), unit="short",

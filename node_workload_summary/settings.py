@@ -128,8 +128,9 @@ class Settings(BaseSettings):
         EXPIRY_HORIZON, ge=0, description="Seconds before a Karpenter NodeClaim expires (creationTimestamp + "
         "spec.expireAfter) from which its node counts as a disruption candidate (Expiring): its pods are at risk.")
     gang_grace: Seconds = Field(
-        GANG_GRACE, ge=0, description="Seconds a gang that was Whole may be short of ready members before it is "
-        "Broken (a member's restart within it is no break): docs/gangs.md.")
+        GANG_GRACE, ge=0, description="Seconds a gang short of ready members, with members lost (on a node "
+        "not Ready, or Running but not Ready), stays Pending before it is Broken (a member's restart within it is no "
+        "break): docs/gangs.md.")
     gang_topology_label: LabelKey = Field(
         TOPOLOGY_LABEL, description="Node label whose value names where a broken gang's "
         "members were lost, besides its node groups (a rack or block label, say): docs/gangs.md.")

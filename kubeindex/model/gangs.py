@@ -14,14 +14,18 @@ Objects that size a gang (PodGroups, JobSets, LeaderWorkerSets) are its ``source
 their sizes by source (ClusterIndex.gang_sizes), so a pod event never reads an object. A gang is
 counted per root workload (WorkloadAgg.gangs); a pod event moves one gang's counts by one: O(1).
 
-A gang is Whole while its ready (and succeeded) members reach its minimum; Pending until it first
-does, and while its minimum is not known (its object not seen yet, or deleted: a JobSet deleted
-with its pods still terminating is no break); once Whole, a gang short of members for longer than
-the grace is Broken, until it is Whole again. A member is ready when its Ready condition is True
-and its node is Ready: a node lost takes its members' readiness at once, before the node lifecycle
-controller marks the pods. Where the missing members were is kept per place (the node's node
-groups, and its value of the topology label): the members not ready now, and those deleted since
-the gang was last whole.
+A gang is Whole while its ready (and succeeded) members reach its minimum. Short of it, it is
+Broken when members are *lost* and have been for longer than the grace, else Pending (still being
+scheduled or started; or its minimum not known: its object not seen yet, or deleted with its pods
+still terminating). A member is ready when its Ready condition is True and its node is Ready; lost
+when it is bound to a node that is not Ready (or gone), or Running but not Ready (crashed, failing
+its probe): a node lost takes its members at once, before the node lifecycle controller marks the
+pods. A member still starting (phase Pending: pulling its image) or not scheduled yet is neither.
+The verdict reads only what the objects say now, never what one replica remembers: every replica,
+and one started during the break, says the same once the grace has passed for it.
+
+Where the missing members were is kept per place (the node's node groups, and its value of the
+topology label): the members lost now, and those deleted since the gang was last whole.
 """
 
 from __future__ import annotations
@@ -125,8 +129,8 @@ def source_key(kind: str, namespace: str, name: str) -> str:
 class Gang:
     """One gang of one root workload: its members' counts, and its state (``judge``)."""
 
-    __slots__ = ("broken", "declared", "departed", "entries", "key", "lost", "name", "pods", "ready",
-                 "required", "scheduled", "short_since", "source", "succeeded", "whole_once")
+    __slots__ = ("broken", "declared", "departed", "entries", "key", "lost", "lost_members", "name", "pods",
+                 "ready", "required", "scheduled", "short_since", "source", "succeeded")
 
     def __init__(self, member: Member) -> None:
         self.key = member.key
@@ -138,18 +142,22 @@ class Gang:
         self.scheduled = 0  # unfinished members bound to a node
         self.ready = 0  # of those, Ready on a Ready node
         self.succeeded = 0  # finished members that succeeded: they count towards the minimum
-        self.lost: dict[Place, int] = {}  # bound, unfinished members not ready, by where they are
+        self.lost: dict[Place, int] = {}  # lost members, by where they are
+        self.lost_members = 0  # sum of ``lost``
         self.departed: dict[Place, int] = {}  # members deleted since the gang was last whole, by where they were
         self.required: int | None = None  # the minimum; None: not known (its source not seen)
-        self.whole_once = False
-        self.short_since: float | None = None  # when a gang once whole fell short
-        self.broken = False
+        self.short_since: float | None = None  # since when short with members lost (this replica's clock)
+        self.broken = False  # short with members lost for longer than the grace
+
+    @property
+    def whole(self) -> bool:
+        return self.required is not None and self.ready + self.succeeded >= self.required
 
     @property
     def state(self) -> str:
-        if self.broken:
-            return BROKEN
-        return WHOLE if self.whole_once else PENDING
+        if self.whole:
+            return WHOLE
+        return BROKEN if self.broken else PENDING
 
     @property
     def missing(self) -> int:
@@ -159,21 +167,18 @@ class Gang:
         return max(0, self.required - self.ready - self.succeeded)
 
     def judge(self, required: int | None, now: Callable[[], float]) -> bool:
-        """Take the minimum as it is now, and say whether the gang fell short just now (a gang once
-        whole, short of members: the caller times its grace)."""
+        """Take the minimum as it is now; say whether the gang is short with members lost (the
+        caller times its grace from ``short_since``)."""
         self.required = required
-        if required is None:  # its object gone (deleted with its workload), or not seen yet: no verdict
-            self.whole_once, self.short_since, self.broken = False, None, False
-            return False
-        if self.ready + self.succeeded >= required:
-            if self.short_since is not None or not self.whole_once or self.departed:
-                self.whole_once, self.short_since, self.broken = True, None, False
+        if self.whole:
+            if self.departed:
                 self.departed.clear()
+        if required is None or self.whole or not self.lost_members:
+            self.short_since, self.broken = None, False
             return False
-        if self.whole_once and self.short_since is None:
+        if self.short_since is None:
             self.short_since = now()
-            return True
-        return False
+        return True
 
     def places(self) -> dict[Place, int]:
         """Where the missing members were: those not ready now, and those deleted since the gang was

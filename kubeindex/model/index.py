@@ -167,9 +167,9 @@ class PodEntry:
         self.status = ""  # owners.OK / NONE / a failure: why there is (no) workload
         self.gang = gang  # its gang, if any (gangs.py); only gang members' readiness is looked at
         self.ready = ready  # its Ready condition is True (read for gang members only)
-        # Where its gang counts it as not ready (None: ready, or not a bound, unfinished member):
-        # taken back exactly as it was counted, whatever its node did since.
-        self.gang_place: Place | None = None
+        # How its gang counts it, taken back exactly so whatever its node did since: ready (True),
+        # neither ready nor lost (False: starting, or not a bound, unfinished member), or lost there (a Place).
+        self.gang_place: Place | bool = False
 
 
 _interned: dict[Vector, Vector] = {}
@@ -703,7 +703,7 @@ class ClusterIndex:
             del self._short[(uid, key)]
             agg = self.workloads.get(uid)
             gang = agg.gangs.get(key) if agg is not None else None
-            if agg is None or gang is None or gang.short_since is None:
+            if agg is None or gang is None or gang.short_since is None or gang.whole:
                 continue
             gang.broken = True
             agg.revision = next(self.revision)
@@ -998,19 +998,25 @@ class ClusterIndex:
                 gang.scheduled += sign
                 bump(self._gang_nodes, entry.node, sign)
                 if sign > 0:
-                    entry.gang_place = None if self._member_ready(entry) else self._place(entry.node)
-                if entry.gang_place is None:
+                    entry.gang_place = self._member_stance(entry)
+                if entry.gang_place is True:
                     gang.ready += sign
-                else:
+                elif entry.gang_place is not False:
                     bump(gang.lost, entry.gang_place, sign)
+                    gang.lost_members += sign
         if gang.entries == 0:
             self._forget_gang(agg, gang)
         else:
             self._judge(agg, gang)
 
-    def _member_ready(self, entry: PodEntry) -> bool:
+    def _member_stance(self, entry: PodEntry) -> Place | bool:
+        """A bound, unfinished member: ready (True), starting (False), or lost where it is."""
         node = self.nodes.get(entry.node)
-        return entry.ready and node is not None and node.present and node.ready == READY
+        if node is None or not node.present or node.ready != READY:
+            return self._place(entry.node)
+        if entry.ready:
+            return True
+        return self._place(entry.node) if entry.phase == "Running" else False
 
     def _place(self, name: str) -> Place:
         """Where a node is, for a gang's lost members: its node groups and its topology label's value."""
@@ -1027,9 +1033,9 @@ class ClusterIndex:
     def _judge(self, agg: WorkloadAgg, gang: Gang) -> None:
         short = gang.judge(self._required(gang), self.now)
         home = (agg.uid, gang.key)
-        if short:
+        if short and not gang.broken:  # the tick's to time
             self._short[home] = gang.short_since or 0.0
-        elif gang.short_since is None:
+        else:
             self._short.pop(home, None)
 
     def _forget_gang(self, agg: WorkloadAgg, gang: Gang) -> None:
@@ -1049,7 +1055,7 @@ class ClusterIndex:
         gang = agg.gangs.get(entry.gang.key) if agg is not None else None
         if agg is None or gang is None:
             return
-        place = entry.gang_place if entry.gang_place is not None else self._place(entry.node)
+        place = entry.gang_place if isinstance(entry.gang_place, tuple) else self._place(entry.node)
         bump(gang.departed, place, +1)
         self._judge(agg, gang)
 

@@ -91,24 +91,45 @@ def test_a_rack_lost_breaks_the_gang_after_the_grace_naming_the_pool_and_rack() 
     for name in ("n2", "n3"):  # rack r1
         index.upsert_node(make_node(name, {"pool": "a", RACK: "r1"}, ready="False"))
     g = gang(index)
-    assert (g.ready, g.missing, g.state) == (2, 2, WHOLE)  # within the grace: a restart is no break
+    assert (g.ready, g.missing, g.lost_members, g.state) == (2, 2, 2, PENDING)  # within the grace: no break yet
     assert index.workloads["dep-uid"].revision > stamp
     clock.now += 59
     index.tick()
-    assert g.state == WHOLE
+    assert g.state == PENDING
     clock.now += 2
     index.tick()
     assert g.state == BROKEN
     assert g.places() == {((("pools", "a"),), "r1"): 2}
-    # The node lifecycle controller evicts them; their replacements wait unscheduled: still Broken,
-    # still naming where they were.
+    # A replica that starts now says the same once the grace has passed for it: the verdict is read
+    # from the objects, not remembered.
+    other, other_clock = cluster()
+    for i in range(4):
+        other.upsert_node(make_node(f"n{i}", {"pool": "a", RACK: f"r{i // 2}"}, ready="False" if i > 1 else "True"))
+        other.upsert_pod(member(f"p{i}", f"n{i}"))
+    other_clock.now += 61
+    other.tick()
+    assert (gang(other).state, gang(other).places()) == (BROKEN, g.places())
+    # The node lifecycle controller evicts them; their replacements wait unscheduled: nothing is
+    # lost any more (Pending: the scheduler's to place), and where they were is still named.
     for i in (2, 3):
         index.delete_pod(f"{NS}/p{i}")
-        index.upsert_pod(member(f"q{i}", "", ready=False))
-    assert (g.state, g.places(), g.pods, g.scheduled) == (BROKEN, {((("pools", "a"),), "r1"): 2}, 4, 2)
+        index.upsert_pod(member(f"q{i}", "", ready=False, phase="Pending"))
+    assert (g.state, g.places(), g.pods, g.scheduled) == (PENDING, {((("pools", "a"),), "r1"): 2}, 4, 2)
     for i in (2, 3):  # rescheduled on rack r0 and ready: whole again, the past forgotten
         index.upsert_pod(member(f"q{i}", f"n{i - 2}"))
     assert (g.state, g.places(), g.ready) == (WHOLE, {}, 4)
+
+
+def test_a_member_still_starting_is_not_lost_and_one_that_crashed_is() -> None:
+    index, clock = whole_gang()
+    index.upsert_pod(member("p3", "n3", ready=False, phase="Pending"))  # replaced, pulling its image
+    clock.now += 120
+    index.tick()
+    assert (gang(index).state, gang(index).lost_members) == (PENDING, 0)
+    index.upsert_pod(member("p3", "n3", ready=False))  # Running, not Ready: crashed, or failing its probe
+    clock.now += 61
+    index.tick()
+    assert (gang(index).state, gang(index).places()) == (BROKEN, {((("pools", "a"),), "r1"): 1})
 
 
 def test_a_member_back_within_the_grace_is_no_break() -> None:
@@ -222,13 +243,13 @@ def test_the_summarizer_spec_reads_gangs() -> None:
 
 # -- the counts are those of a recount, whatever the events ---------------------------------------
 
-def recount(index: ClusterIndex, agg: WorkloadAgg) -> dict[str, tuple[int, int, int, int]]:
-    """(pods, scheduled, ready, succeeded) per gang, from the pods and nodes as they are."""
+def recount(index: ClusterIndex, agg: WorkloadAgg) -> dict[str, tuple[int, ...]]:
+    """(pods, scheduled, ready, succeeded, lost) per gang, from the pods and nodes as they are."""
     out: dict[str, list[int]] = {}
     for entry in index.pods.values():
         if entry.gang is None or entry.workload != agg.uid:
             continue
-        counts = out.setdefault(entry.gang.key, [0, 0, 0, 0])
+        counts = out.setdefault(entry.gang.key, [0, 0, 0, 0, 0])
         if entry.phase == "Succeeded":
             counts[3] += 1
         elif entry.phase not in TERMINATED:
@@ -236,8 +257,10 @@ def recount(index: ClusterIndex, agg: WorkloadAgg) -> dict[str, tuple[int, int, 
             if entry.node:
                 counts[1] += 1
                 node = index.nodes.get(entry.node)
-                counts[2] += entry.ready and node is not None and node.present and node.ready == READY
-    return {k: (v[0], v[1], v[2], v[3]) for k, v in out.items()}
+                node_ready = node is not None and node.present and node.ready == READY
+                counts[2] += entry.ready and node_ready
+                counts[4] += not node_ready or (entry.phase == "Running" and not entry.ready)
+    return {k: tuple(v) for k, v in out.items()}
 
 
 pod_event = st.tuples(st.just("pod"), st.integers(0, 5), st.sampled_from(["", "n0", "n1", "n2"]),
@@ -265,10 +288,10 @@ def test_gang_counts_are_those_of_a_recount(events: list[tuple]) -> None:
             index.delete_pod(f"{NS}/p{event[1]}")
     agg = index.workloads.get("dep-uid")
     gangs = agg.gangs if agg is not None else {}
-    assert {k: (g.pods, g.scheduled, g.ready, g.succeeded) for k, g in gangs.items()} == \
+    assert {k: (g.pods, g.scheduled, g.ready, g.succeeded, g.lost_members) for k, g in gangs.items()} == \
         (recount(index, agg) if agg is not None else {})
     for g in gangs.values():
-        assert sum(g.lost.values()) == g.scheduled - g.ready
+        assert sum(g.lost.values()) == g.lost_members
 
 
 # -- what the summaries and the metrics show of them -----------------------------------------------
@@ -334,8 +357,9 @@ def test_members_of_a_node_deleted_under_them_are_lost_where_it_was() -> None:
     assert (g.ready, g.lost) == (3, {((("pools", "a"),), "r1"): 1})
     clock.now += 61
     index.tick()
+    assert g.state == BROKEN
     index.delete_pod(f"{NS}/p3")  # the pod garbage collector's part
-    assert (g.state, g.places(), index._gone_places) == (BROKEN, {((("pools", "a"),), "r1"): 1}, {})
+    assert (g.state, g.places(), index._gone_places) == (PENDING, {((("pools", "a"),), "r1"): 1}, {})
 
 
 def test_a_gang_whose_object_is_deleted_is_no_break() -> None:
