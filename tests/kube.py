@@ -59,11 +59,13 @@ def set_node_labels(cluster: LocalCluster, name: str, labels: dict[str, str | No
 
 
 def create_pod(cluster: LocalCluster, namespace: str, name: str, node: str = "", phase: str = "Running",
-               owner: dict | None = None, cpu: str = "500m", labels: dict[str, str] | None = None) -> dict:
+               owner: dict | None = None, cpu: str = "500m", labels: dict[str, str] | None = None,
+               memory: str | None = None) -> dict:
     meta: dict = {"name": name, "namespace": namespace, "labels": labels or {}}
     if owner is not None:
         meta["ownerReferences"] = [owner_ref(owner)]
-    spec: dict = {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu}}}]}
+    requests = {"cpu": cpu, **({"memory": memory} if memory else {})}
+    spec: dict = {"containers": [{"name": "c", "image": "x", "resources": {"requests": requests}}]}
     if node:
         spec["nodeName"] = node
     pod = create(cluster, PODS.path(namespace),

@@ -32,13 +32,16 @@ from tests.support.alerts_dashboards import (
     result,
 )
 
+KN, KN_MIN = "pod-group.scheduling.kubenexus.io/name", "pod-group.scheduling.kubenexus.io/min-available"
+GANG = {KN: "web", KN_MIN: "3"}
+
 
 def gpu_pod(cluster: LocalCluster, name: str, node: str, owner: dict) -> None:
     """A Running pod requesting cpu, memory and a GPU, so every requested/allocatable panel has data."""
     requests = {"cpu": "1", "memory": "1Gi", "nvidia.com/gpu": "1"}
     create(cluster, PODS.path("default"), {
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default", "ownerReferences": [owner_ref(owner)]},
+        "metadata": {"name": name, "namespace": "default", "ownerReferences": [owner_ref(owner)], "labels": GANG},
         "spec": {"nodeName": node, "containers": [
             {"name": "c", "image": "x", "resources": {"requests": requests, "limits": requests}}]},
     })
@@ -60,7 +63,8 @@ def unhealthy_gpu(cluster: LocalCluster, name: str) -> None:
 def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
     """Groups a (2 nodes with GPUs; a-2 reports one of its 5 unhealthy) and b (3: b-1 being
     disrupted by Karpenter, b-3 cordoned); Deployment web with 2 Running pods (web-1's GPU reported
-    Unhealthy, web-2 on b-1) and 1 Pending; one pod of no workload. Kueue: flavor a (group a's
+    Unhealthy, web-2 on b-1, not Ready) and 1 Pending, a KubeNexus-labelled gang of 3 broken by web-2
+    (lost on b-1); one pod of no workload. Kueue: flavor a (group a's
     nodes), 24 cpu and 8 GPUs of quota; ClusterResourceClaim a on it, over-allocated (a dry run: the
     quota is not written)."""
     with LocalCluster(Options(), binaries) as c:
@@ -74,6 +78,8 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
                 {"clusterQueueName": "team", "resources": {"cpu": "8", "nvidia.com/gpu": "10"}}]}}))
         node_summarizer(c, "pool", "pool")
         workload_summarizer(c, "apps", [("apps", "Deployment")])
+        c.kubectl("patch", "workloadsummarizer", "apps", "--type=merge", "-p", json.dumps(
+            {"spec": {"gangs": {"podLabels": [{"labelKey": KN, "minAvailableLabelKey": KN_MIN}]}}}))
         gpu = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
         for name, pool in (("a-1", "a"), ("a-2", "a"), ("b-1", "b"), ("b-2", "b")):
             create_node(c, name, {"pool": pool}, allocatable=gpu if pool == "a" else None)
@@ -85,8 +91,12 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         _, rs = deployment_chain(c, "default", "web")
         gpu_pod(c, "web-1", "a-1", rs)
         unhealthy_gpu(c, "web-1")
-        create_pod(c, "default", "web-2", node="b-1", owner=rs)
-        create_pod(c, "default", "web-3", phase="Pending", owner=rs)
+        create_pod(c, "default", "web-2", node="b-1", owner=rs, labels=GANG)
+        create_pod(c, "default", "web-3", phase="Pending", owner=rs, labels=GANG)
+        for pod, ready in (("web-1", "True"), ("web-2", "False")):
+            ok(c.request(PODS.path("default", pod, "status"), "PATCH",
+                         {"status": {"conditions": [{"type": "Ready", "status": ready}]}},
+                         content_type="application/merge-patch+json"))
         create_pod(c, "default", "lonely", node="b-2")
         # Karpenter's NodeClaim of a-1, drifted (its kind served without Karpenter): group a's rollout families.
         nodeclaim_crd(c)
@@ -101,7 +111,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
 
 @pytest.fixture(scope="module")
 def service(kube: LocalCluster) -> Iterator[Service]:
-    svc = Service(kube, ("--identity=a",)).start()
+    svc = Service(kube, ("--identity=a", "--gang-grace=0")).start()
     wait_for(lambda: select(svc.scrape(), "nws_claim_shortfall"), timeout=20)  # the claim's status, written
     yield svc
     svc.stop()
@@ -110,7 +120,7 @@ def service(kube: LocalCluster) -> Iterator[Service]:
 @pytest.fixture(scope="module")
 def replicas(kube: LocalCluster, service: Service) -> Iterator[list[Service]]:
     """Two replicas, as the shipped Deployment runs: both serve metrics, one holds the Lease."""
-    other = Service(kube, ("--identity=b",)).start()
+    other = Service(kube, ("--identity=b", "--gang-grace=0")).start()
     yield [service, other]
     other.stop()
 
@@ -258,6 +268,7 @@ def test_every_dashboard_query_reads_the_same_with_two_replicas(replicas: list[S
             ("node-groups.json", "Unhealthy accelerators per group (capacity - allocatable)"): 1,
             ("node-group-detail.json", "Disrupting"): 0, ("node-group-detail.json", "Degraded"): 1,
             ("workloads.json", "Workloads on unhealthy nodes"): 1, ("workloads.json", "Pods on unhealthy nodes"): 1,
+            ("workloads.json", "Broken gangs"): 1,
         }
         assert {key: stat(two, *key) for key in truth} == truth
         web = frozenset({("namespace", "default"), ("workload", "web"), ("kind", "Deployment")})

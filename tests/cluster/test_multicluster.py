@@ -18,13 +18,15 @@ import yaml
 
 import dashboards.__main__ as dashboards_gen
 from alerts.rules import Thresholds, rules_file
-from demo.workloads import deployment_chain
+from demo.workloads import deployment_chain, ok
+from kubeindex.model.resources import PODS
 from localkube.cluster import LocalCluster
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 from tests.kube import create_node, create_pod, set_node_status, summarized_cluster
 
 CLUSTERS = ("a", "b")
+KN, KN_MIN = "pod-group.scheduling.kubenexus.io/name", "pod-group.scheduling.kubenexus.io/min-available"
 GPU = {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "4"}
 # Node groups of the same names in both clusters, of different sizes: a query that ignored the
 # cluster would merge or mix them.
@@ -36,15 +38,25 @@ Result = dict[frozenset[tuple[str, str]], float]
 
 
 def populate(kube: LocalCluster, name: str) -> None:
-    """Deployment shop/web: in a 2 Running pods on cpu; in b 2 on gpu, 1 on cpu, 1 Pending, and
-    one pod of no workload."""
+    """Deployment shop/web: in a 2 Running pods on cpu (1Gi of memory each), Ready, a whole
+    KubeNexus-labelled gang; in b
+    2 on gpu, 1 on cpu, 1 Pending, and one pod of no workload."""
     for pool, count in NODES[name].items():
         for i in range(count):
             create_node(kube, f"{pool}-{i}", {"pool": pool}, allocatable=GPU if pool == "gpu" else None)
     _, rs = deployment_chain(kube, "shop", "web")
     nodes = ["cpu-0", "cpu-1"] if name == "a" else ["gpu-0", "gpu-1", "cpu-0", ""]
+    gang = {KN: "web", KN_MIN: "2"} if name == "a" else {}
     for i, node in enumerate(nodes):
-        create_pod(kube, "shop", f"web-{i}", node=node, phase="Running" if node else "Pending", owner=rs)
+        create_pod(kube, "shop", f"web-{i}", node=node, phase="Running" if node else "Pending", owner=rs,
+                   labels=gang, memory="1Gi" if gang else None)
+        if gang:
+            ok(kube.request(PODS.path("shop", f"web-{i}", "status"), "PATCH",
+                            {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+                            content_type="application/merge-patch+json"))
+    if gang:
+        kube.kubectl("patch", "workloadsummarizer", "apps", "--type=merge", "-p", json.dumps(
+            {"spec": {"gangs": {"podLabels": [{"labelKey": KN, "minAvailableLabelKey": KN_MIN}]}}}))
     if name == "b":
         create_pod(kube, "shop", "lonely", node="cpu-1")
 
