@@ -251,8 +251,8 @@ def alerts(t: Thresholds = Thresholds()) -> list[Alert]:
             "{{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} has a broken gang",
             "{{ $value }} gangs of {{ $labels.kind }} {{ $labels.namespace }}/{{ $labels.workload }} have been "
             "short of ready members, with members lost on nodes not Ready or crashed, for longer than the service's "
-            "--gang-grace: the job cannot make progress. Where the members were lost (node group, rack): the WorkloadSummary's status.worstGangs, "
-            "and nws_workload_gang_members_lost.",
+            "--gang-grace: the job cannot make progress. Where the members were lost (node group, rack): the "
+            "WorkloadSummary's status.worstGangs, and nws_workload_gang_members_lost.",
         ),
         Alert(
             "NodeGroupAcceleratorsUnhealthy",

@@ -170,9 +170,8 @@ class Gang:
         """Take the minimum as it is now; say whether the gang is short with members lost (the
         caller times its grace from ``short_since``)."""
         self.required = required
-        if self.whole:
-            if self.departed:
-                self.departed.clear()
+        if self.whole and self.departed:
+            self.departed.clear()  # where members were is news only while it is short
         if required is None or self.whole or not self.lost_members:
             self.short_since, self.broken = None, False
             return False
