@@ -54,7 +54,7 @@ OTHER = "other"  # the explicit overflow series when a series cap is reached
 MAX_WORKLOAD_SERIES = 5000  # workloads with series of their own (--max-workload-series)
 MAX_NODEGROUP_SERIES = 2000  # node groups with series of their own, per NodeSummarizer
 MAX_LOST_SERIES = 10  # places a workload's broken gangs name with series of their own (the rest: "other")
-GANG_MEMBERS = ("required", "scheduled", "ready")
+GANG_MEMBERS = ("required", "scheduled", "ready", "at_risk")
 ALWAYS_PHASES = ("Pending", "Running")  # workload phases emitted even at 0 (stable series)
 UNRESOLVED_REASONS = (NONE, MISSING, CYCLE, TOO_DEEP)  # emitted even at 0
 BROKEN_REASONS = (MISSING,)  # the only break a workload can sit below
@@ -239,6 +239,7 @@ def gang_series(gangs: Iterable[Gang]) -> tuple[dict[str, int], dict[str, int], 
         members["required"] += gang.required or 0
         members["scheduled"] += gang.scheduled
         members["ready"] += gang.ready
+        members["at_risk"] += gang.at_risk
         if gang.state == BROKEN:
             for (node_groups, domain), n in gang.places().items():
                 for summarizer, group in node_groups or (("", ""),):
@@ -289,7 +290,8 @@ WORKLOAD_FAMILIES: tuple[FamilyGenerator[WorkloadSeries], ...] = (
                     lambda w: ((_labels(state=s), n) for s, n in w.gangs.items())),
     FamilyGenerator(Family("workload_gang_members", "gauge",
                            "Members of the root workload's gangs, summed over them: required (their minimums), "
-                           "scheduled (unfinished, bound to a node), ready (of those, Ready on a Ready node)."),
+                           "scheduled (unfinished, bound to a node), ready (of those, Ready on a Ready node), at_risk "
+                           "(on nodes Karpenter is disrupting or may disrupt next)."),
                     lambda w: ((_labels(state=s), n) for s, n in w.gang_members.items())),
     FamilyGenerator(Family("workload_gang_members_lost", "gauge",
                            "Members the root workload's Broken gangs lost, by where they were: node group "

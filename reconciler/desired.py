@@ -269,7 +269,8 @@ def _at_risk(agg: WorkloadAgg, summary_names: Mapping[NodeGroupKey, str]) -> dic
     pools = [{"name": name, "pods": -n} for n, name in named]
     return _drop_empty({"pods": sum(agg.pods_at_risk.values()),
                         "reasons": {r: agg.pods_at_risk[r] for r in RISKS if agg.pods_at_risk.get(r)},
-                        "nodeSummaries": pools})
+                        "nodeSummaries": pools,
+                        "gangs": sum(1 for g in agg.gangs.values() if g.at_risk) or None})
 
 
 def _refs(agg: WorkloadAgg, summary_names: dict[NodeGroupKey, str]) -> list[dict[str, Any]]:

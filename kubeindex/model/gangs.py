@@ -129,8 +129,8 @@ def source_key(kind: str, namespace: str, name: str) -> str:
 class Gang:
     """One gang of one root workload: its members' counts, and its state (``judge``)."""
 
-    __slots__ = ("broken", "declared", "departed", "entries", "key", "lost", "lost_members", "name", "pods",
-                 "ready", "required", "scheduled", "short_since", "source", "succeeded")
+    __slots__ = ("at_risk", "broken", "declared", "departed", "entries", "key", "lost", "lost_members", "name",
+                 "pods", "ready", "required", "scheduled", "short_since", "source", "succeeded")
 
     def __init__(self, member: Member) -> None:
         self.key = member.key
@@ -142,6 +142,7 @@ class Gang:
         self.scheduled = 0  # unfinished members bound to a node
         self.ready = 0  # of those, Ready on a Ready node
         self.succeeded = 0  # finished members that succeeded: they count towards the minimum
+        self.at_risk = 0  # unfinished members on nodes Karpenter is disrupting or may disrupt next (karpenter.RISKS)
         self.lost: dict[Place, int] = {}  # lost members, by where they are
         self.lost_members = 0  # sum of ``lost``
         self.departed: dict[Place, int] = {}  # members deleted since the gang was last whole, by where they were

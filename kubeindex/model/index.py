@@ -149,8 +149,8 @@ class PodGroupEntry:
 
 
 class PodEntry:
-    __slots__ = ("devices", "gang", "gang_place", "key", "labels", "node", "phase", "ready", "requests", "status",
-                 "uid", "workload")
+    __slots__ = ("devices", "gang", "gang_place", "gang_risk", "key", "labels", "node", "phase", "ready", "requests",
+                 "status", "uid", "workload")
 
     def __init__(self, key: str, uid: str, node: str, phase: str, requests: Vector, labels: LabelMatches,
                  devices: Vector = (), gang: Member | None = None, ready: bool = False) -> None:
@@ -170,6 +170,7 @@ class PodEntry:
         # How its gang counts it, taken back exactly so whatever its node did since: ready (True),
         # neither ready nor lost (False: starting, or not a bound, unfinished member), or lost there (a Place).
         self.gang_place: Place | bool = False
+        self.gang_risk = False  # its gang counts it at risk of Karpenter's disruptions (on its node as counted)
 
 
 _interned: dict[Vector, Vector] = {}
@@ -680,9 +681,10 @@ class ClusterIndex:
         if self._gang_stance(entry) != held:
             self._replace_gang_members(entry.name)
 
-    def _gang_stance(self, entry: NodeEntry) -> tuple[bool, Place]:
-        """What a node gives the gang members on it: their readiness and where they are."""
-        return entry.present and entry.ready == READY, self._place(entry.name)
+    def _gang_stance(self, entry: NodeEntry) -> tuple[bool, Place, bool]:
+        """What a node gives the gang members on it: their readiness, where they are, their risk."""
+        present = entry.present
+        return present and entry.ready == READY, self._place(entry.name), present and _risk(entry) is not None
 
     # ---------------------------------------------------------------------------- Karpenter's NodeClaims
 
@@ -999,6 +1001,10 @@ class ClusterIndex:
                 bump(self._gang_nodes, entry.node, sign)
                 if sign > 0:
                     entry.gang_place = self._member_stance(entry)
+                    node = self.nodes.get(entry.node)
+                    entry.gang_risk = node is not None and node.present and _risk(node) is not None
+                if entry.gang_risk:
+                    gang.at_risk += sign
                 if entry.gang_place is True:
                     gang.ready += sign
                 elif entry.gang_place is not False:

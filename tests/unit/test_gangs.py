@@ -337,7 +337,7 @@ def test_lost_series_are_for_broken_gangs_only_and_capped() -> None:
         index.upsert_pod(member(f"m{i}", f"m{i}", minimum="14"))
     states, members, lost = gang_series(index.workloads["dep-uid"].gangs.values())
     assert (states, members, lost) == ({"Whole": 1, "Pending": 0, "Broken": 0},
-                                       {"required": 14, "scheduled": 14, "ready": 14}, {})
+                                       {"required": 14, "scheduled": 14, "ready": 14, "at_risk": 0}, {})
     for i in range(12):
         index.upsert_node(make_node(f"m{i}", {"pool": "b", RACK: f"x{i:02}"}, ready="Unknown"))
     _, _, lost = gang_series(index.workloads["dep-uid"].gangs.values())
@@ -345,7 +345,7 @@ def test_lost_series_are_for_broken_gangs_only_and_capped() -> None:
     clock.now += 61
     index.tick()
     _, members, lost = gang_series(index.workloads["dep-uid"].gangs.values())
-    assert members == {"required": 14, "scheduled": 14, "ready": 2}
+    assert members == {"required": 14, "scheduled": 14, "ready": 2, "at_risk": 0}
     assert len(lost) == MAX_LOST_SERIES + 1 and sum(lost.values()) == 12
     assert lost[("pools", OTHER, "")] == 2
 
@@ -378,3 +378,21 @@ def test_a_gang_whose_object_is_deleted_is_no_break() -> None:
     clock.now += 120
     index.tick()
     assert (g.state, index._short) == (PENDING, {})
+
+
+def test_gang_members_on_nodes_karpenter_may_disrupt_put_the_gang_at_risk() -> None:
+    from exporter.metrics import gang_series
+    from reconciler.desired import TypeInfo, workload_summary
+    from tests.builders import make_nodeclaim
+
+    index, _ = whole_gang()
+    index.upsert_nodeclaim(make_nodeclaim("claim-n2", "n2", {"Drifted": "True"}))
+    g = gang(index)
+    assert (g.at_risk, g.state) == (1, WHOLE)  # drifted: a candidate, still running
+    status = workload_summary(index.workloads["dep-uid"], "train", TypeInfo("apps/v1", "deploy", "x"),
+                              {("pools", "a"): "pools-a"}).status
+    assert status["atRisk"] == {"pods": 1, "reasons": {"Drifted": 1}, "gangs": 1,
+                                "nodeSummaries": [{"name": "pools-a", "pods": 1}]}
+    assert gang_series(index.workloads["dep-uid"].gangs.values())[1]["at_risk"] == 1
+    index.upsert_nodeclaim(make_nodeclaim("claim-n2", "n2", {"Drifted": "False"}))
+    assert g.at_risk == 0
