@@ -6,7 +6,7 @@ A pod belongs to at most one gang, named by (first match):
   the minimum in the min-available label (KubeNexus's pod-group.scheduling.kubenexus.io/name and
   .../min-available, say);
 - its JobSet (label jobset.sigs.k8s.io/jobset-name): every pod of the JobSet, the sum over its
-  replicatedJobs of replicas x parallelism;
+  replicatedJobs of replicas x min(parallelism, completions);
 - its LeaderWorkerSet group (leaderworkerset.sigs.k8s.io/name and /group-index): the leader and
   its workers, leaderWorkerTemplate.size.
 
@@ -181,8 +181,8 @@ class Gang:
         return True
 
     def places(self) -> dict[Place, int]:
-        """Where the missing members were: those not ready now, and those deleted since the gang was
-        last whole. O(places)."""
+        """Where the missing members were: those lost now, and those deleted since the gang was last
+        whole. O(places)."""
         out = dict(self.lost)
         for place, n in self.departed.items():
             out[place] = out.get(place, 0) + n
