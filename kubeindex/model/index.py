@@ -661,7 +661,7 @@ class ClusterIndex:
         move the workloads of its pods if what it gives them changed: O(resources), and O(pods on it)
         only then."""
         old_groups, was, rollout = entry.node_groups, _facts(entry), entry.rollout
-        held = self._gang_stance(entry)
+        held = self._gang_stance(entry) if self._gang_nodes.get(entry.name) else None  # most nodes hold no member
         for g in old_groups:  # a group it stays in is not emptied on the way: no delete and recreate
             self._node_into_node_group(entry, g, -1, prune=False)
         self.kueue.node_out(entry)
@@ -678,7 +678,7 @@ class ClusterIndex:
             self._prune_node_group(g)
         self.kueue.node_in(entry)
         self._move_node_workloads(entry, before, _placement(entry))
-        if self._gang_stance(entry) != held:
+        if held is not None and self._gang_stance(entry) != held:
             self._replace_gang_members(entry.name)
 
     def _gang_stance(self, entry: NodeEntry) -> tuple[bool, Place, bool]:
