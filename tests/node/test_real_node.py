@@ -110,6 +110,9 @@ def release(kube: LocalCluster, node: RealNode, helm: list[str], tmp_path_factor
         "image": {"repository": IMAGE, "tag": TAG, "pullPolicy": "Never"},
         **POD_PLACEMENT,
         "nodeSummarizers": {"pool": {"labelKey": POOL}},
+        # The shipped sample WorkloadSummarizer, gangs and all (deploy/summarizers.yaml).
+        "workloadSummarizers": {d["metadata"]["name"]: d["spec"] for d in yaml.safe_load_all(
+            (ROOT / "deploy/summarizers.yaml").read_text()) if d and d["kind"] == "WorkloadSummarizer"},
         "serviceMonitor": {"enabled": True, "interval": SCRAPE},
         "prometheusRule": {"enabled": True},
         # Prometheus' namespace: what NOTES.txt tells a user to label.
@@ -193,6 +196,11 @@ def test_summaries_are_written_by_the_pod_with_its_service_account(kube: LocalCl
     assert {ip for e in events for ip in e["sourceIPs"]} <= {p["status"]["podIP"] for p in pods(kube)}
     writes = [e for e in events if e["verb"] == "patch" and e["objectRef"]["resource"] == "nodesummaries"]
     assert writes, "no NodeSummary write by the ServiceAccount in the audit log"
+    # The sample WorkloadSummarizer (gangs asked for) was taken as shipped, and is read.
+    sample = json.loads(kube.kubectl("get", "workloadsummarizer", "workloads", "-o", "json").stdout)
+    assert sample["spec"]["gangs"]["kinds"] == ["PodGroup", "JobSet", "LeaderWorkerSet"], sample["spec"]
+    wait_for(lambda: "observedGeneration" in json.loads(kube.kubectl(
+        "get", "workloadsummarizer", "workloads", "-o", "json").stdout).get("status", {}), timeout=60)
     denied = [(e["verb"], e["requestURI"]) for e in events if e["responseStatus"]["code"] in (401, 403)]
     assert not denied, denied[:5]
 
