@@ -99,6 +99,13 @@ def set_pod_phase(cluster: LocalCluster, namespace: str, name: str, phase: str) 
 T = TypeVar("T")
 
 
+def set_pod_ready(cluster: LocalCluster, namespace: str, name: str, ready: bool = True) -> dict:
+    """The pod's Ready condition, as its kubelet writes it (what a gang member's readiness reads)."""
+    return ok(cluster.request(PODS.path(namespace, name, "status"), "PATCH",
+                              {"status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}},
+                              content_type="application/merge-patch+json"))
+
+
 def get_object(cluster: LocalCluster, path: str) -> dict[str, Any] | None:
     """The object at ``path``, or None when the answer is not 200 (not there, or not yet)."""
     code, body = cluster.request(path)

@@ -26,13 +26,13 @@ from alerts.rules import Thresholds, rules_file
 from demo.kueue import cell, cluster_queue, install_kueue, resource_flavor
 from demo.workloads import create, deployment_chain, node_summarizer, ok, workload_summarizer
 from kubeindex.model.objects import API_VERSION
-from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, PODS, RESOURCE_FLAVORS
+from kubeindex.model.resources import CLAIMS, CLUSTER_QUEUES, RESOURCE_FLAVORS
 from localkube.alertmanager import Alertmanager
 from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
 from tests.alerting import Stub, disrupt, replica_labels, runbooks_inhibit_rules
-from tests.kube import create_node, create_pod, set_node_status
+from tests.kube import create_node, create_pod, set_node_status, set_pod_ready
 from tests.paths import CRDS
 
 GPU = "nvidia.com/gpu"
@@ -72,9 +72,7 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         _, ring = deployment_chain(c, "default", "ring")
         for i, node in enumerate(TRAIN_NODES):
             create_pod(c, "default", f"ring-{i}", node=node, owner=ring, labels={KN: "ring", KN_MIN: "4"})
-            ok(c.request(PODS.path("default", f"ring-{i}", "status"), "PATCH",
-                         {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-                         content_type="application/merge-patch+json"))
+            set_pod_ready(c, "default", f"ring-{i}")
         for name in GPU_NODES:
             create_node(c, name, {"pool": "gpu"}, allocatable={"cpu": "32", "memory": "128Gi", "pods": "110",
                                                                 GPU: "8"})

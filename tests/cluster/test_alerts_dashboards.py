@@ -22,7 +22,7 @@ from localkube.cluster import LocalCluster, Options
 from localkube.prometheus import Prometheus
 from localkube.service import Service, select, wait_for
 from tests.alerting import disrupt, replica_labels
-from tests.kube import create_node, create_pod, nodeclaim_crd, set_node_status, set_pod_phase
+from tests.kube import create_node, create_pod, nodeclaim_crd, set_node_status, set_pod_phase, set_pod_ready
 from tests.paths import CRDS
 from tests.support.alerts_dashboards import (
     PROMETHEUS_OWN,
@@ -93,10 +93,8 @@ def kube(binaries: dict[str, Path]) -> Iterator[LocalCluster]:
         unhealthy_gpu(c, "web-1")
         create_pod(c, "default", "web-2", node="b-1", owner=rs, labels=GANG)
         create_pod(c, "default", "web-3", phase="Pending", owner=rs, labels=GANG)
-        for pod, ready in (("web-1", "True"), ("web-2", "False")):
-            ok(c.request(PODS.path("default", pod, "status"), "PATCH",
-                         {"status": {"conditions": [{"type": "Ready", "status": ready}]}},
-                         content_type="application/merge-patch+json"))
+        set_pod_ready(c, "default", "web-1")
+        set_pod_ready(c, "default", "web-2", ready=False)
         create_pod(c, "default", "lonely", node="b-2")
         # Karpenter's NodeClaim of a-1, drifted (its kind served without Karpenter): group a's rollout families.
         nodeclaim_crd(c)

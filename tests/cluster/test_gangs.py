@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from demo.workloads import create, deployment_chain, node_summarizer, ok, owner_ref
+from demo.workloads import create, deployment_chain, node_summarizer, owner_ref
 from kubeindex.model.objects import API_VERSION
 from kubeindex.model.resources import PODS, WORKLOAD_SUMMARIES, WORKLOAD_SUMMARIZERS
 from localkube.build import JOBSET, ensure_binaries
 from localkube.cluster import LocalCluster, Options
 from localkube.service import Service, parse, select, wait_for
-from tests.kube import create_node, get_object, set_node_status
+from tests.kube import create_node, get_object, set_node_status, set_pod_phase, set_pod_ready
 from tests.paths import CRDS
 
 pytestmark = pytest.mark.needs(JOBSET)
@@ -59,9 +59,8 @@ def running(kube: LocalCluster, name: str, owner: dict, labels: dict[str, str], 
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "labels": labels, "ownerReferences": [owner_ref(owner)]},
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "x"}]}})
-    status = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    ok(kube.request(PODS.path(NS, name, "status"), "PATCH", {"status": status},
-                    content_type="application/merge-patch+json"))
+    set_pod_phase(kube, NS, name, "Running")
+    set_pod_ready(kube, NS, name)
 
 
 def jobset(kube: LocalCluster, name: str) -> dict:

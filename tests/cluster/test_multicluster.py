@@ -18,12 +18,11 @@ import yaml
 
 import dashboards.__main__ as dashboards_gen
 from alerts.rules import Thresholds, rules_file
-from demo.workloads import deployment_chain, ok
-from kubeindex.model.resources import PODS
+from demo.workloads import deployment_chain
 from localkube.cluster import LocalCluster
 from localkube.prometheus import Prometheus
 from localkube.service import Service, wait_for
-from tests.kube import create_node, create_pod, set_node_status, summarized_cluster
+from tests.kube import create_node, create_pod, set_node_status, set_pod_ready, summarized_cluster
 
 CLUSTERS = ("a", "b")
 KN, KN_MIN = "pod-group.scheduling.kubenexus.io/name", "pod-group.scheduling.kubenexus.io/min-available"
@@ -51,9 +50,7 @@ def populate(kube: LocalCluster, name: str) -> None:
         create_pod(kube, "shop", f"web-{i}", node=node, phase="Running" if node else "Pending", owner=rs,
                    labels=gang, memory="1Gi" if gang else None)
         if gang:
-            ok(kube.request(PODS.path("shop", f"web-{i}", "status"), "PATCH",
-                            {"status": {"conditions": [{"type": "Ready", "status": "True"}]}},
-                            content_type="application/merge-patch+json"))
+            set_pod_ready(kube, "shop", f"web-{i}")
     if gang:
         kube.kubectl("patch", "workloadsummarizer", "apps", "--type=merge", "-p", json.dumps(
             {"spec": {"gangs": {"podLabels": [{"labelKey": KN, "minAvailableLabelKey": KN_MIN}]}}}))
